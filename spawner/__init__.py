@@ -1,1 +1,1 @@
-"""trainhub"""
+"""Spawners: the local GPU spawner (embedded default) and the Kubernetes one."""

@@ -1,0 +1,127 @@
+"""Hub configuration for the embedded back end, built from the data dir.
+
+Kept as a function (not a flat config file) so tests and the Helm chart's extraConfig
+can reuse its parts, and so nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from trainhub.config import load_platform_config
+from trainhub.hub_config import scopes
+from trainhub.ledger import LocalGPUAllocator, pid_alive
+from trainhub.procs import INSTANCE_VAR
+from trainhub.settings import DataDir, Runtime, read_or_create_secret
+
+
+def managed_services(runtime: Runtime, dd: DataDir) -> list[dict]:
+    """The platform's own hub services (each module knows how it is started)."""
+    env_common = {
+        "TRAINHUB_DATA_DIR": str(dd.root),
+        INSTANCE_VAR: os.environ.get(INSTANCE_VAR, ""),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if os.environ.get("TRAINHUB_CONFIG"):
+        env_common["TRAINHUB_CONFIG"] = os.environ["TRAINHUB_CONFIG"]
+    services = []
+    for name, module in (("trainhub", "trainhub.services.jobs"), ("trainhub-culler", "trainhub.services.culler")):
+        port = runtime.service_ports.get(name)
+        if not port:
+            continue
+        services.append(
+            {
+                "name": name,
+                "url": f"http://127.0.0.1:{port}",
+                "command": [sys.executable, "-m", module, "--port", str(port)],
+                "environment": dict(env_common),
+                "oauth_no_confirm": True,
+                "display": name == "trainhub",
+            }
+        )
+    return services
+
+
+def service_scopes(name: str) -> list[str]:
+    try:
+        if name == "trainhub":
+            return scopes.JOBS_SERVICE_SCOPES
+        if name == "trainhub-culler":
+            from trainhub.services.culler import HUB_SCOPES
+
+            return list(HUB_SCOPES)
+    except ImportError:
+        pass
+    return []
+
+
+def reconcile_ledger(c) -> None:
+    """On hub start, free devices whose server process is gone (crash, reboot, SIGKILL)."""
+    allocator = LocalGPUAllocator(config=c)
+    allocator.reconcile(lambda h: h.kind != "server" or pid_alive(h.pid, h.pid_started))
+
+
+def configure(c, data_dir: str) -> None:
+    dd = DataDir(data_dir)
+    runtime = Runtime.load(dd.root)
+    c.merge(load_platform_config(dd.root))
+
+    # -- the hub and its proxy --------------------------------------------------
+    c.JupyterHub.ip = runtime.ip
+    c.JupyterHub.port = runtime.port
+    c.JupyterHub.base_url = runtime.base_url
+    c.JupyterHub.hub_ip = "127.0.0.1"
+    c.JupyterHub.hub_port = runtime.hub_port
+    c.JupyterHub.db_url = dd.hub_db_url
+    c.JupyterHub.cookie_secret_file = str(dd.cookie_secret)
+    c.JupyterHub.pid_file = str(dd.root / "jupyterhub.pid")
+    c.JupyterHub.cleanup_servers = True
+    c.JupyterHub.cleanup_proxy = True
+    c.JupyterHub.last_activity_interval = 60
+    c.JupyterHub.allow_named_servers = c.JupyterHub.get("allow_named_servers", True)
+    c.JupyterHub.named_server_limit_per_user = c.JupyterHub.get("named_server_limit_per_user", 3)
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{runtime.proxy_api_port}"
+    c.ConfigurableHTTPProxy.auth_token = read_or_create_secret(dd.proxy_token_file)[0]
+    c.ConfigurableHTTPProxy.pid_file = str(dd.root / "proxy.pid")
+    proxy_cmd = os.environ.get("TRAINHUB_PROXY_CMD")
+    if proxy_cmd:
+        c.ConfigurableHTTPProxy.command = [proxy_cmd]
+
+    # -- who may log in ---------------------------------------------------------
+    if "authenticator_class" not in c.JupyterHub:
+        c.JupyterHub.authenticator_class = "trainhub.hub_config.auth.TrainhubAuthenticator"
+        c.Authenticator.allow_all = True  # NativeAuthenticator gates logins by admin approval
+        c.NativeAuthenticator.open_signup = False
+        c.NativeAuthenticator.minimum_password_length = 8
+        c.TrainhubAuthenticator.bootstrap_admin = runtime.admin_user
+        c.TrainhubAuthenticator.bootstrap_password_file = str(dd.admin_password_file)
+    admins = set(c.Authenticator.get("admin_users", set())) | {runtime.admin_user}
+    c.Authenticator.admin_users = admins
+
+    # -- spawner ------------------------------------------------------------------
+    if "spawner_class" not in c.JupyterHub:
+        c.JupyterHub.spawner_class = "trainhub.spawner.local.LocalGPUSpawner"
+    c.LocalGPUSpawner.home_dir_template = str(dd.homes / "{username}")
+    if runtime.service_ports.get("trainhub"):
+        c.LocalGPUSpawner.api_url = f"{runtime.public_url.rstrip('/')}/services/trainhub/api"
+    c.Spawner.poll_interval = c.Spawner.get("poll_interval", 10)
+    c.Spawner.http_timeout = c.Spawner.get("http_timeout", 60)
+    c.Spawner.start_timeout = c.Spawner.get("start_timeout", 120)
+    c.Spawner.environment = dict(c.Spawner.get("environment", {}), **{INSTANCE_VAR: os.environ.get(INSTANCE_VAR, "")})
+
+    # -- scopes, roles, services -------------------------------------------------
+    c.JupyterHub.custom_scopes = dict(scopes.CUSTOM_SCOPES, **c.JupyterHub.get("custom_scopes", {}))
+    cli_token = read_or_create_secret(dd.cli_token_file)[0]
+    services = [{"name": "trainhub-cli", "api_token": cli_token, "display": False}]
+    services += managed_services(runtime, dd)
+    c.JupyterHub.services = services + list(c.JupyterHub.get("services", []))
+    roles = scopes.roles(admins)
+    roles.append({"name": "trainhub-cli", "scopes": scopes.CLI_SCOPES, "services": ["trainhub-cli"]})
+    for svc in services[1:]:
+        svc_scopes = service_scopes(svc["name"])
+        if svc_scopes:
+            roles.append({"name": svc["name"], "scopes": svc_scopes, "services": [svc["name"]]})
+    c.JupyterHub.load_roles = roles + list(c.JupyterHub.get("load_roles", []))
+
+    reconcile_ledger(c)

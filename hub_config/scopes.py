@@ -1,0 +1,60 @@
+"""Custom scopes and roles shared by the local hub config and the Helm chart.
+
+Users get the trainhub scopes filtered to themselves (``!user``); admins get them
+unfiltered. Services declare the least they need.
+"""
+
+from __future__ import annotations
+
+CUSTOM_SCOPES = {
+    "custom:trainhub:jobs:read": {"description": "See trainhub jobs and sweeps, their logs, metrics and outputs."},
+    "custom:trainhub:jobs:write": {
+        "description": "Submit, cancel and change trainhub jobs and sweeps.",
+        "subscopes": ["custom:trainhub:jobs:read"],
+    },
+    "custom:trainhub:registry:read": {"description": "See the dataset and model registries."},
+    "custom:trainhub:registry:write": {
+        "description": "Register datasets and models, promote model stages.",
+        "subscopes": ["custom:trainhub:registry:read"],
+    },
+    "custom:trainhub:usage:read": {"description": "See GPU usage accounting."},
+    "custom:trainhub:culler:keep": {"description": "Reset the idle-GPU clock of one's own server (\"keep my GPU\")."},
+}
+
+USER_SCOPES = [
+    "self",
+    "access:services!service=trainhub",
+    "access:services!service=trainhub-culler",
+    "custom:trainhub:jobs:write!user",
+    "custom:trainhub:registry:write!user",
+    "custom:trainhub:registry:read",
+    "custom:trainhub:usage:read!user",
+    "custom:trainhub:culler:keep!user",
+]
+
+ADMIN_EXTRA_SCOPES = [
+    "access:services",
+    "custom:trainhub:jobs:write",
+    "custom:trainhub:registry:write",
+    "custom:trainhub:usage:read",
+    "custom:trainhub:culler:keep",
+]
+
+# The CLI's service: create users and issue their tokens (`trainhub token`), read servers (`trainhub status`).
+CLI_SCOPES = ["admin:users", "tokens", "list:users", "read:users", "read:servers", "admin:servers", "read:groups", "admin:groups"]
+
+# The jobs service: resolve who a token belongs to and their groups.
+JOBS_SERVICE_SCOPES = ["read:users", "list:users", "read:groups", "list:groups"]
+
+
+def roles(admin_users=()) -> list[dict]:
+    return [
+        {"name": "user", "description": "Every trainhub user.", "scopes": USER_SCOPES},
+        {
+            "name": "trainhub-admin",
+            "description": "Sees and manages every user's trainhub jobs, registries and usage.",
+            "scopes": ADMIN_EXTRA_SCOPES,
+            "users": sorted(admin_users),
+            "groups": ["trainhub-admins"],
+        },
+    ]

@@ -1,0 +1,142 @@
+"""The culler's HTTP API, served under its JupyterHub service prefix.
+
+GET  {prefix}metrics        Prometheus text (token or cookie unless authenticate_prometheus=False)
+GET  {prefix}api/decisions  audit trail, newest first (hub admins or the admin scope): ?user=&limit=&before=&acted=1
+POST {prefix}api/keep       {"server": ""}: "keep my GPU", restarts the caller's own idle clock
+GET  {prefix}api/warnings   the caller's standing warnings (for the JupyterLab notification)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tornado import web
+
+from trainhub.exceptions import Forbidden, InvalidRequest, TrainhubError
+
+
+class CullerHandler(HubOAuthenticated, web.RequestHandler):
+    """Base: the culler instance and JSON errors ``{"status", "message"}``.
+
+    Authentication: a hub token in the Authorization header, or the service's OAuth cookie
+    (a GET without either is redirected through the hub's OAuth flow, as for any hub service).
+    """
+
+    def initialize(self, culler):
+        self.culler = culler
+        self.hub_auth = self.settings["hub_auth"]
+
+    def write_json(self, obj, status: int = 200):
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(obj, default=str))
+
+    def write_error(self, status_code, **kwargs):
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = self._reason
+        if isinstance(exc, TrainhubError):
+            message = exc.message
+        elif isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": message}))
+
+    def _handle_request_exception(self, e):
+        if isinstance(e, TrainhubError):
+            self.send_error(e.status_code, exc_info=(type(e), e, e.__traceback__))
+            return
+        super()._handle_request_exception(e)
+
+    def is_culler_admin(self, model) -> bool:
+        return bool(model.get("admin")) or self.culler.admin_scope in set(model.get("scopes") or ())
+
+    def body_json(self) -> dict:
+        if not self.request.body:
+            return {}
+        try:
+            body = json.loads(self.request.body)
+        except ValueError:
+            raise InvalidRequest("request body must be JSON") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest("request body must be a JSON object")
+        return body
+
+
+class MetricsHandler(CullerHandler):
+    async def get(self):
+        if self.culler.authenticate_prometheus and not self.current_user:
+            raise web.HTTPError(403, "metrics need a JupyterHub token (or set GPUCuller.authenticate_prometheus=False)")
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest(self.culler.prom.registry))
+
+
+class DecisionsHandler(CullerHandler):
+    @web.authenticated
+    async def get(self):
+        if not self.is_culler_admin(self.current_user):
+            raise Forbidden(f"the decision log is for hub admins and holders of {self.culler.admin_scope}")
+        if self.culler.audit is None:
+            raise InvalidRequest("no audit trail: the culler runs without a database")
+        try:
+            limit = min(int(self.get_argument("limit", "100")), 1000)
+            before = int(self.get_argument("before", "0")) or None
+        except ValueError:
+            raise InvalidRequest("limit and before must be integers") from None
+        rows = await asyncio.to_thread(
+            self.culler.audit.list, user=self.get_argument("user", None), limit=limit, before_id=before,
+            acted_only=self.get_argument("acted", "") in ("1", "true"),
+        )
+        self.write_json({"items": rows, "latest": list(self.culler.latest.values())})
+
+
+class KeepHandler(CullerHandler):
+    @web.authenticated
+    async def post(self):
+        model = self.current_user
+        if model.get("kind", "user") != "user":
+            raise Forbidden("only users keep their own servers")
+        body = self.body_json()
+        user = body.get("user", model["name"])
+        if user != model["name"]:
+            raise Forbidden("you may only keep your own server")
+        server = body.get("server", "")
+        if not isinstance(server, str):
+            raise InvalidRequest('"server" must be a server name ("" for the default server)')
+        row = self.culler.keep(model["name"], server)
+        if self.culler.audit is not None:
+            await asyncio.to_thread(self.culler.audit.append, [row])
+        self.write_json({"user": model["name"], "server": server, "kept_at": row["at"].isoformat(),
+                         "message": "Idle clock restarted: your GPUs are kept."})
+
+
+class WarningsHandler(CullerHandler):
+    @web.authenticated
+    async def get(self):
+        self.write_json({"items": self.culler.warnings_for(self.current_user["name"])})
+
+
+class OAuthCallbackHandler(HubOAuthCallbackHandler):
+    def initialize(self, culler=None):
+        self.hub_auth = self.settings["hub_auth"]
+
+
+def default_handlers(prefix: str) -> list[tuple]:
+    return [
+        (prefix + "metrics", MetricsHandler),
+        (prefix + "api/decisions", DecisionsHandler),
+        (prefix + "api/keep", KeepHandler),
+        (prefix + "api/warnings", WarningsHandler),
+    ]
+
+
+def make_app(culler, hub_auth=None) -> web.Application:
+    prefix = culler.service_prefix if culler.service_prefix.endswith("/") else culler.service_prefix + "/"
+    if hub_auth is None:
+        hub_auth = HubOAuth(api_token=culler.api_token, api_url=culler.hub_api_url, cache_max_age=60)
+    routes = [(path, handler, {"culler": culler}) for path, handler in default_handlers(prefix)]
+    routes.append((prefix + "oauth_callback", OAuthCallbackHandler))
+    return web.Application(routes, hub_auth=hub_auth, cookie_secret=os.urandom(32))

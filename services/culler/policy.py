@@ -1,0 +1,400 @@
+"""When to warn about, stop or release a GPU notebook server: pure logic with a clock seam.
+
+Nothing here talks to the hub, the ledger or a GPU. The service (and the benchmark)
+collect the facts into a :class:`ServerInfo`, feed GPU samples into a
+:class:`UtilizationHistory`, and ask :meth:`CullPolicy.evaluate` (or the async
+:meth:`CullPolicy.decide`, which also runs the admin's ``cull_hook`` and ``dry_run``).
+
+A server is *GPU-idle* when every device it holds stayed under
+``utilization_threshold`` for the whole idle timeout, with no gap in the samples
+longer than ``max_sample_gap``. The idle clock also restarts at the latest kernel
+activity, at a "keep my GPU" press and when the GPUs were taken. An executing kernel,
+running jobs that depend on the server, or anything unknown (kernel state, jobs, GPU
+samples) means "not culled": the policy only ever errs towards keeping the GPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+
+from traitlets import Bool, Callable, Dict, Enum, Float, Unicode, validate
+from traitlets.config import LoggingConfigurable
+
+from trainhub.models import utcnow
+from trainhub.profiles import Profile
+
+NONE, WARN, STOP, RELEASE = "none", "warn", "stop", "release"
+ACTIONS = (NONE, WARN, STOP, RELEASE)
+
+
+def format_duration(seconds: float | None) -> str:
+    """``7260`` -> ``2h01m``, ``720`` -> ``12m``, ``42`` -> ``42s``."""
+    if seconds is None:
+        return "unknown"
+    s = int(max(seconds, 0))
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m"
+    return f"{sec}s"
+
+
+def _ts(dt: datetime | None) -> float | None:
+    return None if dt is None else dt.timestamp()
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+def _gpus(devices) -> str:
+    return ",".join(str(d) for d in devices)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the service knows about one running server when it asks the policy.
+
+    ``None`` in kernels_busy / running_jobs means "could not find out": never culled.
+    last_activity: latest kernel activity (execution or output), not the hub's proxy
+    activity (an open browser tab polls the server, so that never goes idle).
+    kept_at: the user's latest "keep my GPU". warned_at: when the pending warning was given.
+    """
+
+    user: str
+    server_name: str = ""
+    profile: Profile | None = None
+    devices: tuple[int, ...] = ()
+    held_since: datetime | None = None
+    pending: str | None = None
+    kernels_busy: bool | None = False
+    kernels: int = 0
+    last_activity: datetime | None = None
+    running_jobs: int | None = 0
+    kept_at: datetime | None = None
+    warned_at: datetime | None = None
+
+    @property
+    def holder(self) -> str:
+        return f"server:{self.user}/{self.server_name}"
+
+    @property
+    def log_name(self) -> str:
+        return f"{self.user}/{self.server_name}" if self.server_name else self.user
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["profile"] = self.profile.slug if self.profile else None
+        d["devices"] = list(self.devices)
+        for k in ("held_since", "last_activity", "kept_at", "warned_at"):
+            d[k] = d[k].isoformat() if d[k] else None
+        return d
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one server and why.
+
+    action: none | warn | stop | release. reason: one line for logs and users, e.g.
+    "not culled: GPU busy 83%". measurements: the numbers the reason rests on.
+    warning_pending: (action none) a warning stands and the clock runs on.
+    target_profile: for release, the CPU profile the server restarts on.
+    """
+
+    action: str
+    reason: str
+    measurements: dict = field(default_factory=dict)
+    dry_run: bool = False
+    warning_pending: bool = False
+    target_profile: str | None = None
+
+    @property
+    def acts(self) -> bool:
+        """True for stop and release (the server's GPUs go back to the pool)."""
+        return self.action in (STOP, RELEASE)
+
+    @property
+    def skip_reason(self) -> str:
+        """Short label for the skips counter: "GPU busy", "kernel executing", ..."""
+        r = self.reason.removeprefix("dry run: ").removeprefix("not culled: ")
+        for label in SKIP_LABELS:
+            if r.startswith(label):
+                return label
+        return "other"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SKIP_LABELS = (
+    "no GPUs held", "profile", "server pending", "kernel state unknown", "kernel executing",
+    "running jobs unknown", "running job", "no recent GPU metrics", "GPU busy", "idle",
+    "warned", "vetoed by cull_hook", "cull_hook failed",
+)
+
+
+class UtilizationHistory:
+    """Rolling window of (time, utilisation %) samples per device, kept by the service.
+
+    Times are POSIX seconds. ``retention`` bounds memory; it must exceed the longest
+    idle timeout or idleness is only counted from the oldest sample kept (which errs
+    towards keeping the GPU).
+    """
+
+    def __init__(self, retention: float = 6 * 3600):
+        self.retention = retention
+        self._samples: dict[int, deque[tuple[float, float]]] = {}
+
+    def record(self, device: int, at: float, utilization: float) -> None:
+        q = self._samples.setdefault(device, deque())
+        if q and at < q[-1][0]:
+            return  # out of order: ignore
+        q.append((at, float(utilization)))
+        while q and q[0][0] < at - self.retention:
+            q.popleft()
+
+    def forget(self, device: int) -> None:
+        """Drop a device's history (its holder changed: the new holder starts fresh)."""
+        self._samples.pop(device, None)
+
+    def devices(self) -> list[int]:
+        return sorted(self._samples)
+
+    def latest(self, device: int) -> tuple[float, float] | None:
+        q = self._samples.get(device)
+        return q[-1] if q else None
+
+    def idle_since(self, device: int, threshold: float, max_gap: float) -> float | None:
+        """Start of the current run of samples under ``threshold`` with no gap over ``max_gap``.
+
+        None when there are no samples or the latest one is at/over the threshold.
+        The start is the first idle sample seen (not the last busy one): the conservative side.
+        """
+        q = self._samples.get(device)
+        if not q or q[-1][1] >= threshold:
+            return None
+        start = q[-1][0]
+        for at, util in reversed(q):
+            if util >= threshold or start - at > max_gap:
+                break
+            start = at
+        return start
+
+
+class CullPolicy(LoggingConfigurable):
+    """Decides, for one server at a time, between none, warn, stop and release."""
+
+    utilization_threshold = Float(
+        10.0,
+        help="A device counts as idle while its utilisation is under this many percent (0-100). Default 10.",
+    ).tag(config=True)
+
+    default_timeout = Float(
+        2 * 3600.0,
+        help="""Idle timeout in seconds for GPU profiles that set none (7200 = 2 h).
+
+        Precedence: profile_timeouts[slug], then the profile's own idle_timeout, then this.
+        Profiles with gpus=0 are never culled unless profile_timeouts names them. 0 = never cull.
+        """,
+    ).tag(config=True)
+
+    profile_timeouts = Dict(
+        help="""Idle timeout per profile slug in seconds, e.g. {"gpu-1": 7200, "gpu-8": 1800, "gpu-long": 0}.
+
+        0 or None = never cull that profile. Overrides the profile's idle_timeout and default_timeout.
+        """,
+    ).tag(config=True)
+
+    warning_period = Float(
+        600.0,
+        help="""Seconds between the warning and the action (600 = 10 min).
+
+        The warning is given when a server has been idle for (timeout - warning_period); the
+        action needs that warning to be at least warning_period old and the server still idle.
+        """,
+    ).tag(config=True)
+
+    action = Enum(
+        [RELEASE, STOP],
+        default_value=RELEASE,
+        help="""What to do with an idle GPU server: "release" restarts it on the CPU-only
+        profile (the notebook stays usable, the GPUs go back to the pool), "stop" stops it.
+        release falls back to stop when there is no CPU profile.""",
+    ).tag(config=True)
+
+    cpu_profile = Unicode(
+        "",
+        help='Slug of the CPU-only profile used by "release". Empty = ProfileCatalog.cpu() (the service fills it in).',
+    ).tag(config=True)
+
+    dry_run = Bool(
+        False, help="Decide, log and audit as usual but never warn users, stop or release anything."
+    ).tag(config=True)
+
+    max_sample_gap = Float(
+        900.0,
+        help="""Longest gap between two GPU samples (seconds) that still counts as continuous idleness.
+
+        A longer gap (the service was down, a metrics read failed) restarts the idle clock;
+        a latest sample older than this makes the GPUs "unknown" (not culled). Must exceed
+        the service's sample_interval.""",
+    ).tag(config=True)
+
+    count_kernel_activity = Bool(
+        True,
+        help="Restart the idle clock at the latest kernel activity (a cell executed or printed).",
+    ).tag(config=True)
+
+    cull_hook = Callable(
+        None,
+        allow_none=True,
+        help="""Admin veto/override, sync or async: hook(server_info, proposed_decision) -> Decision or None.
+
+        Called for every proposed warn, stop or release. Return the decision (or a changed
+        one, e.g. dataclasses.replace(d, action="stop")) to go ahead, None to veto. An
+        exception vetoes too (and is logged). Example: never touch members of "oncall".
+        """,
+    ).tag(config=True)
+
+    utcnow = Callable(
+        utcnow,
+        help="Clock seam: returns the current timezone-aware UTC datetime. Tests move time with it.",
+    ).tag(config=True)
+
+    @validate("utilization_threshold")
+    def _check_threshold(self, proposal):
+        v = proposal["value"]
+        if not 0 <= v <= 100:
+            raise ValueError(f"utilization_threshold must be 0-100 (percent), not {v}")
+        return v
+
+    def timeout_for(self, profile: Profile | None) -> float | None:
+        """Idle timeout (seconds) for a profile; None = never cull."""
+        if profile is not None and profile.slug in self.profile_timeouts:
+            t = self.profile_timeouts[profile.slug]
+        elif profile is not None and profile.idle_timeout is not None:
+            t = profile.idle_timeout
+        elif profile is not None and profile.gpus == 0:
+            t = None
+        else:
+            t = self.default_timeout
+        return float(t) if t else None
+
+    # -- decision -----------------------------------------------------------------
+
+    def evaluate(self, server: ServerInfo, history: UtilizationHistory, now: datetime | None = None) -> Decision:
+        """The policy's proposal for ``server`` at ``now`` (no hook, no dry run)."""
+        now = now or self.utcnow()
+        now_ts = now.timestamp()
+        thr = self.utilization_threshold
+        devices = tuple(server.devices)
+        m: dict = {"devices": list(devices), "threshold": thr, "at": now.isoformat()}
+
+        def none(reason, **extra):
+            return Decision(NONE, "not culled: " + reason, {**m, **extra})
+
+        if not devices:
+            return none("no GPUs held")
+        timeout = self.timeout_for(server.profile)
+        m["timeout_s"] = timeout
+        if not timeout:
+            slug = server.profile.slug if server.profile else "?"
+            return none(f"profile {slug} has no idle timeout")
+        if server.pending:
+            return none(f"server pending {server.pending}")
+
+        latest = {d: history.latest(d) for d in devices}
+        m["utilization"] = {str(d): (v[1] if v else None) for d, v in latest.items()}
+        m["kernels"] = server.kernels
+        m["running_jobs"] = server.running_jobs
+
+        if server.kernels_busy is None:
+            return none("kernel state unknown (server did not answer)")
+        if server.kernels_busy:
+            return none("kernel executing")
+        if server.running_jobs is None:
+            return none("running jobs unknown (jobs service did not answer)")
+        if server.running_jobs:
+            return none(f"running job(s) depend on it ({server.running_jobs})")
+
+        stale = [d for d, v in latest.items() if v is None or now_ts - v[0] > self.max_sample_gap]
+        if stale:
+            return none(f"no recent GPU metrics for GPU {_gpus(stale)}")
+        busy = {d: v[1] for d, v in latest.items() if v[1] >= thr}
+        if busy:
+            d, u = max(busy.items(), key=lambda kv: kv[1])
+            on = f" on GPU {_gpus(busy)}" if len(devices) > 1 else ""
+            return none(f"GPU busy {u:.0f}%{on}")
+
+        # every device is under the threshold now: since when, and what restarted the clock?
+        starts = {"GPU idle since": max(history.idle_since(d, thr, self.max_sample_gap) for d in devices)}
+        if server.held_since:
+            starts["GPUs taken"] = _ts(server.held_since)
+        if server.kept_at:
+            starts["keep pressed"] = _ts(server.kept_at)
+        if self.count_kernel_activity and server.last_activity:
+            starts["kernel activity"] = _ts(server.last_activity)
+        clock_by, start = max(starts.items(), key=lambda kv: kv[1])
+        idle = now_ts - start
+        m.update(idle_s=round(idle, 1), idle_since=_iso(start), clock_reset_by=clock_by)
+        where = f"under {thr:g}% on GPU{'s' if len(devices) > 1 else ''} {_gpus(devices)}"
+
+        warn_after = max(timeout - self.warning_period, 0.0)
+        if idle < warn_after:
+            return none(f"idle {format_duration(idle)} of {format_duration(timeout)} {where}")
+
+        warned = _ts(server.warned_at)
+        verb = "release" if self.action == RELEASE else "stop"
+        if warned is None or warned < start:
+            act_in = max(timeout - idle, self.warning_period)
+            m["act_in_s"] = act_in
+            return Decision(
+                WARN,
+                f"idle {format_duration(idle)} {where}: will {verb} in {format_duration(act_in)} unless a GPU is "
+                "used or you press keep; unsaved kernel state (variables, models in memory) will be lost",
+                m,
+            )
+        m["warned_at"] = _iso(warned)
+        since_warn = now_ts - warned
+        if since_warn < self.warning_period or idle < timeout:
+            act_in = max(self.warning_period - since_warn, timeout - idle)
+            m["act_in_s"] = act_in
+            return Decision(
+                NONE,
+                f"not culled: warned {format_duration(since_warn)} ago, idle {format_duration(idle)} {where}; "
+                f"{verb} in {format_duration(act_in)}",
+                m,
+                warning_pending=True,
+            )
+        target = self.cpu_profile or None
+        if self.action == RELEASE and target:
+            return Decision(RELEASE, f"idle {format_duration(idle)} {where}: releasing", m, target_profile=target)
+        note = "" if self.action == STOP else " (no CPU profile to release to)"
+        return Decision(STOP, f"idle {format_duration(idle)} {where}: stopping{note}", m)
+
+    async def decide(self, server: ServerInfo, history: UtilizationHistory, now: datetime | None = None) -> Decision:
+        """evaluate(), then the admin's cull_hook (for any action) and dry_run."""
+        decision = self.evaluate(server, history, now)
+        if decision.action != NONE and self.cull_hook is not None:
+            try:
+                result = self.cull_hook(server, decision)
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as e:
+                self.log.exception("cull_hook failed for %s; not culling", server.log_name)
+                decision = replace(decision, action=NONE, reason=f"not culled: cull_hook failed ({e})")
+            else:
+                if result is None:
+                    decision = replace(decision, action=NONE, reason=f"not culled: vetoed by cull_hook ({decision.reason})")
+                elif not isinstance(result, Decision) or result.action not in ACTIONS:
+                    decision = replace(decision, action=NONE, reason=f"not culled: cull_hook failed (returned {result!r})")
+                else:
+                    decision = result
+        if self.dry_run:
+            decision = replace(decision, dry_run=True, reason="dry run: " + decision.reason)
+        return decision

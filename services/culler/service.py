@@ -1,0 +1,491 @@
+"""The culler service process: sample GPUs, ask the policy about every GPU server, act, audit.
+
+Run by JupyterHub as a managed service (``python -m trainhub.services.culler --config
+culler_config.py``). Every ``sample_interval`` it records the utilisation of held
+devices; every ``check_interval`` (once at start, then on a timer with jitter) it runs
+:meth:`GPUCuller.run_once`, which, for each server holding GPUs in the ledger:
+
+1. asks the server's kernels API for execution state and kernel activity,
+2. asks the jobs service whether the user has running jobs (unknown = don't cull),
+3. asks :class:`~trainhub.services.culler.policy.CullPolicy` (plus the admin hook),
+4. warns, stops or releases (stop, then start on the CPU profile),
+5. logs the decision as one JSON line and appends it to the ``culler_events`` table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from datetime import datetime, timedelta, timezone
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from traitlets import Any, Bool, Float, Instance, Integer, Type, Unicode, default
+from traitlets.config import Application
+
+from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator
+from trainhub.metrics import GPUMetricsSource, MetricsUnavailable, NVMLMetricsSource, ScriptedMetricsSource
+from trainhub.metrics.scripted import default_metrics_class
+from trainhub.profiles import ProfileCatalog
+from trainhub.services.culler.hubclient import HubClient
+from trainhub.services.culler.policy import NONE, RELEASE, WARN, CullPolicy, Decision, ServerInfo, UtilizationHistory
+
+BUSY_KERNEL_STATES = {"busy", "starting", "restarting", "unknown", None}  # anything but idle/dead: keep
+
+
+def parse_date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)  # naive = UTC, as the idle culler assumes
+
+
+def parse_holder(holder: str) -> tuple[str, str] | None:
+    """"server:alice/gpu" -> ("alice", "gpu"); anything else -> None."""
+    if not holder.startswith("server:") or "/" not in holder:
+        return None
+    user, _, name = holder[len("server:"):].partition("/")
+    return user, name
+
+
+class CullerMetrics:
+    """The service's Prometheus counters, on their own registry (no global state)."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.gpu_hours_reclaimed = Counter(
+            "trainhub_culler_gpu_hours_reclaimed", "GPU-hours returned to the pool: released devices x time until "
+            "the same server held GPUs again (capped by reclaim_accounting_cap)", registry=self.registry)
+        self.gpus_released = Counter("trainhub_culler_gpus_released", "Devices returned to the pool by culls", registry=self.registry)
+        self.culls = Counter("trainhub_culler_culls", "Servers stopped or released (reason=dry_run: would have been)",
+                             ["reason", "action"], registry=self.registry)
+        self.warnings = Counter("trainhub_culler_warnings", "Warnings given before a cull", registry=self.registry)
+        self.skips = Counter("trainhub_culler_skips", "GPU servers checked and not culled, by reason", ["reason"], registry=self.registry)
+        self.errors = Counter("trainhub_culler_errors", "Failures, by stage", ["stage"], registry=self.registry)
+        self.pending_warnings = Gauge("trainhub_culler_pending_warnings", "Warnings currently standing", registry=self.registry)
+        self.last_pass = Gauge("trainhub_culler_last_pass_timestamp_seconds", "End of the last check pass", registry=self.registry)
+
+
+class GPUCuller(Application):
+    """Idle-GPU culler service for trainhub."""
+
+    name = "trainhub-culler"
+    description = "Return GPUs of idle notebook servers to the pool; never kill running work."
+    aliases = {"config": "GPUCuller.config_file", "dry-run": "CullPolicy.dry_run", "log-level": "Application.log_level"}
+    flags = {"dry-run": ({"CullPolicy": {"dry_run": True}}, "Decide and log, never act.")}
+
+    config_file = Unicode("", help="traitlets Python config file (the lead's `trainhub up` writes one).").tag(config=True)
+
+    service_name = Unicode(help="Service name in the hub. Default: $JUPYTERHUB_SERVICE_NAME or trainhub-culler.").tag(config=True)
+    service_prefix = Unicode(help="URL prefix of the HTTP API. Default: $JUPYTERHUB_SERVICE_PREFIX or /services/trainhub-culler/.").tag(config=True)
+    service_url = Unicode(help="Where the HTTP API listens. Default: $JUPYTERHUB_SERVICE_URL; empty = no HTTP API.").tag(config=True)
+    hub_api_url = Unicode(help="Default: $JUPYTERHUB_API_URL.").tag(config=True)
+    api_token = Unicode(help="Default: $JUPYTERHUB_API_TOKEN.").tag(config=True)
+    public_url = Unicode(help="Proxy URL the servers' kernels API is reached through, e.g. http://127.0.0.1:8000. Default: $TRAINHUB_PUBLIC_URL.").tag(config=True)
+    jobs_api_url = Unicode(help="trainhub API base URL for GET {url}/jobs?state=running&user=NAME. Default: $TRAINHUB_API_URL; empty = no jobs service (no jobs assumed).").tag(config=True)
+    db_url = Unicode(help="Platform database (ledger, audit trail). Default: $TRAINHUB_DB_URL.").tag(config=True)
+
+    check_interval = Float(300.0, help="Seconds between decision passes (300). Each pass is followed by a random jitter of up to 10 %.").tag(config=True)
+    sample_interval = Float(60.0, help="Seconds between GPU samples (60); must be under CullPolicy.max_sample_gap.").tag(config=True)
+    concurrency = Integer(10, help="Servers handled at once (hub and server requests in flight).").tag(config=True)
+    stop_timeout = Float(120.0, help="Seconds to wait for a server to stop before a release restarts it on the CPU profile.").tag(config=True)
+    reclaim_accounting_cap = Float(8 * 3600.0, help="Longest time (s) one cull counts towards gpu_hours_reclaimed.").tag(config=True)
+    audit_retention_days = Float(30.0, help="Audit rows older than this are deleted (0 = keep forever).").tag(config=True)
+    authenticate_prometheus = Bool(True, help="Require a hub token (any user, or the service's) for /metrics.").tag(config=True)
+    admin_scope = Unicode(
+        "custom:trainhub-culler:admin",
+        help="Scope (besides hub admin) that may read every decision. Define it in c.JupyterHub.custom_scopes to use it.",
+    ).tag(config=True)
+
+    allocator_class = Type(LocalGPUAllocator, klass=GPUAllocator, help="GPU ledger implementation.").tag(config=True)
+    metrics_class = Type(
+        None, klass=GPUMetricsSource, allow_none=True,
+        help="GPU metrics source. None = ScriptedMetricsSource when every pool device is simulated, else NVMLMetricsSource.",
+    ).tag(config=True)
+
+    # parts (built in setup() unless injected, e.g. by unit tests)
+    policy = Instance(CullPolicy)
+    catalog = Instance(ProfileCatalog)
+    allocator = Instance(GPUAllocator, allow_none=True)
+    metrics_source = Instance(GPUMetricsSource, allow_none=True)
+    client = Any(help="HubClient or a stand-in with the same coroutine methods.")
+    audit = Any(help="AuditTrail or None (then decisions are only logged).")
+
+    classes = [CullPolicy, ProfileCatalog, LocalGPUAllocator, ScriptedMetricsSource, NVMLMetricsSource, HubClient]
+
+    @default("service_name")
+    def _default_service_name(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_NAME", "trainhub-culler")
+
+    @default("service_prefix")
+    def _default_prefix(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{self.service_name}/")
+
+    @default("service_url")
+    def _default_service_url(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+
+    @default("hub_api_url")
+    def _default_hub_api(self):
+        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+    @default("api_token")
+    def _default_token(self):
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    @default("public_url")
+    def _default_public(self):
+        return os.environ.get("TRAINHUB_PUBLIC_URL", "")
+
+    @default("jobs_api_url")
+    def _default_jobs(self):
+        return os.environ.get("TRAINHUB_API_URL", "")
+
+    @default("db_url")
+    def _default_db(self):
+        return os.environ.get("TRAINHUB_DB_URL", "")
+
+    @default("policy")
+    def _default_policy(self):
+        return CullPolicy(parent=self)
+
+    @default("catalog")
+    def _default_catalog(self):
+        return ProfileCatalog(parent=self)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.history = UtilizationHistory()
+        self.prom = CullerMetrics()
+        self.warned_at: dict[str, datetime] = {}  # holder -> when the standing warning was given
+        self.warnings: dict[str, dict] = {}  # holder -> public warning (not in dry run)
+        self.kept_at: dict[str, datetime] = {}  # holder -> last "keep my GPU"
+        self.released: dict[str, dict] = {}  # holder -> {"at", "devices", "counted_until"} for reclaim accounting
+        self.latest: dict[str, dict] = {}  # holder -> latest decision (for the admin view)
+        self._device_holder: dict[int, str] = {}
+        self._semaphore: asyncio.Semaphore | None = None
+
+    # -- setup ---------------------------------------------------------------------
+
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+            self.update_config(self.cli_config)  # the command line wins over the file
+
+    def setup(self) -> None:
+        """Build every part not injected. Raises ValueError with what to configure."""
+        if not self.policy.cpu_profile:
+            cpu = self.catalog.cpu()
+            if cpu:
+                self.policy.cpu_profile = cpu.slug
+        if self.allocator is None:
+            kw = {}
+            if self.allocator_class is LocalGPUAllocator and "db_url" not in self.config.get("LocalGPUAllocator", {}):
+                if not self.db_url:
+                    raise ValueError("set TRAINHUB_DB_URL or LocalGPUAllocator.db_url: the culler reads the GPU ledger")
+                kw["db_url"] = self.db_url
+            self.allocator = self.allocator_class(parent=self, **kw)
+        if self.metrics_source is None:
+            cls = self.metrics_class or default_metrics_class(self.allocator.devices())
+            self.metrics_source = cls(parent=self)
+        if self.client is None:
+            self.client = HubClient(
+                parent=self, hub_api_url=self.hub_api_url, api_token=self.api_token,
+                public_url=self.public_url, jobs_api_url=self.jobs_api_url,
+            )
+        if self.audit is None and (self.db_url or getattr(self.allocator, "db_url", "")):
+            from trainhub.services.culler.models import AuditTrail
+
+            self.audit = AuditTrail(self.db_url or self.allocator.db_url)
+        longest = max([self.policy.default_timeout, *[t or 0 for t in self.policy.profile_timeouts.values()],
+                       *[p.idle_timeout or 0 for p in self.catalog.all()]])
+        self.history.retention = longest + self.policy.warning_period + 2 * self.check_interval + 3600
+        if self.sample_interval >= self.policy.max_sample_gap:
+            self.log.warning("sample_interval %ss >= CullPolicy.max_sample_gap %ss: servers will never look idle",
+                             self.sample_interval, self.policy.max_sample_gap)
+        if not self.public_url:
+            self.log.warning("TRAINHUB_PUBLIC_URL / GPUCuller.public_url not set: kernel state is unknown, nothing will be culled")
+
+    # -- sampling ------------------------------------------------------------------
+
+    async def _holdings(self) -> list[Holding]:
+        return await asyncio.to_thread(self.allocator.holdings)
+
+    async def sample_once(self, holdings: list[Holding] | None = None) -> None:
+        """Record the utilisation of every device held by a server."""
+        if holdings is None:
+            holdings = await self._holdings()
+        held = {}
+        for h in holdings:
+            if h.kind == "server":
+                held[h.device] = h.holder
+        for d, holder in held.items():
+            if self._device_holder.get(d) != holder:
+                self.history.forget(d)  # a new holder starts with a clean history
+        for d in set(self._device_holder) - set(held):
+            self.history.forget(d)
+        self._device_holder = held
+        if not held:
+            return
+        try:
+            samples = await self.metrics_source.sample(sorted(held))
+        except MetricsUnavailable as e:
+            self.prom.errors.labels("metrics").inc()
+            self.log.error("GPU metrics unavailable, nothing can look idle: %s", e)
+            return
+        at = self.policy.utcnow().timestamp()  # the policy's clock, so tests can move time
+        for d, s in samples.items():
+            self.history.record(d, at, s.utilization)
+
+    # -- one pass ------------------------------------------------------------------
+
+    async def run_once(self) -> list[tuple[ServerInfo, Decision]]:
+        """One decision pass over every server holding GPUs; returns what was decided."""
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.concurrency)
+        holdings = await self._holdings()
+        await self.sample_once(holdings)
+        now = self.policy.utcnow()
+
+        by_holder: dict[str, list[Holding]] = {}
+        for h in holdings:
+            if h.kind == "server" and parse_holder(h.holder):
+                by_holder.setdefault(h.holder, []).append(h)
+        self._account_reclaimed(now, set(by_holder))
+        for holder in set(self.warned_at) - set(by_holder):
+            self._clear_warning(holder)  # the server stopped or gave its GPUs back
+        if not by_holder:
+            self.prom.pending_warnings.set(len(self.warnings))
+            self.prom.last_pass.set(now.timestamp())
+            return []
+
+        try:
+            users = await self.client.list_active_users()
+        except Exception:
+            self.prom.errors.labels("list_users").inc()
+            self.log.exception("cannot list users from the hub; skipping this pass")
+            return []
+        servers = {}
+        for u in users:
+            for name, model in (u.get("servers") or {}).items():
+                servers[f"server:{u['name']}/{name}"] = (u, name, model)
+
+        tasks = []
+        for holder, hs in sorted(by_holder.items()):
+            if holder not in servers:
+                user, name = parse_holder(holder)
+                self.log.info("not culled %s: holds GPUs %s but the hub lists no active server (ledger reconcile handles it)",
+                              holder, [h.device for h in hs])
+                continue
+            u, name, model = servers[holder]
+            tasks.append(self._guarded(u, name, model, hs, now))
+        results = [r for r in await asyncio.gather(*tasks) if r]
+        self.prom.pending_warnings.set(len(self.warnings))
+        self.prom.last_pass.set(now.timestamp())
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.append, [row for _, _, row in results])
+        return [(info, d) for info, d, _ in results]
+
+    async def _guarded(self, user_model, server_name, server_model, holdings, now):
+        async with self._semaphore:
+            try:
+                return await self.handle_server(user_model, server_name, server_model, holdings, now)
+            except Exception as e:
+                self.prom.errors.labels("server").inc()
+                self.log.exception("error handling %s/%s", user_model.get("name"), server_name)
+                info = ServerInfo(user=user_model.get("name", "?"), server_name=server_name,
+                                  devices=tuple(h.device for h in holdings))
+                row = self._row(info, Decision(NONE, f"not culled: error ({e})"), acted=False, error=repr(e))
+                return info, Decision(NONE, f"not culled: error ({e})"), row
+
+    async def _kernel_state(self, server_model) -> tuple[bool | None, int, datetime | None]:
+        try:
+            kernels = await self.client.kernels(server_model.get("url") or "")
+        except Exception as e:
+            self.prom.errors.labels("kernels").inc()
+            self.log.warning("kernels API of %s did not answer: %s", server_model.get("url"), e)
+            return None, 0, None
+        busy = any(k.get("execution_state") in BUSY_KERNEL_STATES for k in kernels)
+        activity = [parse_date(k.get("last_activity")) for k in kernels]
+        activity = [a for a in activity if a]
+        return busy, len(kernels), max(activity) if activity else None
+
+    async def _running_jobs(self, user: str) -> int | None:
+        try:
+            n = await self.client.running_jobs(user)
+        except Exception as e:
+            self.prom.errors.labels("jobs").inc()
+            self.log.warning("jobs service did not answer for %s (treated as unknown: not culling): %s", user, e)
+            return None
+        return 0 if n is None else n
+
+    async def handle_server(self, user_model, server_name, server_model, holdings, now) -> tuple:
+        user = user_model["name"]
+        holder = f"server:{user}/{server_name}"
+        profile = None
+        slug = holdings[0].profile
+        if slug:
+            try:
+                profile = self.catalog.get(slug)
+            except Exception:
+                self.log.warning("%s holds GPUs under unknown profile %r; using the default timeout", holder, slug)
+        pending = server_model.get("pending")
+        if pending or not server_model.get("ready", True):
+            busy, nkernels, activity, jobs = None, 0, None, None
+        else:
+            (busy, nkernels, activity), jobs = await asyncio.gather(self._kernel_state(server_model), self._running_jobs(user))
+        info = ServerInfo(
+            user=user, server_name=server_name, profile=profile,
+            devices=tuple(sorted(h.device for h in holdings)),
+            held_since=min(h.since for h in holdings), pending=pending or (None if server_model.get("ready", True) else "not ready"),
+            kernels_busy=busy, kernels=nkernels, last_activity=activity, running_jobs=jobs,
+            kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder),
+        )
+        decision = await self.policy.decide(info, self.history, now)
+        acted, error = False, None
+        if decision.action == WARN:
+            self.warned_at[holder] = now
+            self.prom.warnings.inc()
+            if not decision.dry_run:
+                act_in = decision.measurements.get("act_in_s", self.policy.warning_period)
+                self.warnings[holder] = {
+                    "user": user, "server": server_name, "devices": list(info.devices), "message": decision.reason,
+                    "action": self.policy.action, "warned_at": now.isoformat(),
+                    "act_at": (now + timedelta(seconds=act_in)).isoformat(),
+                    "keep_url": f"{self.service_prefix}api/keep",
+                }
+        elif decision.action == NONE:
+            self.prom.skips.labels(decision.skip_reason).inc()
+            if not decision.warning_pending:
+                self._clear_warning(holder)
+        elif decision.acts:
+            if decision.dry_run:
+                self.prom.culls.labels("dry_run", decision.action).inc()
+            else:
+                try:
+                    await self._act(info, decision)
+                    acted = True
+                except Exception as e:
+                    error = repr(e)
+                    self.prom.errors.labels(decision.action).inc()
+                    self.log.exception("%s of %s failed", decision.action, holder)
+                else:
+                    self.prom.culls.labels("gpu_idle", decision.action).inc()
+                    self.prom.gpus_released.inc(len(info.devices))
+                    self.released[holder] = {"at": now, "devices": len(info.devices), "counted_until": now}
+                    self._clear_warning(holder)
+                    self.kept_at.pop(holder, None)
+        row = self._row(info, decision, acted=acted, error=error)
+        self.latest[holder] = row
+        self.log.info(json.dumps({"event": "culler.decision", **{k: v for k, v in row.items() if k != "at"},
+                                  "at": now.isoformat()}, default=str))
+        return info, decision, row
+
+    async def _act(self, info: ServerInfo, decision: Decision) -> None:
+        """Stop (and for release, restart on the CPU profile)."""
+        # Unsaved browser buffers cannot be saved from here (they live in the browser);
+        # JupyterLab autosaves open documents (every 120 s by default) during the warning period.
+        stopped = await self.client.stop_server(info.user, info.server_name)
+        if decision.action == RELEASE:
+            if not stopped:
+                await self.client.wait_stopped(info.user, info.server_name, self.stop_timeout)
+            await self.client.start_server(info.user, info.server_name, decision.target_profile)
+
+    def _clear_warning(self, holder: str) -> None:
+        self.warned_at.pop(holder, None)
+        self.warnings.pop(holder, None)
+
+    def _row(self, info: ServerInfo, d: Decision, *, acted: bool, error: str | None) -> dict:
+        return {
+            "at": self.policy.utcnow(), "user": info.user, "server": info.server_name, "action": d.action,
+            "reason": d.reason, "devices": list(info.devices), "dry_run": d.dry_run, "acted": acted, "error": error,
+            "measurements": json.loads(json.dumps({**d.measurements, "server": info.to_dict()}, default=str)),
+        }
+
+    def _account_reclaimed(self, now: datetime, holding_now: set[str]) -> None:
+        """Count devices x time for culled servers until they hold GPUs again (or the cap)."""
+        for holder, r in list(self.released.items()):
+            cap_end = r["at"] + timedelta(seconds=self.reclaim_accounting_cap)
+            end = min(now, cap_end)
+            if end > r["counted_until"]:
+                self.prom.gpu_hours_reclaimed.inc(r["devices"] * (end - r["counted_until"]).total_seconds() / 3600)
+                r["counted_until"] = end
+            if holder in holding_now or end >= cap_end:
+                del self.released[holder]
+
+    # -- user actions (HTTP API) -----------------------------------------------------
+
+    def keep(self, user: str, server_name: str = "") -> dict:
+        """The user pressed "keep my GPU": restart their idle clock, withdraw the warning."""
+        holder = f"server:{user}/{server_name}"
+        now = self.policy.utcnow()
+        self.kept_at[holder] = now
+        self._clear_warning(holder)
+        self.prom.pending_warnings.set(len(self.warnings))
+        row = {"at": now, "user": user, "server": server_name, "action": "keep",
+               "reason": "user pressed keep: idle clock restarted", "devices": [], "dry_run": False,
+               "acted": True, "error": None, "measurements": {}}
+        self.log.info(json.dumps({"event": "culler.keep", "user": user, "server": server_name, "at": now.isoformat()}))
+        return row
+
+    def warnings_for(self, user: str) -> list[dict]:
+        return [w for w in self.warnings.values() if w["user"] == user]
+
+    # -- process ---------------------------------------------------------------------
+
+    async def _loop(self, interval: float, fn, what: str) -> None:
+        while True:
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("%s failed", what)
+            await asyncio.sleep(interval * (1 + random.uniform(0, 0.1)))
+
+    async def _prune_audit(self) -> None:
+        if self.audit is not None and self.audit_retention_days:
+            cutoff = self.policy.utcnow() - timedelta(days=self.audit_retention_days)
+            n = await asyncio.to_thread(self.audit.prune, cutoff)
+            if n:
+                self.log.info("pruned %d audit rows older than %s", n, cutoff.isoformat())
+
+    async def serve(self) -> None:
+        self.setup()
+        server = None
+        if self.service_url:
+            from urllib.parse import urlsplit
+
+            from trainhub.services.culler.handlers import make_app
+
+            u = urlsplit(self.service_url)
+            server = make_app(self).listen(u.port or 80, u.hostname or "127.0.0.1")
+            self.log.info("trainhub-culler API on %s%s", self.service_url, self.service_prefix)
+        p = self.policy
+        self.log.info(
+            "trainhub-culler: action=%s dry_run=%s default_timeout=%ss profile_timeouts=%s threshold=%s%% "
+            "warning_period=%ss check_interval=%ss sample_interval=%ss metrics=%s",
+            p.action, p.dry_run, p.default_timeout, p.profile_timeouts, p.utilization_threshold, p.warning_period,
+            self.check_interval, self.sample_interval, type(self.metrics_source).__name__,
+        )
+        tasks = [
+            asyncio.create_task(self._loop(self.check_interval, self.run_once, "check pass")),
+            asyncio.create_task(self._loop(self.sample_interval, self.sample_once, "GPU sampling")),
+            asyncio.create_task(self._loop(86400, self._prune_audit, "audit pruning")),
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            if server is not None:
+                server.stop()
+            self.metrics_source.close()
+
+    def start(self):
+        asyncio.run(self.serve())
+
+
+main = GPUCuller.launch_instance

@@ -1,0 +1,583 @@
+"""Scheduling policies: the documented base class, the FIFO baseline and trainhub's policy.
+
+``schedule()`` is a pure function of its arguments and the configuration: no I/O, no clock reads,
+no randomness, and it never mutates its inputs. One pass walks the queue once, in policy order:
+
+1. CPU-only jobs start unless ``max_cpu_jobs`` are already running (GPUs never block them).
+2. A GPU job that can never fit gets ``too-large``; one that would break a user or group quota gets
+   ``quota-user``/``quota-group`` and is skipped (it does not block the jobs behind it).
+3. Jobs start, best-fit placed, until the first one that does not fit: the *head*. The head gets a
+   reservation: the earliest time its gang fits, replaying the running jobs' ends
+   (``started_at + time_limit``; unknown limits never end).
+4. FIFO stops there (head-of-line blocking). Trainhub may preempt lower-priority preemptible jobs for
+   the head, then backfills (EASY): a later job starts now only if it fits now and either ends before
+   the reservation or uses GPUs the head does not need at that time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+from traitlets import Bool, Dict, Float, Integer
+from traitlets.config import LoggingConfigurable
+
+from .model import Allocation, JobRequest, Plan, Quotas, Start, WaitReason
+from .placement import FreeIndex, free_gpus
+
+
+class Scheduler(LoggingConfigurable):
+    """Decides which pending jobs start now, which running jobs to preempt, and why others wait.
+
+    Subclasses implement :meth:`schedule`. The contract every implementation keeps:
+
+    - pure and deterministic: same arguments and configuration, same :class:`Plan`;
+    - never puts more GPUs on a node than ``capacity`` minus the running placements;
+    - never lets a user or group hold more than its quota (servers count too);
+    - starts whole gangs only: one ``(node, gpus)`` per worker, a worker never spans nodes;
+    - every pending job that does not start gets a :class:`WaitReason` with a human message.
+    """
+
+    max_cpu_jobs = Integer(
+        None,
+        allow_none=True,
+        config=True,
+        help="""Most CPU-only jobs (gpus_per_worker=0) running at once, e.g. 50.
+        None = unlimited; 0 = CPU-only jobs never start. GPUs never block CPU-only jobs.""",
+    )
+
+    def schedule(
+        self,
+        now: float,
+        pending: Sequence[JobRequest],
+        running: Sequence[Allocation],
+        capacity: Mapping[str, int],
+        quotas: Quotas,
+    ) -> Plan:
+        """One pass. ``capacity`` is total GPUs per node; free = capacity minus ``running``."""
+        raise NotImplementedError
+
+    def base_priority(self, job: JobRequest | Allocation) -> int:
+        """The priority before aging (overridden by policies with group defaults)."""
+        return job.priority
+
+    def level(self, job: JobRequest, now: float) -> int:
+        """Effective priority of a queued job (base priority plus aging, if the policy ages)."""
+        return self.base_priority(job)
+
+    def requeue_level(self, alloc: Allocation, now: float) -> int:
+        """The level a running job would have if preempted and requeued now.
+
+        A job is preempted only for a head whose level is strictly higher, so the head comes first
+        in the next pass and the victim cannot take its GPUs back (no preemption ping-pong).
+        """
+        return self.base_priority(alloc)
+
+
+def _fmt_delay(seconds: float) -> str:
+    seconds = max(0, int(math.ceil(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{s:02d}s"
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m"
+
+
+class _Order:
+    """Queue order as an iterator; ``frozen`` switches to a cheap order-agnostic drain.
+
+    With fair share on, users sit in a lazy min-heap keyed by
+    ``(-level, group GPUs held, user GPUs held, submitted_at, id)`` of their next job. GPU holdings
+    only grow during a pass, so a popped key that is stale is pushed back with its current value and
+    the pop retried: the job yielded is always the true minimum under the *current* holdings.
+    """
+
+    def __init__(self, jobs, level, user_held, group_held, fair_share: bool):
+        self.frozen = False
+        self.level = level
+        self.user_held = user_held
+        self.group_held = group_held
+        self.fair = fair_share
+        if fair_share:
+            per_user: dict[str, list[JobRequest]] = {}
+            for job in jobs:
+                per_user.setdefault(job.user, []).append(job)
+            for lst in per_user.values():
+                lst.sort(key=lambda j: (-level[j.id], j.submitted_at, j.id))
+            self.per_user = per_user
+        else:
+            self.static = sorted(jobs, key=lambda j: (-level[j.id], j.submitted_at, j.id))
+
+    def _key(self, job):
+        gh = self.group_held
+        gshare = max((gh.get(g, 0) for g in job.groups), default=0)
+        return (-self.level[job.id], gshare, self.user_held.get(job.user, 0), job.submitted_at, job.id)
+
+    def __iter__(self) -> Iterator[JobRequest]:
+        if not self.fair:
+            yield from self.static
+            return
+        per_user = self.per_user
+        pos = dict.fromkeys(per_user, 0)
+        heap = [(self._key(lst[0]), user) for user, lst in per_user.items()]
+        heapq.heapify(heap)
+        while heap:
+            if self.frozen:
+                for key, user in heap:
+                    yield from per_user[user][pos[user]:]
+                return
+            key, user = heapq.heappop(heap)
+            lst = per_user[user]
+            job = lst[pos[user]]
+            current = self._key(job)
+            if current > key:
+                heapq.heappush(heap, (current, user))
+                continue
+            yield job
+            pos[user] += 1
+            if pos[user] < len(lst):
+                heapq.heappush(heap, (self._key(lst[pos[user]]), user))
+
+
+class _Pass:
+    """State of one scheduling pass (built fresh per call: nothing survives between passes)."""
+
+    def __init__(self, policy: Scheduler, now, pending, running, capacity, quotas, level):
+        self.policy = policy
+        self.now = now
+        self.running = running
+        self.capacity = capacity
+        self.quotas = quotas
+        self.level = level
+        self.cap_total = sum(capacity.values())
+        self.kmax = max(capacity.values(), default=0)
+        self.free = FreeIndex(free_gpus(capacity, running), self.kmax)
+        self.user_held: dict[str, int] = {}
+        self.group_held: dict[str, int] = {}
+        self.cpu_running = 0
+        for alloc in running:
+            gpus = alloc.gpus
+            if gpus:
+                self.user_held[alloc.user] = self.user_held.get(alloc.user, 0) + gpus
+                for grp in alloc.groups:
+                    self.group_held[grp] = self.group_held.get(grp, 0) + gpus
+            elif alloc.kind == "job":
+                self.cpu_running += 1
+        self.starts: list[Start] = []
+        self.started_jobs: list[JobRequest] = []
+        self.waiting: dict[str, WaitReason] = {}
+        self.user_limits: dict[str, int | None] = {}
+        self.slots_cache: dict[int, int] = {}
+
+    # -- checks ------------------------------------------------------------------------------
+    def too_large(self, job: JobRequest) -> WaitReason | None:
+        g, w = job.gpus_per_worker, job.workers
+        slots = self.slots_cache.get(g)
+        if slots is None:
+            slots = self.slots_cache[g] = sum(c // g for c in self.capacity.values())
+        if slots >= w:
+            return None
+        if g > self.kmax:
+            msg = f"needs {g} GPUs per worker but the largest node has {self.kmax}"
+        elif w * g > self.cap_total:
+            msg = f"needs {w * g} GPUs but the cluster has {self.cap_total}"
+        else:
+            msg = f"needs {w} workers of {g} GPUs but the nodes can hold only {slots} such workers"
+        return WaitReason(job.id, "too-large", msg)
+
+    def quota(self, job: JobRequest, need: int) -> WaitReason | None:
+        user = job.user
+        try:
+            limit = self.user_limits[user]
+        except KeyError:
+            limit = self.user_limits[user] = self.quotas.user_limit(user)
+        if limit is not None:
+            held = self.user_held.get(user, 0)
+            if held + need > limit:
+                return WaitReason(
+                    job.id, "quota-user",
+                    f"over quota: {user} holds {held} of {limit} GPUs and this job needs {need}",
+                )
+        caps = self.quotas.groups
+        if caps:
+            for grp in job.groups:
+                cap = caps.get(grp)
+                if cap is not None:
+                    held = self.group_held.get(grp, 0)
+                    if held + need > cap:
+                        return WaitReason(
+                            job.id, "quota-group",
+                            f"over group quota: {grp} holds {held} of {cap} GPUs and this job needs {need}",
+                        )
+        return None
+
+    # -- actions -----------------------------------------------------------------------------
+    def start(self, job: JobRequest, nodes: list[str], backfill: bool = False) -> None:
+        g = job.gpus_per_worker
+        self.starts.append(Start(job.id, tuple((n, g) for n in nodes), backfill))
+        self.started_jobs.append(job)
+        need = job.workers * g
+        self.user_held[job.user] = self.user_held.get(job.user, 0) + need
+        for grp in job.groups:
+            self.group_held[grp] = self.group_held.get(grp, 0) + need
+
+    def start_cpu_jobs(self, jobs: list[JobRequest]) -> None:
+        limit = self.policy.max_cpu_jobs
+        jobs.sort(key=lambda j: (-self.level.get(j.id, 0), j.submitted_at, j.id))
+        for job in jobs:
+            if limit is not None and self.cpu_running >= limit:
+                self.waiting[job.id] = WaitReason(
+                    job.id, "cpu-limit",
+                    f"waiting for a CPU-only job slot: {self.cpu_running} of {limit} running",
+                )
+                continue
+            self.cpu_running += 1
+            self.starts.append(Start(job.id, tuple(("", 0) for _ in range(job.workers))))
+            self.started_jobs.append(job)
+
+    # -- reservation -------------------------------------------------------------------------
+    def releases(self, victims: Sequence[Allocation]) -> list[tuple[float, str, tuple]]:
+        """``(end, id, placement)`` of everything that will free GPUs, clamped to now."""
+        now = self.now
+        victim_ids = {v.id for v in victims}
+        out = [(now, v.id, v.placement) for v in victims]
+        for alloc in self.running:
+            end = alloc.end
+            if end is not None and alloc.id not in victim_ids:
+                out.append((end if end > now else now, alloc.id, alloc.placement))
+        for start, job in zip(self.starts, self.started_jobs):
+            if job.time_limit is not None and job.gpus:
+                out.append((now + job.time_limit, job.id, start.placement))
+        out.sort()
+        return out
+
+    def reservation(self, job: JobRequest, victims: Sequence[Allocation] = ()):
+        """Earliest time ``job``'s gang fits if nothing else starts: ``(time | None, free then)``."""
+        g, w = job.gpus_per_worker, job.workers
+        free = dict(self.free.free)
+        slots = sum(f // g for f in free.values())
+        if slots >= w:
+            return self.now, free
+        for end, _id, placement in self.releases(victims):
+            for node, x in placement:
+                if x and node in free:
+                    old = free[node]
+                    free[node] = old + x
+                    slots += (old + x) // g - old // g
+            if slots >= w:
+                return end, free
+        return None, free
+
+    # -- preemption --------------------------------------------------------------------------
+    def choose_victims(self, head: JobRequest) -> list[Allocation]:
+        """An irreducible set of lower-priority preemptible jobs whose GPUs let ``head`` fit now.
+
+        First the single smallest job that suffices; otherwise greedily add candidates (lowest
+        priority, then fewest GPUs, then most recently started = least work lost) until the head
+        fits, and drop again any victim the head does not need.
+        """
+        hp = self.policy.base_priority(head)
+        base = self.policy.base_priority
+        head_level = self.level[head.id]
+        requeue_level = self.policy.requeue_level
+        now = self.now
+        cands = [
+            a for a in self.running
+            if a.kind == "job" and a.preemptible and a.gpus > 0 and base(a) < hp
+            and requeue_level(a, now) < head_level
+        ]
+        if not cands:
+            return []
+        g, w = head.gpus_per_worker, head.workers
+        free = dict(self.free.free)
+        slots = sum(f // g for f in free.values())
+
+        def delta(alloc, sign):
+            d = 0
+            for node, x in alloc.placement:
+                if x and node in free:
+                    old = free[node]
+                    free[node] = old + sign * x
+                    d += (old + sign * x) // g - old // g
+            return d
+
+        def gain(alloc):  # slots won by freeing alloc alone, leaving `free` unchanged
+            d = delta(alloc, +1)
+            delta(alloc, -1)
+            return d
+
+        by_size = sorted(cands, key=lambda a: (a.gpus, base(a), -a.started_at, a.id))
+        for alloc in by_size:
+            if slots + gain(alloc) >= w:
+                return [alloc]
+        chosen = []
+        for alloc in sorted(cands, key=lambda a: (base(a), a.gpus, -a.started_at, a.id)):
+            slots += delta(alloc, +1)
+            chosen.append(alloc)
+            if slots >= w:
+                break
+        else:
+            return []  # even preempting everything eligible would not make room
+        for alloc in reversed(chosen[:-1]):
+            d = delta(alloc, -1)
+            if slots + d >= w:
+                slots += d
+                chosen.remove(alloc)
+            else:
+                delta(alloc, +1)
+        return chosen
+
+
+class FifoGangScheduler(Scheduler):
+    """Baseline: strict FIFO by submit time, best-fit gang placement, head-of-line blocking.
+
+    No backfill, no preemption, no priorities. Jobs that can never start (too large, over quota)
+    are skipped rather than blocking everyone behind them.
+    """
+
+    def schedule(self, now, pending, running, capacity, quotas):
+        level = dict.fromkeys((j.id for j in pending), 0)
+        p = _Pass(self, now, pending, running, capacity, quotas, level)
+        p.start_cpu_jobs([j for j in pending if j.gpus_per_worker <= 0])
+        order = _Order([j for j in pending if j.gpus_per_worker > 0], level, {}, {}, fair_share=False)
+        return _run(p, order, backfill=False, preemption=False, backfill_depth=0)
+
+
+class TrainhubScheduler(Scheduler):
+    """Priorities with aging, fair share, EASY backfill, preemption, best-fit gang placement.
+
+    Queue order: effective priority (highest first), then the GPUs held by the job's groups and its
+    user (fewest first, recomputed as jobs start within the pass), then submit time.
+    """
+
+    group_priorities = Dict(
+        value_trait=Integer(),
+        config=True,
+        help="""Default priority per group, e.g. {"prod": 10, "students": -5}. Applies to jobs and
+        running allocations whose own priority is 0 (the unset value); with several groups the
+        highest wins. Groups not listed default to 0.""",
+    )
+    aging_interval = Float(
+        3600.0,
+        config=True,
+        help="""Seconds of waiting that raise a job's effective priority by one level, e.g. 3600
+        (one level per hour). 0 = no aging (low-priority jobs can then starve behind a steady
+        stream of higher-priority ones).""",
+    )
+    aging_max = Integer(
+        None,
+        allow_none=True,
+        config=True,
+        help="""Cap on the levels gained by aging, e.g. 10. None = no cap (every job eventually
+        reaches the front: the starvation bound).""",
+    )
+    fair_share = Bool(
+        True,
+        config=True,
+        help="""Order jobs of equal effective priority by the GPUs their groups, then their user,
+        currently hold (fewest first) before submit time. False = submit time only.""",
+    )
+    backfill = Bool(
+        True,
+        config=True,
+        help="""EASY backfill: when the head job cannot start, later jobs may start if they cannot
+        delay the head's reserved start. Only jobs with a time_limit can end before it.""",
+    )
+    backfill_depth = Integer(
+        1000,
+        config=True,
+        help="""How many queued jobs behind the head are examined for backfill per pass, e.g. 1000.
+        Bounds the cost of a pass on long queues; 0 = no backfill.""",
+    )
+    preemption = Bool(
+        True,
+        config=True,
+        help="""Preempt running jobs marked preemptible whose priority is lower than the head
+        job's base priority when that makes room for it. Servers are never preempted.""",
+    )
+
+    def base_priority(self, job):
+        if job.priority or not self.group_priorities:
+            return job.priority
+        gp = self.group_priorities
+        return max((gp.get(g, 0) for g in job.groups), default=0)
+
+    def _aged(self, base: int, waited: float) -> int:
+        interval = self.aging_interval
+        if interval > 0 and waited >= interval:
+            age = int(waited // interval)
+            return base + (age if self.aging_max is None else min(age, self.aging_max))
+        return base
+
+    def level(self, job, now):
+        return self._aged(self.base_priority(job), now - job.submitted_at)
+
+    def requeue_level(self, alloc, now):
+        since = alloc.started_at if alloc.submitted_at is None else alloc.submitted_at
+        return self._aged(self.base_priority(alloc), now - since)
+
+    def schedule(self, now, pending, running, capacity, quotas):
+        interval, cap = self.aging_interval, self.aging_max
+        level = {}
+        base = self.base_priority
+        for job in pending:
+            lv = base(job)
+            if interval > 0:
+                age = int((now - job.submitted_at) // interval)
+                if age > 0:
+                    lv += age if cap is None else min(age, cap)
+            level[job.id] = lv
+        p = _Pass(self, now, pending, running, capacity, quotas, level)
+        p.start_cpu_jobs([j for j in pending if j.gpus_per_worker <= 0])
+        gpu_jobs = [j for j in pending if j.gpus_per_worker > 0]
+        order = _Order(gpu_jobs, level, p.user_held, p.group_held, self.fair_share)
+        return _run(
+            p, order,
+            backfill=self.backfill and self.backfill_depth > 0,
+            preemption=self.preemption,
+            backfill_depth=self.backfill_depth,
+        )
+
+
+def _run(p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int) -> Plan:
+    """Walk the GPU jobs in ``order``; see the module docstring."""
+    free = p.free
+    waiting = p.waiting
+    now = p.now
+    head: JobRequest | None = None
+    head_prio = 0
+    head_level = 0
+    victims: list[Allocation] = []
+    res_time: float | None = None
+    long_free: FreeIndex | None = None  # per node: min(free now, spare at the reservation)
+    spare: dict[str, int] = {}
+    scanned = 0
+    level = p.level
+    cap_total = p.cap_total
+
+    for job in order:
+        need = job.workers * job.gpus_per_worker
+        reason = p.too_large(job) or p.quota(job, need)
+        if reason is not None:
+            waiting[job.id] = reason
+            continue
+
+        if head is None:
+            nodes = free.place(job.workers, job.gpus_per_worker)
+            if nodes is not None:
+                p.start(job, nodes)
+                continue
+            # The head: first job in order that does not fit.
+            head = job
+            head_prio = p.policy.base_priority(job)
+            head_level = level[job.id]
+            if preemption:
+                victims = p.choose_victims(job)
+            res_time, free_then = p.reservation(job, victims)
+            msg = f"waiting for {need} GPUs: {free.total} of {cap_total} free"
+            if victims:
+                msg += "; preempting " + ", ".join(v.id for v in victims) + " to make room"
+            elif res_time is not None:
+                msg += f"; expected to start in {_fmt_delay(res_time - now)} at the latest"
+            else:
+                msg += "; no start time can be promised (the GPUs it needs are held without a time limit)"
+            waiting[job.id] = WaitReason(job.id, "no-gpus", msg, None, res_time)
+            if backfill:
+                if res_time is not None:
+                    held = _reserve_placement(free_then, free.free, job.workers, job.gpus_per_worker)
+                    spare = {n: f - held.get(n, 0) for n, f in free_then.items()}
+                    long_free = FreeIndex({n: min(f, spare[n]) for n, f in free.free.items()}, p.kmax)
+            else:
+                order.frozen = True
+            continue
+
+        # Behind the head.
+        if not backfill or scanned >= backfill_depth or free.total == 0:
+            order.frozen = True
+            waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
+            continue
+        scanned += 1
+        if not free.fits(job.workers, job.gpus_per_worker):
+            waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
+            continue
+        if job.time_limit is None:
+            waiting[job.id] = WaitReason(
+                job.id, "reserved",
+                f"{need} GPUs are free but held for job {head.id}; a job without a time limit "
+                "cannot run ahead of it",
+                head.id, res_time,
+            )
+            continue
+        if res_time is None or now + job.time_limit <= res_time:
+            # Ends before the head's reservation: any free GPUs will do.
+            nodes = free.place(job.workers, job.gpus_per_worker)
+            if long_free is not None:
+                for n in nodes:
+                    long_free.set(n, min(free.free[n], spare[n]))
+            p.start(job, nodes, backfill=True)
+            continue
+        assert long_free is not None
+        nodes = long_free.place(job.workers, job.gpus_per_worker)
+        if nodes is None:
+            waiting[job.id] = WaitReason(
+                job.id, "reserved",
+                f"{need} GPUs are free but held for job {head.id}, reserved to start in "
+                f"{_fmt_delay(res_time - now)}; this job's time limit of "
+                f"{_fmt_delay(job.time_limit)} would delay it",
+                head.id, res_time,
+            )
+            continue
+        g = job.gpus_per_worker
+        for n in nodes:
+            spare[n] -= g
+            free.set(n, free.free[n] - g)
+        p.start(job, nodes, backfill=True)
+
+    return Plan(
+        starts=tuple(p.starts),
+        preempt=tuple(v.id for v in victims),
+        waiting=waiting,
+        head=head.id if head is not None else None,
+    )
+
+
+def _behind(job, need, free_total, cap_total, head, head_prio, head_level, level) -> WaitReason:
+    code = "behind"
+    msg = f"waiting for {need} GPUs: {free_total} of {cap_total} free; behind job {head.id} (priority {head_prio})"
+    if level[job.id] == head_level and job.submitted_at < head.submitted_at and job.user != head.user:
+        code = "fair-share"
+        msg = (
+            f"waiting for {need} GPUs: {free_total} of {cap_total} free; behind job {head.id} of "
+            f"{head.user}, who holds fewer GPUs (fair share)"
+        )
+    return WaitReason(job.id, code, msg, head.id)
+
+
+def _reserve_placement(free_then: Mapping[str, int], free_now: Mapping[str, int], workers: int, g: int) -> dict[str, int]:
+    """Where the head's gang goes at its reserved start, chosen to leave the most GPUs for backfill.
+
+    Every node that fits a worker at the reservation is a candidate; each worker takes the one whose
+    GPUs are least usable *now* (busy until then), so that currently free GPUs stay available to
+    long backfill jobs; ties go to the best fit at the reservation, then node order.
+    """
+    spare = dict(free_then)
+    held: dict[str, int] = {}
+    for _ in range(workers):
+        best = None
+        best_key = None
+        for node, x in spare.items():
+            if x < g:
+                continue
+            f = free_now.get(node, 0)
+            loss = min(f, x) - min(f, x - g)
+            key = (loss, x)
+            if best_key is None or key < best_key:
+                best, best_key = node, key
+        if best is None:
+            break
+        spare[best] -= g
+        held[best] = held.get(best, 0) + g
+    return held

@@ -1,0 +1,123 @@
+"""Shared list-and-watch caches of nodes and pods for GPU availability and quota usage.
+
+KubeSpawner's ``ResourceReflector`` keys objects by ``namespace/name``, which fails for
+cluster-scoped objects such as nodes (they have no namespace). ``ClusterReflector`` keeps
+the same life cycle (``start``/``stop``/``first_load_future``, one instance per process in
+``KubeSpawner.reflectors``, stopped by ``KubeSpawner._stop_all_reflectors``) with its own
+list/watch loop that tolerates both scopes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+from kubernetes_asyncio import client, watch
+from kubespawner.reflector import ResourceReflector
+
+try:  # aiohttp raises this on a read timeout of the watch stream
+    from aiohttp import ServerTimeoutError as _ReadTimeout
+except ImportError:  # pragma: no cover
+    _ReadTimeout = asyncio.TimeoutError
+
+
+def object_key(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta['name']}" if ns else meta["name"]
+
+
+class ClusterReflector(ResourceReflector):
+    """A reflector for cluster-scoped objects or for every namespace at once."""
+
+    max_backoff = 30.0
+
+    async def _list_and_update(self, resource_version=None):
+        kwargs = dict(
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            _request_timeout=self.request_timeout,
+            _preload_content=False,
+        )
+        if not self.omit_namespace:
+            kwargs["namespace"] = self.namespace
+        response = await getattr(self.api, self.list_method_name)(**kwargs)
+        if not response.ok:
+            raise client.ApiException(status=response.status, reason=response.reason)
+        data = json.loads(await response.read())
+        self.resources = {object_key(o): o for o in data.get("items") or []}
+        if not self.first_load_future.done():
+            self.first_load_future.set_result(None)
+        return (data.get("metadata") or {}).get("resourceVersion")
+
+    async def _watch_and_update(self):
+        delay = 0.1
+        resource_version = None
+        where = "all namespaces" if self.omit_namespace else f"namespace {self.namespace}"
+        self.log.info("watching %s in %s", self.kind, where)
+        while not self._stopping:
+            start = time.monotonic()
+            w = watch.Watch()
+            try:
+                if resource_version is None:
+                    resource_version = await self._list_and_update()
+                kwargs = {
+                    "label_selector": self.label_selector,
+                    "field_selector": self.field_selector,
+                    "resource_version": resource_version,
+                    "timeout_seconds": self.timeout_seconds,
+                    "_request_timeout": self.request_timeout,
+                }
+                if not self.omit_namespace:
+                    kwargs["namespace"] = self.namespace
+                method = getattr(self.api, self.list_method_name)
+                async with w.stream(method, **kwargs) as stream:
+                    async for event in stream:
+                        delay = 0.1
+                        obj = event["raw_object"]
+                        if event["type"] == "ERROR":
+                            # e.g. 410 Gone: the resource version is too old; list again
+                            resource_version = None
+                            break
+                        key = object_key(obj)
+                        if event["type"] == "DELETED":
+                            self.resources.pop(key, None)
+                        else:
+                            self.resources[key] = obj
+                        resource_version = obj["metadata"].get("resourceVersion", resource_version)
+                        if self._stopping or time.monotonic() - start >= self.restart_seconds:
+                            break
+            except asyncio.CancelledError:
+                raise
+            except (_ReadTimeout, asyncio.TimeoutError):
+                self.log.debug("read timeout watching %s, reconnecting", self.kind)
+            except Exception:
+                resource_version = None
+                delay = min(delay * 2, self.max_backoff)
+                self.log.exception("error watching %s, retrying in %.1fs", self.kind, delay)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+            finally:
+                w.stop()
+                await w.close()
+        self.log.info("%s watcher stopped", self.kind)
+
+
+class NodeReflector(ClusterReflector):
+    kind = "nodes"
+    list_method_name = "list_node"
+
+    @property
+    def nodes(self) -> dict:
+        return self.resources
+
+
+class GPUPodReflector(ClusterReflector):
+    """Every pod (all namespaces by default): GPU requests on nodes and per-user holdings."""
+
+    kind = "pods"  # ResourceReflector derives list_pod_for_all_namespaces / list_namespaced_pod
+
+    @property
+    def pods(self) -> dict:
+        return self.resources

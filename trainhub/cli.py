@@ -1,0 +1,80 @@
+"""The `trainhub` command.
+
+Each sub-command lives in its own module with ``add_parser(subparsers)``; this module
+only assembles them, so later features (jobs, sweeps, data...) plug in without
+touching the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from trainhub import __version__
+
+# module -> it registers one top-level sub-command
+COMMAND_MODULES = [
+    "trainhub.commands.up",
+    "trainhub.commands.token",
+    "trainhub.commands.status",
+    "trainhub.commands.users",
+    "trainhub.commands.jobs",
+    "trainhub.commands.sweeps",
+    "trainhub.commands.data",
+    "trainhub.commands.usage",
+]
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """Bad flags: say what is wrong and how to get help (exit 2, as argparse does)."""
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\nRun '{self.prog} --help' for the options.\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="trainhub",
+        description="trainhub: GPU notebooks, %%train jobs and sweeps on JupyterHub. "
+        "Start the platform with `trainhub up`, then open the printed URL.",
+        epilog="Run `trainhub COMMAND --help` for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainhub {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # that feature is not installed
+                continue
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        return 130
+    except CommandError as e:
+        print(f"trainhub {args.command}: error: {e}", file=sys.stderr)
+        return e.code
+
+
+class CommandError(Exception):
+    """A failure the user can act on: printed as one line, no traceback."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Reading packed shards: :class:`ShardReader`.
+
+The reader resolves its shard list once (from ``index.json``, so nothing is listed), picks
+this process's share (rank, then DataLoader worker), downloads whole shards on a small thread
+pool that stays ``prefetch`` shards ahead, unpacks them into sample dicts, and optionally
+shuffles within a buffer. Orders are deterministic for a given ``seed`` and epoch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import random
+import re
+import sys
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from .exceptions import CorruptShardError, DataError, IndexNotFoundError, InvalidURLError, ShardNotFoundError
+from .packing import INDEX_FORMAT, INDEX_NAME
+from .storage import full_url, join, url_to_fs
+from .tario import iter_samples
+
+log = logging.getLogger(__name__)
+
+Sample = dict
+
+
+def _utf8(b: bytes) -> str:
+    return b.decode("utf-8")
+
+
+def _npy(b: bytes):
+    import numpy
+
+    return numpy.load(io.BytesIO(b), allow_pickle=False)
+
+
+#: Decoders used by ``decode="basic"``: text, class labels, JSON and NumPy arrays. Other
+#: fields (images, audio...) stay bytes; pass your own mapping or callable for those.
+BASIC_DECODERS: dict[str, Callable[[bytes], Any]] = {
+    "txt": _utf8,
+    "text": _utf8,
+    "cls": lambda b: int(b.decode("ascii").strip()),
+    "json": json.loads,
+    "npy": _npy,
+}
+
+_BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def expand_braces(url: str) -> list[str]:
+    """``"shard-{000..002}.tar" -> ["shard-000.tar", "shard-001.tar", "shard-002.tar"]``."""
+    m = _BRACES.search(url)
+    if not m:
+        return [url]
+    lo, hi = m.group(1), m.group(2)
+    width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+    out = []
+    for i in range(int(lo), int(hi) + 1):
+        out.extend(expand_braces(url[:m.start()] + str(i).zfill(width) + url[m.end():]))
+    return out
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise DataError(f"${name} must be an integer, got {raw!r}") from None
+
+
+class ShardReader:
+    """Iterate over the samples of packed shards.
+
+    Parameters
+    ----------
+    url_or_shards:
+        A folder written by :func:`trainhub.data.pack` (local path or ``s3://bucket/prefix``;
+        its ``index.json`` is read), the URL of an ``index.json``, one shard URL, a brace
+        pattern (``.../shard-{000000..000009}.tar``) or a list of shard URLs.
+    shuffle_buffer:
+        Samples held for shuffling (0: no shuffling, shards and samples in stored order).
+        When > 0, the shard order is also shuffled per epoch (the same way on every rank).
+    seed:
+        Base seed; the orders depend on ``(seed, epoch, rank, worker)`` only.
+    prefetch:
+        Shards downloaded ahead of the one being read, in parallel (0: read one at a time).
+        Memory use is about ``(prefetch + 1) * shard_size`` per worker.
+    rank, world_size:
+        This process's place among data-parallel processes; default ``$RANK`` /
+        ``$WORLD_SIZE``, then ``torch.distributed`` when initialised, then 0 / 1.
+    worker_info:
+        ``(worker_id, num_workers)`` or an object with ``.id`` and ``.num_workers``;
+        default ``torch.utils.data.get_worker_info()`` when PyTorch is loaded.
+    storage_options:
+        fsspec options (e.g. ``{"endpoint_url": ..., "key": ..., "secret": ...}``); ``None``
+        reads ``$TRAINHUB_STORAGE_OPTIONS`` for remote URLs.
+    decode:
+        ``None`` (fields stay bytes), ``"basic"`` (:data:`BASIC_DECODERS`), a mapping
+        ``{ext: fn(bytes)}``, or a callable ``fn(sample) -> sample``.
+
+    Shards are split by position: global slot ``rank * num_workers + worker_id`` takes every
+    ``world_size * num_workers``-th shard, so the parts are disjoint and together complete.
+    Pack at least that many shards (preferably many more) so no slot is empty.
+    Call :meth:`set_epoch` before each epoch to get a new order.
+    """
+
+    def __init__(
+        self,
+        url_or_shards: str | os.PathLike | Iterable[str],
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        prefetch: int = 4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        worker_info: Any = None,
+        storage_options: Mapping[str, Any] | None = None,
+        decode: None | str | Mapping[str, Callable[[bytes], Any]] | Callable[[Sample], Sample] = None,
+    ):
+        if int(shuffle_buffer) < 0:
+            raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer!r}")
+        if int(prefetch) < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch!r}")
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.seed = seed
+        self.prefetch = int(prefetch)
+        self.rank = rank
+        self.world_size = world_size
+        self.worker_info = worker_info
+        self.storage_options = None if storage_options is None else dict(storage_options)
+        self.decode = self._make_decoder(decode)
+        self._decode_arg = decode
+        self.epoch = 0
+        self.index: dict | None = None
+        self.shards: list[str] = self._resolve(url_or_shards)
+        if not self.shards:
+            raise DataError(f"no shards to read from {url_or_shards!r}")
+        self.total_samples: int | None = self.index["total_samples"] if self.index else None
+
+    # -- setup -------------------------------------------------------------------------
+
+    @staticmethod
+    def _make_decoder(decode):
+        if decode is None:
+            return None
+        if decode == "basic":
+            decode = BASIC_DECODERS
+        if isinstance(decode, Mapping):
+            table = dict(decode)
+
+            def apply(sample):
+                for ext, fn in table.items():
+                    if ext in sample:
+                        sample[ext] = fn(sample[ext])
+                return sample
+            return apply
+        if callable(decode):
+            return decode
+        raise ValueError(f"decode must be None, 'basic', a mapping of ext -> function or a callable, got {decode!r}")
+
+    def _resolve(self, source) -> list[str]:
+        if isinstance(source, (str, os.PathLike)):
+            url = os.fspath(source)
+            if _BRACES.search(url):
+                return expand_braces(url)
+            if url.endswith(".tar"):
+                return [url]
+            fs, path = url_to_fs(url, self.storage_options)
+            if path.endswith(".json"):
+                index_path, base = path, path.rsplit("/", 1)[0] if "/" in path else ""
+            else:
+                index_path, base = join(fs, path, INDEX_NAME), path
+            self.index = self._load_index(fs, index_path, url)
+            return [full_url(fs, join(fs, base, s["name"])) for s in self.index["shards"]]
+        try:
+            shards = [os.fspath(s) for s in source]
+        except TypeError:
+            raise InvalidURLError(f"expected a URL, a folder or a list of shard URLs, got {source!r}") from None
+        for s in shards:
+            if not isinstance(s, str) or not s:
+                raise InvalidURLError(f"bad shard URL {s!r} in the shard list")
+        return shards
+
+    @staticmethod
+    def _load_index(fs, index_path: str, url: str) -> dict:
+        try:
+            raw = fs.cat_file(index_path)
+        except FileNotFoundError:
+            raise IndexNotFoundError(
+                f"no {INDEX_NAME} at {full_url(fs, index_path)}: pack the data first "
+                f"(trainhub.data.pack(src, {url!r}) or `trainhub data pack SRC {url}`), "
+                "or pass a list of shard URLs"
+            ) from None
+        except IsADirectoryError:
+            raise IndexNotFoundError(f"{full_url(fs, index_path)} is a folder, not a shard index") from None
+        try:
+            index = json.loads(raw)
+        except ValueError as e:
+            raise CorruptShardError(f"{full_url(fs, index_path)} is not valid JSON: {e}") from None
+        if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or not isinstance(index.get("shards"), list):
+            raise CorruptShardError(f"{full_url(fs, index_path)} is not a trainhub shard index (format {INDEX_FORMAT!r})")
+        return index
+
+    # -- splitting ---------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose shard and sample order the next iteration uses."""
+        self.epoch = int(epoch)
+
+    def _rank_world(self) -> tuple[int, int]:
+        rank, world = self.rank, self.world_size
+        if rank is None:
+            rank = _env_int("RANK")
+        if world is None:
+            world = _env_int("WORLD_SIZE")
+        if rank is None and world is None and "torch" in sys.modules:
+            dist = getattr(sys.modules["torch"], "distributed", None)
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                rank, world = dist.get_rank(), dist.get_world_size()
+        rank = 0 if rank is None else int(rank)
+        world = 1 if world is None else int(world)
+        if world < 1 or not 0 <= rank < world:
+            raise DataError(f"invalid rank {rank} for world size {world}: need 0 <= rank < world_size")
+        return rank, world
+
+    def _worker(self) -> tuple[int, int]:
+        info = self.worker_info
+        if info is None and "torch" in sys.modules:
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+        if info is None:
+            return 0, 1
+        if isinstance(info, tuple):
+            wid, n = info
+        else:
+            wid, n = info.id, info.num_workers
+        if n < 1 or not 0 <= wid < n:
+            raise DataError(f"invalid worker {wid} of {n}")
+        return int(wid), int(n)
+
+    def shards_for(self, rank: int = 0, world_size: int = 1, worker_id: int = 0, num_workers: int = 1,
+                   epoch: int | None = None) -> list[str]:
+        """The shards that ``(rank, worker_id)`` reads in ``epoch``, in reading order."""
+        shards = list(self.shards)
+        if self.shuffle_buffer > 0:
+            random.Random(f"{self.seed}:{self.epoch if epoch is None else epoch}:shards").shuffle(shards)
+        slots = world_size * num_workers
+        return shards[rank * num_workers + worker_id::slots]
+
+    # -- iteration ---------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Sample]:
+        rank, world = self._rank_world()
+        wid, nworkers = self._worker()
+        if len(self.shards) < world * nworkers:
+            log.warning("only %d shard(s) for %d rank(s) x %d worker(s): some readers get no data; "
+                        "pack with a smaller shard_size", len(self.shards), world, nworkers)
+        mine = self.shards_for(rank, world, wid, nworkers)
+        samples = self._samples(mine)
+        if self.shuffle_buffer > 0:
+            rng = random.Random(f"{self.seed}:{self.epoch}:{rank}:{wid}")
+            samples = _shuffled(samples, self.shuffle_buffer, rng)
+        if self.decode is None:
+            return samples
+        return map(self.decode, samples)
+
+    def _samples(self, urls: list[str]) -> Iterator[Sample]:
+        for url, data in self._fetch_all(urls):
+            yield from iter_samples(data, url)
+
+    def _fetch(self, url: str) -> bytes:
+        fs, path = url_to_fs(url, self.storage_options)
+        try:
+            return fs.cat_file(path)
+        except FileNotFoundError:
+            raise ShardNotFoundError(f"shard {url} does not exist (was the folder re-packed or moved?)") from None
+        except IsADirectoryError:
+            raise ShardNotFoundError(f"shard {url} is a folder, not a tar file") from None
+
+    def _fetch_all(self, urls: list[str]) -> Iterator[tuple[str, bytes]]:
+        if self.prefetch == 0 or len(urls) <= 1:
+            for url in urls:
+                yield url, self._fetch(url)
+            return
+        pool = ThreadPoolExecutor(max_workers=min(self.prefetch, len(urls)), thread_name_prefix="trainhub-shards")
+        pending: deque = deque()
+        todo = iter(urls)
+        try:
+            for url in islice(todo, self.prefetch):
+                pending.append((url, pool.submit(self._fetch, url)))
+            while pending:
+                url, future = pending.popleft()
+                data = future.result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(self._fetch, nxt)))
+                yield url, data
+                del data
+        finally:
+            for _, future in pending:
+                future.cancel()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- PyTorch -----------------------------------------------------------------------
+
+    def _init_kwargs(self) -> dict:
+        return dict(url_or_shards=list(self.shards), shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+                    prefetch=self.prefetch, rank=self.rank, world_size=self.world_size,
+                    worker_info=self.worker_info, storage_options=self.storage_options, decode=self._decode_arg)
+
+    def as_torch(self):
+        """This reader as a ``torch.utils.data.IterableDataset`` (needs PyTorch)."""
+        from .torch_dataset import TorchShardDataset
+
+        ds = TorchShardDataset(**self._init_kwargs())
+        ds.index, ds.total_samples, ds.epoch = self.index, self.total_samples, self.epoch
+        return ds
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({len(self.shards)} shards, samples={self.total_samples}, "
+                f"shuffle_buffer={self.shuffle_buffer}, seed={self.seed}, epoch={self.epoch})")
+
+
+def _shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:
+    buf: list[Sample] = []
+    for sample in samples:
+        if len(buf) < size:
+            buf.append(sample)
+            continue
+        i = rng.randrange(size)
+        yield buf[i]
+        buf[i] = sample
+    rng.shuffle(buf)
+    yield from buf

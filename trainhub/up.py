@@ -1,0 +1,258 @@
+"""`trainhub up`: run the whole embedded platform in the foreground.
+
+It prepares the data dir, records the runtime facts, starts JupyterHub (which starts
+the proxy and the platform's services), prints how to log in, and on Ctrl-C or
+SIGTERM stops everything it started: the hub first (it stops servers and the proxy),
+then any process still carrying this instance's marker (kernels, jobs, strays).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import requests
+
+from trainhub import gpus as gpu_inventory
+from trainhub.procs import INSTANCE_VAR, become_subreaper, terminate_tagged
+from trainhub.settings import DataDir, Runtime, read_or_create_secret, write_secret
+
+
+class UpError(RuntimeError):
+    """A problem the user can fix; printed without a traceback."""
+
+
+def free_port(ip: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+def port_available(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((ip or "0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+def is_loopback(ip: str) -> bool:
+    if ip in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+def find_proxy(dd: DataDir, install: bool = True, out=sys.stdout) -> str:
+    """configurable-http-proxy: $TRAINHUB_PROXY_CMD, PATH, or a private npm install in the data dir."""
+    explicit = os.environ.get("TRAINHUB_PROXY_CMD")
+    candidates = [explicit] if explicit else []
+    candidates += [
+        shutil.which("configurable-http-proxy"),
+        str(Path(sys.prefix) / "node" / "node_modules" / ".bin" / "configurable-http-proxy"),
+        str(dd.root / "node" / "node_modules" / ".bin" / "configurable-http-proxy"),
+    ]
+    for c in candidates:
+        if c and os.path.exists(c) and os.access(c, os.X_OK):
+            return c
+    npm = shutil.which("npm")
+    if not install or not npm:
+        raise UpError(
+            "configurable-http-proxy was not found. Install it with\n"
+            "    npm install -g configurable-http-proxy\n"
+            "(needs Node.js >= 18), or set TRAINHUB_PROXY_CMD to its path."
+        )
+    print(f"Installing configurable-http-proxy with npm into {dd.root / 'node'} (first start only)...", file=out, flush=True)
+    r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(dd.root / "node"), "configurable-http-proxy@^5"],
+                       capture_output=True, text=True)
+    target = dd.root / "node" / "node_modules" / ".bin" / "configurable-http-proxy"
+    if r.returncode != 0 or not target.exists():
+        raise UpError(f"npm could not install configurable-http-proxy:\n{r.stderr[-2000:]}")
+    return str(target)
+
+
+def prepare(args, out=sys.stdout) -> tuple[DataDir, Runtime, str | None]:
+    """Everything before the hub starts; returns (data dir, runtime, new admin password or None)."""
+    dd = DataDir(Path(args.data_dir))
+    dd.ensure()
+    try:
+        spec = gpu_inventory.parse_gpus_flag(args.gpus)
+    except ValueError as e:
+        raise UpError(str(e)) from None
+    devices = gpu_inventory.discover(spec)
+
+    storage = args.storage or str(dd.default_storage)
+    if "://" not in storage or storage.startswith("file://"):
+        storage = str(Path(storage.removeprefix("file://")).expanduser().resolve())
+    elif not storage.startswith("s3://"):
+        raise UpError(f"--storage must be a local folder or s3://bucket/prefix, not {storage!r}")
+
+    if not port_available(args.ip, args.port):
+        raise UpError(f"port {args.port} on {args.ip} is in use: pick another with --port")
+
+    password, created = read_or_create_secret(dd.admin_password_file, 12)
+    new_password = password if created else None
+
+    service_ports = {"trainhub": free_port(), "trainhub-culler": free_port()}
+    runtime = Runtime(
+        data_dir=str(dd.root), ip=args.ip, port=args.port, hub_port=args.hub_port or free_port(),
+        proxy_api_port=free_port(), service_ports=service_ports, gpus=spec, storage=storage,
+        admin_user=args.admin_user, pid=os.getpid(), devices=[d.to_dict() for d in devices],
+        simulated=any(d.simulated for d in devices), started_at=datetime.now(timezone.utc).isoformat(),
+    )
+    _enable_available_services(runtime)
+    runtime.save()
+
+    # storage must be reachable before anyone spawns
+    from trainhub.config import load_platform_config
+    from trainhub.storage import StorageConfig
+
+    try:
+        StorageConfig(config=load_platform_config(dd.root)).ensure_layout()
+    except Exception as e:
+        raise UpError(f"storage {storage} is not usable: {e}") from None
+    return dd, runtime, new_password
+
+
+def _enable_available_services(runtime: Runtime) -> None:
+    """Only start services whose code is installed (each arrives with its own issue)."""
+    import importlib.util
+
+    modules = {"trainhub": "trainhub.services.jobs", "trainhub-culler": "trainhub.services.culler"}
+    for name, module in modules.items():
+        try:
+            found = importlib.util.find_spec(module + ".__main__") is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            runtime.service_ports.pop(name, None)
+
+
+def _pump(stream, sinks):
+    for line in iter(stream.readline, b""):
+        for sink in sinks:
+            try:
+                sink.write(line)
+                sink.flush()
+            except ValueError:
+                pass
+
+
+def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) -> None:
+    url = runtime.public_url.rstrip("/") + "/hub/api/"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UpError(f"JupyterHub exited with code {proc.returncode} while starting; see {Path(runtime.data_dir) / 'logs' / 'jupyterhub.log'}")
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise UpError(f"JupyterHub did not answer at {url} within {timeout:.0f} s")
+
+
+def banner(runtime: Runtime, new_password: str | None, dd: DataDir) -> str:
+    lines = ["", f"trainhub is running at {runtime.public_url}"]
+    n = len(runtime.devices)
+    kind = "simulated " if runtime.simulated else ""
+    lines.append(f"  GPU pool: {n} {kind}device{'s' if n != 1 else ''}" + (" (no NVIDIA driver found; --gpus N simulates N devices)" if n == 0 else ""))
+    lines.append(f"  Storage:  {runtime.storage}")
+    if new_password:
+        lines.append(f"  Log in as '{runtime.admin_user}' with password: {new_password}")
+        lines.append(f"  (shown once; it is also saved, readable only by you, in {dd.admin_password_file})")
+    else:
+        lines.append(f"  Log in as '{runtime.admin_user}'; the password is in {dd.admin_password_file}")
+    lines.append("  Add users: trainhub users add NAME   |   API token: trainhub token NAME   |   GPU pool: trainhub status")
+    lines.append("  Press Ctrl-C to stop everything.")
+    return "\n".join(lines) + "\n"
+
+
+def run(args, out=sys.stdout) -> int:
+    if not is_loopback(args.ip) and not (args.ssl_cert and args.ssl_key) and not args.insecure:
+        print(
+            f"WARNING: trainhub will listen on {args.ip} over plain HTTP: passwords and tokens cross the network unencrypted.\n"
+            "         Use --ssl-cert/--ssl-key, put it behind a TLS proxy, or pass --insecure to acknowledge this.",
+            file=sys.stderr, flush=True,
+        )
+    dd, runtime, new_password = prepare(args, out)
+    proxy = find_proxy(dd, out=out)
+    instance = uuid.uuid4().hex
+    env = dict(os.environ)
+    env.update({
+        "TRAINHUB_DATA_DIR": str(dd.root),
+        INSTANCE_VAR: instance,
+        "TRAINHUB_PROXY_CMD": proxy,
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath),
+        "PYTHONUNBUFFERED": "1",
+    })
+    if args.config:
+        env["TRAINHUB_CONFIG"] = str(Path(args.config).resolve())
+    from trainhub.hub_config import CONFIG_FILE
+
+    cmd = [sys.executable, "-m", "jupyterhub", "-f", CONFIG_FILE]
+    if args.ssl_cert and args.ssl_key:
+        cmd += [f"--JupyterHub.ssl_cert={args.ssl_cert}", f"--JupyterHub.ssl_key={args.ssl_key}"]
+    if args.debug:
+        cmd.append("--debug")
+    become_subreaper()
+    log_path = dd.logs / "jupyterhub.log"
+    log_file = open(log_path, "ab")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(dd.root))
+    sinks = [log_file] + ([] if args.quiet else [sys.stdout.buffer])
+    pump = threading.Thread(target=_pump, args=(proc.stdout, sinks), daemon=True)
+    pump.start()
+
+    stopping = threading.Event()
+
+    def on_signal(signum, _frame):
+        if stopping.is_set():
+            return
+        stopping.set()
+        print(f"\ntrainhub: {signal.Signals(signum).name} received, stopping...", file=sys.stderr, flush=True)
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    code = 1
+    try:
+        try:
+            wait_for_hub(runtime, proc)
+        except UpError:
+            stopping.set()
+            raise
+        print(banner(runtime, new_password, dd), file=out, flush=True)
+        while proc.poll() is None:
+            time.sleep(0.2)
+        code = proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        # whatever the hub left behind (kernels, jobs, a proxy after a hub crash)
+        leftovers = terminate_tagged(INSTANCE_VAR, instance, grace=5.0)
+        pump.join(timeout=2)
+        log_file.close()
+        print(f"trainhub: stopped" + (f" ({leftovers} leftover process(es) ended)" if leftovers else ""), file=sys.stderr, flush=True)
+    return 0 if stopping.is_set() else code
