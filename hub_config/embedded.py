@@ -22,7 +22,12 @@ def managed_services(runtime: Runtime, dd: DataDir) -> list[dict]:
         "TRAINHUB_DATA_DIR": str(dd.root),
         INSTANCE_VAR: os.environ.get(INSTANCE_VAR, ""),
         "PYTHONUNBUFFERED": "1",
+        # what the services need to find the ledger and the public side of the hub
+        "TRAINHUB_DB_URL": dd.platform_db_url,
+        "TRAINHUB_PUBLIC_URL": runtime.public_url.rstrip("/"),
     }
+    if runtime.service_ports.get("trainhub"):
+        env_common["TRAINHUB_API_URL"] = f"{runtime.public_url.rstrip('/')}/services/trainhub/api"
     if os.environ.get("TRAINHUB_CONFIG"):
         env_common["TRAINHUB_CONFIG"] = os.environ["TRAINHUB_CONFIG"]
     services = []
@@ -37,6 +42,7 @@ def managed_services(runtime: Runtime, dd: DataDir) -> list[dict]:
                 "command": [sys.executable, "-m", module, "--port", str(port)],
                 "environment": dict(env_common),
                 "oauth_no_confirm": True,
+                "oauth_client_allowed_scopes": list(scopes.OAUTH_SCOPES),
                 "display": name == "trainhub",
             }
         )

@@ -58,3 +58,13 @@ def roles(admin_users=()) -> list[dict]:
             "groups": ["trainhub-admins"],
         },
     ]
+
+# What the platform's services may ask for in a browser OAuth login (intersected with the user's own).
+OAUTH_SCOPES = [
+    "custom:trainhub:jobs:write",
+    "custom:trainhub:jobs:read",
+    "custom:trainhub:registry:write",
+    "custom:trainhub:registry:read",
+    "custom:trainhub:usage:read",
+    "custom:trainhub:culler:keep",
+]

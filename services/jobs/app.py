@@ -1,0 +1,202 @@
+"""The `trainhub` service process: configuration, components, HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler
+from jupyterhub.utils import url_path_join
+from tornado import httpclient, web
+from traitlets import Dict, Instance, Integer, Type, Unicode, default
+from traitlets.config import Application
+
+from trainhub import __version__
+from trainhub.config import load_platform_config
+from trainhub.exceptions import InvalidRequest, QuotaExceeded
+from trainhub.ledger import GPUAllocator, LocalGPUAllocator
+from trainhub.profiles import ProfileCatalog
+from trainhub.quotas import QuotaPolicy
+from trainhub.settings import DataDir
+from trainhub.storage import StorageConfig
+
+from .engine import JobEngine, view
+from .handlers import default_handlers
+from .launcher import Launcher
+from .local import LocalLauncher
+from .outputs import OutputSyncer
+from .spec import JobSpec
+from .store import JobStore
+
+OPENAPI_FILE = Path(__file__).with_name("openapi.json")
+
+
+class GroupDirectory:
+    """Users' JupyterHub groups, refreshed from the hub API (for group quotas and priorities)."""
+
+    def __init__(self, log, interval: float = 30.0):
+        self.log, self.interval = log, interval
+        self.by_user: dict[str, tuple[str, ...]] = {}
+        self.url = os.environ.get("JUPYTERHUB_API_URL", "")
+        self.token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    def __call__(self, user: str) -> tuple[str, ...]:
+        return self.by_user.get(user, ())
+
+    def learn(self, user: str, groups) -> None:
+        self.by_user[user] = tuple(groups)
+
+    async def refresh_forever(self):
+        client = httpclient.AsyncHTTPClient()
+        while True:
+            if self.url and self.token:
+                try:
+                    r = await client.fetch(f"{self.url}/groups", headers={"Authorization": f"token {self.token}"}, request_timeout=10)
+                    by_user: dict[str, list[str]] = {}
+                    for g in json.loads(r.body):
+                        for u in g.get("users", []):
+                            by_user.setdefault(u, []).append(g["name"])
+                    self.by_user = {u: tuple(gs) for u, gs in by_user.items()}
+                except Exception as e:
+                    self.log.debug("group refresh failed: %s", e)
+            await asyncio.sleep(self.interval)
+
+
+class JobsService(Application):
+    name = "trainhub"
+    description = "The trainhub jobs API, run by JupyterHub as a managed service."
+    version = __version__
+
+    port = Integer(0, help="Port to listen on (127.0.0.1). Default: from $JUPYTERHUB_SERVICE_URL.").tag(config=True)
+    data_dir = Unicode(help="Platform data dir. Default: $TRAINHUB_DATA_DIR.").tag(config=True)
+    db_url = Unicode(help="Platform database URL. Default: the ledger's (LocalGPUAllocator.db_url).").tag(config=True)
+    allocator_class = Type(LocalGPUAllocator, klass=GPUAllocator, help="GPU ledger implementation.").tag(config=True)
+    launcher_class = Type(LocalLauncher, klass=Launcher, help="Job launcher (local processes or Kubernetes Jobs).").tag(config=True)
+    metrics_source_class = Type(None, allow_none=True, help="GPU metrics source (default: NVML for real devices, the scripted source for simulated ones).").tag(config=True)
+
+    aliases = {"port": "JobsService.port", "data-dir": "JobsService.data_dir", "log-level": "Application.log_level"}
+
+    @default("data_dir")
+    def _data_dir(self):
+        return os.environ.get("TRAINHUB_DATA_DIR", "")
+
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        if not self.data_dir:
+            raise SystemExit("trainhub service: set TRAINHUB_DATA_DIR or --data-dir")
+        self.dd = DataDir(Path(self.data_dir))
+        self.update_config(load_platform_config(self.dd.root))
+        self.log.setLevel(self.log_level)
+        self.db_url = self.db_url or self.config.LocalGPUAllocator.get("db_url") or self.dd.platform_db_url
+        self.store = JobStore(self.db_url)
+        self.allocator = self.allocator_class(parent=self)
+        self.quota = QuotaPolicy(parent=self)
+        self.catalog = ProfileCatalog(parent=self)
+        self.storage = StorageConfig(parent=self)
+        self.syncer = OutputSyncer(self.storage, parent=self)
+        launcher = self.launcher_class(parent=self)
+        if isinstance(launcher, LocalLauncher):
+            launcher.jobs_dir = launcher.jobs_dir or str(self.dd.root / "jobs")
+            launcher.home_dir_template = launcher.home_dir_template or str(self.dd.homes / "{username}")
+        self.launcher = launcher
+        self.groups = GroupDirectory(self.log)
+        public = os.environ.get("TRAINHUB_PUBLIC_URL", "").rstrip("/")
+        self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/trainhub/")
+        self.api_prefix = url_path_join(self.service_prefix, "api/")
+        self.engine = JobEngine(self.store, self.allocator, self.launcher, self.quota, self.storage, self.syncer,
+                                catalog=self.catalog, metrics_source=self._metrics_source(), groups_of=self.groups, parent=self,
+                                api_url=(public + self.api_prefix.rstrip("/")) if public else "")
+        self.openapi_text = OPENAPI_FILE.read_text()
+
+    def _metrics_source(self):
+        cls = self.metrics_source_class
+        if cls is None:
+            try:
+                from trainhub.metrics.scripted import default_metrics_class
+            except ImportError:
+                return None
+            cls = default_metrics_class(self.allocator.devices())
+        try:
+            return cls(parent=self)
+        except Exception as e:
+            self.log.warning("no GPU metrics source: %s", e)
+            return None
+
+    def engine_view(self, job):
+        return view(job)
+
+    async def submit(self, caller, spec: JobSpec):
+        """Check a spec against profiles, the pool and the caller's quota, then queue it."""
+        profile = None
+        if spec.profile:
+            profile = self.catalog.resolve(spec.profile, caller.groups, caller.admin)
+        gpus = spec.gpus if spec.gpus is not None else (profile.gpus if profile else 0)
+        total = gpus * spec.workers
+        pool = self.allocator.devices()
+        if profile and profile.gpu_model:
+            pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
+        if total > len(pool):
+            raise InvalidRequest(
+                f"this job needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
+                "ask for fewer workers or GPUs per worker"
+            )
+        limit = self.quota.limit_for(caller.name)
+        if total and limit is not None and total > limit:
+            raise QuotaExceeded(
+                f"GPU quota exceeded: this job needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but your quota is {limit}; "
+                "ask for fewer GPUs or ask an admin to raise your quota",
+                needed=total, limit=limit,
+            )
+        for g in caller.groups:
+            cap = self.quota.group_gpu_limits.get(g)
+            if total and cap is not None and total > int(cap):
+                raise QuotaExceeded(f"Group GPU quota exceeded: this job needs {total} GPUs but group {g!r} may hold at most {cap}.")
+        self.groups.learn(caller.name, caller.groups)
+        priority = spec.priority
+        if priority is None:
+            group_prios = getattr(self.engine.scheduler, "group_priorities", {}) or {}
+            priority = max([int(group_prios[g]) for g in caller.groups if g in group_prios] or [0])
+        job = await self.store.write(
+            self.store.create, name=spec.name, user=caller.name, groups=list(caller.groups), command=spec.command,
+            script=spec.script, gpus=gpus, workers=spec.workers, env=spec.env, time_limit=spec.time_limit,
+            retries=spec.retries, profile=profile.slug if profile else None, priority=priority,
+            preemptible=spec.preemptible, submit_key=(f"{caller.name}:{spec.submit_key}" if spec.submit_key else None),
+            sweep_id=spec.sweep_id, params=spec.params, reason="queued",
+        )
+        self.log.info("job %s submitted by %s: %d worker(s) × %d GPU(s)", job.key, caller.name, spec.workers, gpus)
+        self.engine.wake()
+        return job
+
+    def make_app(self) -> web.Application:
+        handlers = default_handlers(self.service_prefix, self)
+        handlers.append((url_path_join(self.service_prefix, "oauth_callback"), HubOAuthCallbackHandler))
+        return web.Application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False)
+
+    async def start_async(self):
+        await self.engine.start()
+        port = self.port or int(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:0").rsplit(":", 1)[1].split("/")[0])
+        self.http = self.make_app().listen(port, "127.0.0.1")
+        asyncio.create_task(self.groups.refresh_forever())
+        self.log.info("trainhub jobs API listening on 127.0.0.1:%d%s", port, self.api_prefix)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        self.log.info("trainhub jobs API stopping (running jobs keep running and are re-adopted on restart)")
+        self.http.stop()
+        await self.engine.stop()
+
+    def start(self):
+        asyncio.run(self.start_async())
+
+
+def main(argv=None):
+    logging.basicConfig(format="[%(levelname).1s %(asctime)s %(name)s] %(message)s", level=logging.INFO)
+    app = JobsService.instance()
+    app.initialize(argv)
+    app.start()

@@ -1,0 +1,402 @@
+"""The job engine: queue → scheduler → ledger → launcher, and watching what runs.
+
+One loop, woken on every submission or cancel and otherwise every ``tick`` seconds:
+finish or retry jobs whose workers ended, stop cancelled / overdue / preempted jobs,
+read new metrics, ask the scheduler policy which queued jobs start, take their devices
+from the shared GPU ledger (atomically with the quota check) and launch them as a gang.
+After a restart, running jobs are re-adopted from their launch state or marked lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from traitlets import Float, Instance, Type, Unicode
+from traitlets.config import LoggingConfigurable
+
+from trainhub.exceptions import TrainhubError
+from trainhub.ledger import GPUAllocator, job_holder
+from trainhub.procs import INSTANCE_VAR
+from trainhub.quotas import QuotaPolicy
+from trainhub.services.scheduler import Allocation, JobRequest, Quotas, Scheduler, TrainhubScheduler
+from trainhub.storage import StorageConfig
+
+from .launcher import JobView, Launcher
+from .models import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED, Job
+from .outputs import OutputSyncer
+from .store import JobStore
+
+NODE = "local"
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def view(job: Job) -> JobView:
+    return JobView(id=job.id, key=job.key, user=job.user, name=job.name, command=job.command, script=job.script,
+                   workers=job.workers, gpus=job.gpus, env=dict(job.env or {}), attempt=job.attempt,
+                   time_limit=job.time_limit, params=dict(job.params or {}), profile=job.profile)
+
+
+def describe_exit(rank: int, code: int | None, lost: bool = False) -> str:
+    if lost:
+        return f"worker {rank} vanished without an exit status (killed or the machine restarted)"
+    if code is not None and code < 0:
+        import signal as _s
+
+        try:
+            name = _s.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker {rank} was killed by {name}"
+    return f"worker {rank} exited with code {code}"
+
+
+def fmt_seconds(s: float) -> str:
+    s = int(s)
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class JobEngine(LoggingConfigurable):
+    tick = Float(1.0, help="Seconds between engine passes when nothing wakes it (submissions and cancels wake it at once).").tag(config=True)
+    grace_period = Float(10.0, help="Seconds between SIGTERM and SIGKILL when a job is cancelled, preempted or over its time limit.").tag(config=True)
+    gpu_sample_interval = Float(10.0, help="Seconds between GPU utilisation samples of running jobs.").tag(config=True)
+    scheduler_class = Type(TrainhubScheduler, klass=Scheduler, help="Queue policy (see trainhub.services.scheduler).").tag(config=True)
+    api_url = Unicode("", help="Public URL of this API, given to jobs as $TRAINHUB_API_URL.").tag(config=True)
+
+    scheduler = Instance(Scheduler)
+
+    def __init__(self, store: JobStore, allocator: GPUAllocator, launcher: Launcher, quota: QuotaPolicy,
+                 storage: StorageConfig, syncer: OutputSyncer, catalog=None, metrics_source=None, groups_of=None, **kw):
+        super().__init__(**kw)
+        self.store, self.allocator, self.launcher, self.quota = store, allocator, launcher, quota
+        self.storage, self.syncer, self.catalog, self.metrics_source = storage, syncer, catalog, metrics_source
+        self.groups_of = groups_of or (lambda user: ())
+        self.scheduler = self.scheduler_class(parent=self)
+        self._wake = asyncio.Event()
+        self._stopping: dict[int, asyncio.Task] = {}  # job id -> terminate task
+        self._why: dict[int, object] = {}  # job id -> last WaitReason
+        self._last_gpu_sample = 0.0
+        self._task: asyncio.Task | None = None
+        self.passes = 0
+
+    # -- lifecycle -------------------------------------------------------------
+    async def start(self) -> None:
+        await self.recover()
+        self._task = asyncio.create_task(self._run(), name="trainhub-job-engine")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("job engine pass failed; retrying next tick")
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def recover(self) -> None:
+        """Re-adopt running jobs after a restart; those whose workers are gone are lost (or retried)."""
+        for job in await self.store.read(self.store.in_states, RUNNING):
+            found = await self.launcher.adopt(view(job), job.launch_state or {})
+            if found:
+                self.log.info("job %s: re-adopted its running workers after a restart", job.key)
+                await self.store.write(self.store.update, job.id, event=("adopted", "workers re-adopted after a service restart"))
+            else:
+                await self._end_attempt(job, LOST, "its workers were gone when the service restarted (platform stopped or machine rebooted)")
+
+    # -- one pass ---------------------------------------------------------------
+    async def run_once(self) -> None:
+        self.passes += 1
+        running = await self.store.read(self.store.in_states, RUNNING)
+        for job in running:
+            try:
+                await self._watch(job)
+            except Exception:
+                self.log.exception("job %s: watching failed", job.key)
+        await self._schedule()
+        if self.metrics_source is not None and time.monotonic() - self._last_gpu_sample >= self.gpu_sample_interval:
+            self._last_gpu_sample = time.monotonic()
+            await self._sample_gpus([j for j in running if j.devices])
+
+    async def _watch(self, job: Job) -> None:
+        v, state = view(job), job.launch_state or {}
+        await self._ingest(job)
+        if self.syncer.due(job.key):
+            await asyncio.to_thread(self.syncer.sync, job.user, job.key, self.launcher.job_dir(v))
+        if job.id in self._stopping:
+            if not self._stopping[job.id].done():
+                return
+        statuses = await self.launcher.poll(v, state)
+        ended = [s for s in statuses if not s.running]
+        # decide whether this job must be stopped
+        stop_reason = None
+        if job.cancel_requested:
+            stop_reason = "cancel"
+        elif job.time_limit and job.started and (now_utc() - _aware(job.started)).total_seconds() > job.time_limit:
+            stop_reason = "time-limit"
+        elif any((s.exit_code or 0) != 0 or s.lost for s in ended) and len(ended) < len(statuses):
+            stop_reason = "gang-failure"
+        elif state.get("preempting"):
+            stop_reason = "preempt"
+        if stop_reason and len(ended) < len(statuses):
+            if job.id not in self._stopping:
+                self.log.info("job %s: stopping workers (%s)", job.key, stop_reason)
+                if stop_reason == "time-limit":
+                    await self.store.write(self.store.update, job.id, launch_state={**state, "timed_out": True},
+                                           event=("time-limit", f"time limit of {fmt_seconds(job.time_limit)} reached: stopping"))
+                elif stop_reason == "gang-failure":
+                    first = next(s for s in ended if (s.exit_code or 0) != 0 or s.lost)
+                    await self.store.write(self.store.update, job.id, launch_state={**state, "gang_failure": describe_exit(first.rank, first.exit_code, first.lost)},
+                                           event=("gang-failure", f"{describe_exit(first.rank, first.exit_code, first.lost)}: stopping the other workers"))
+                self._stopping[job.id] = asyncio.create_task(self.launcher.terminate(v, state, self.grace_period))
+            return
+        if len(ended) < len(statuses) or not statuses:
+            return
+        self._stopping.pop(job.id, None)
+        # every worker has ended: decide the outcome
+        job = await self.store.read(self.store.get, job.id)
+        state = job.launch_state or {}
+        codes = [s.exit_code for s in sorted(statuses, key=lambda s: s.rank)]
+        if job.cancel_requested:
+            by = job.reason.removeprefix("cancelling (requested by ").rstrip(")") if job.reason.startswith("cancelling") else "the user"
+            await self._end_attempt(job, CANCELLED, f"cancelled by {by} while running", codes)
+        elif state.get("timed_out"):
+            await self._end_attempt(job, FAILED, f"exceeded its time limit of {fmt_seconds(job.time_limit)}", codes, retry=True)
+        elif state.get("preempting"):
+            await self._end_attempt(job, QUEUED, f"preempted: {state.get('preempt_reason', 'a higher-priority job needed its GPUs')}; requeued", codes, requeue=True)
+        elif all(c == 0 for c in codes):
+            n = len(codes)
+            await self._end_attempt(job, SUCCEEDED, f"{'all ' + str(n) + ' workers' if n > 1 else 'the worker'} exited with code 0", codes)
+        else:
+            failed = [s for s in statuses if (s.exit_code or 0) != 0 or s.lost]
+            first = min(failed, key=lambda s: s.rank)
+            reason = state.get("gang_failure") or describe_exit(first.rank, first.exit_code, first.lost)
+            state_ = LOST if all(s.lost for s in failed) else FAILED
+            await self._end_attempt(job, state_, reason, codes, retry=True)
+
+    async def _end_attempt(self, job: Job, state: str, reason: str, codes=None, retry: bool = False, requeue: bool = False) -> None:
+        """Release the job's devices and record the outcome (or requeue it for another attempt)."""
+        v = view(job)
+        await self._ingest(job)
+        try:
+            await asyncio.to_thread(self.syncer.sync, job.user, job.key, self.launcher.job_dir(v), True)
+        except Exception:
+            self.log.exception("job %s: final output sync failed", job.key)
+        await asyncio.to_thread(self.allocator.release, job_holder(job.id))
+        try:
+            await self.launcher.cleanup(v, job.launch_state or {})
+        except Exception:
+            self.log.exception("job %s: launcher cleanup failed", job.key)
+        if retry and job.attempt <= job.retries and not job.cancel_requested:
+            requeue = True
+            reason = f"{reason}; retrying (attempt {job.attempt + 1} of {job.retries + 1})"
+            state = QUEUED
+        fields = dict(exit_codes=codes or [], cancel_requested=False if requeue else job.cancel_requested)
+        if requeue:
+            fields.update(state=QUEUED, reason=reason, devices=[], launch_state={})
+        else:
+            fields.update(state=state, reason=reason, finished=now_utc())
+        await self.store.write(self.store.update, job.id, event=(state, reason), **fields)
+        self.log.info("job %s (%s): %s — %s", job.key, job.user, state, reason)
+        self.wake()
+
+    async def _ingest(self, job: Job) -> None:
+        state = job.launch_state or {}
+        adir = state.get("dir")
+        if not adir:
+            return
+        for w in state.get("workers", []):
+            path = os.path.join(adir, f"metrics-{w['rank']}.jsonl")
+            await self.store.write(self.store.ingest_metrics, job.id, job.attempt, w["rank"], path)
+
+    # -- scheduling ------------------------------------------------------------------
+    async def _schedule(self) -> None:
+        queued = [j for j in await self.store.read(self.store.in_states, QUEUED) if not j.cancel_requested]
+        if not queued:
+            return
+        holdings = await asyncio.to_thread(self.allocator.holdings)
+        running_jobs = {j.id: j for j in await self.store.read(self.store.in_states, RUNNING)}
+        by_holder = defaultdict(list)
+        for h in holdings:
+            by_holder[h.holder].append(h)
+        allocations = []
+        for holder, hs in by_holder.items():
+            kind = hs[0].kind
+            job = running_jobs.get(int(holder.split(":", 1)[1])) if kind == "job" and holder.split(":", 1)[1].isdigit() else None
+            if job is not None:
+                placement = tuple((NODE, job.gpus) for _ in range(job.workers))
+                allocations.append(Allocation(id=str(job.id), user=job.user, groups=tuple(job.groups or ()), placement=placement,
+                                              kind="job", priority=job.priority, started_at=_ts(job.started),
+                                              time_limit=job.time_limit, preemptible=job.preemptible, submitted_at=_ts(job.created)))
+            else:
+                allocations.append(Allocation(id=holder, user=hs[0].user, groups=tuple(self.groups_of(hs[0].user)),
+                                              placement=((NODE, len(hs)),), kind="server" if kind == "server" else "job",
+                                              started_at=_ts(hs[0].since)))
+        for job in running_jobs.values():
+            if not job.gpus:
+                allocations.append(Allocation(id=str(job.id), user=job.user, groups=tuple(job.groups or ()),
+                                              placement=tuple(("", 0) for _ in range(job.workers)), started_at=_ts(job.started)))
+        pending = [JobRequest(id=str(j.id), user=j.user, groups=tuple(j.groups or ()), workers=j.workers, gpus_per_worker=j.gpus,
+                              priority=j.priority, submitted_at=_ts(j.created), time_limit=j.time_limit,
+                              preemptible=j.preemptible, restarts=max(j.attempt - 1, 0)) for j in queued]
+        quotas = Quotas(user_default=self.quota.user_gpu_limit, users=dict(self.quota.user_gpu_limits),
+                        groups={k: int(v) for k, v in self.quota.group_gpu_limits.items()})
+        capacity = {NODE: len(self.allocator.devices())}
+        plan = self.scheduler.schedule(time.time(), pending, allocations, capacity, quotas)
+        by_id = {j.id: j for j in queued}
+        for start in plan.starts:
+            job = by_id.get(int(start.job_id))
+            if job is not None:
+                await self._launch(job)
+        for job_id in plan.preempt:
+            await self._preempt(running_jobs.get(int(job_id)), plan)
+        # keep each waiting job's reason current (written only when it changes)
+        for job_id, why in plan.waiting.items():
+            job = by_id.get(int(job_id))
+            self._why[int(job_id)] = why
+            if job is not None and job.reason != why.message:
+                await self.store.write(self.store.update, job.id, only_if_state=(QUEUED,), reason=why.message)
+
+    async def _preempt(self, job: Job | None, plan) -> None:
+        if job is None or (job.launch_state or {}).get("preempting"):
+            return
+        head = plan.head or "a higher-priority job"
+        reason = f"job j-{int(head):06d} (higher priority) needed its GPUs" if str(head).isdigit() else f"{head} needed its GPUs"
+        await self.store.write(self.store.update, job.id, launch_state={**(job.launch_state or {}), "preempting": True, "preempt_reason": reason},
+                               event=("preempt", f"preempting: {reason}; SIGTERM with {fmt_seconds(self.grace_period)} grace"))
+
+    def why(self, job_id: int):
+        return self._why.get(job_id)
+
+    async def _launch(self, job: Job) -> None:
+        count = job.gpus * job.workers
+        gpu_model = None
+        if job.profile and self.catalog is not None:
+            try:
+                gpu_model = self.catalog.get(job.profile).gpu_model
+            except TrainhubError:
+                gpu_model = None
+        try:
+            devices = await asyncio.to_thread(
+                self.allocator.allocate, job_holder(job.id), kind="job", user=job.user, count=count, profile=job.profile,
+                gpu_model=gpu_model, quota=self.quota, user_groups=tuple(job.groups or ()), group_members=None,
+            )
+        except TrainhubError as e:  # a server took the GPUs in the meantime: stay queued
+            if job.reason != e.message:
+                await self.store.write(self.store.update, job.id, only_if_state=(QUEUED,), reason=e.message)
+            return
+        per_worker = [devices[i * job.gpus:(i + 1) * job.gpus] for i in range(job.workers)] if job.gpus else [[] for _ in range(job.workers)]
+        attempt = job.attempt + 1
+        job.attempt = attempt
+        v = view(job)
+        jdir = self.launcher.job_dir(v)
+        outputs_url = self.syncer.target_url(job.user, job.key)
+        # claim the job first: if the service dies mid-launch, recovery finds a RUNNING job and reconciles it
+        claimed = await self.store.write(
+            self.store.update, job.id, only_if_state=(QUEUED,), state=RUNNING, attempt=attempt, devices=per_worker,
+            started=now_utc(), reason=f"running on {_devices_text(per_worker)}", outputs_url=outputs_url,
+            outputs_path=os.path.join(jdir, "outputs"), launch_state={"dir": None, "workers": []},
+            event=("started", f"attempt {attempt}: {job.workers} worker(s) on {_devices_text(per_worker)}"),
+        )
+        if not claimed:  # cancelled in the meantime
+            await asyncio.to_thread(self.allocator.release, job_holder(job.id))
+            return
+        try:
+            state = await self.launcher.launch(v, per_worker, self._base_env(job))
+        except Exception as e:
+            self.log.exception("job %s: launch failed", job.key)
+            job.launch_state = {}
+            await self._end_attempt(job, FAILED, f"could not start its workers: {e}")
+            return
+        await self.store.write(self.store.update, job.id, launch_state=state)
+        for w in state.get("workers", []):
+            try:
+                await asyncio.to_thread(self.allocator.set_pid, job_holder(job.id), w["pid"])
+                break
+            except Exception:
+                pass
+
+    def _base_env(self, job: Job) -> dict:
+        env = {
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", os.defpath),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "TRAINHUB_JOB_ID": job.key,
+            "TRAINHUB_JOB_NAME": job.name,
+            "TRAINHUB_USER": job.user,
+            "TRAINHUB_PARAMS": json.dumps(job.params or {}),
+            INSTANCE_VAR: os.environ.get(INSTANCE_VAR, ""),
+        }
+        if job.profile:
+            env["TRAINHUB_PROFILE"] = job.profile
+        home = getattr(self.launcher, "home_dir_template", "")
+        if home:
+            env["HOME"] = home.format(username=job.user)
+        if self.api_url:
+            env["TRAINHUB_API_URL"] = self.api_url
+        if self.storage.url:
+            env.update(self.storage.env_for(job.user))
+        return env
+
+    # -- GPU samples -----------------------------------------------------------------
+    async def _sample_gpus(self, jobs: list[Job]) -> None:
+        wanted = sorted({d for j in jobs for w in (j.devices or []) for d in w})
+        if not wanted:
+            return
+        try:
+            samples = await self.metrics_source.sample(wanted)
+        except Exception as e:
+            self.log.debug("GPU sampling unavailable: %s", e)
+            return
+        rows = []
+        for j in jobs:
+            for rank, devs in enumerate(j.devices or []):
+                for d in devs:
+                    s = samples.get(d)
+                    if s is not None:
+                        rows.append(dict(job_id=j.id, worker=rank, device=d, time=time.time(), utilization=float(s.utilization),
+                                         memory_used_mb=float(s.memory_used_mb), simulated=bool(getattr(s, "simulated", False))))
+        if rows:
+            await self.store.write(self.store.add_gpu_samples, rows)
+
+
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def _ts(dt: datetime | None) -> float:
+    return _aware(dt).timestamp() if dt else time.time()
+
+
+def _devices_text(per_worker: list[list[int]]) -> str:
+    flat = [d for w in per_worker for d in w]
+    if not flat:
+        return "CPU only"
+    return "GPU" + ("s " if len(flat) > 1 else " ") + ",".join(str(d) for d in flat)

@@ -1,0 +1,208 @@
+"""REST handlers of the jobs API (see openapi.json beside this file)."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import os
+from pathlib import Path
+
+from tornado import iostream, web
+
+from trainhub.exceptions import InvalidRequest, NotFound, QuotaExceeded
+
+from .auth import APIHandler
+from .models import STATES, TERMINAL, parse_job_key
+from .spec import validate_spec
+from .store import job_to_dict
+
+READ, WRITE = "custom:trainhub:jobs:read", "custom:trainhub:jobs:write"
+JOB_ID = r"(j-\d+|\d+)"
+
+
+class JobAccessMixin:
+    async def load_job(self, key: str, write: bool = False):
+        job_id = parse_job_key(key)
+        if job_id is None:
+            raise NotFound(f"no job {key!r}")
+        try:
+            job = await self.service.store.read(self.service.store.get, job_id)
+        except NotFound:
+            raise NotFound(f"job {key} not found") from None
+        caller = self.caller
+        if not caller.may(READ, job.user):
+            raise NotFound(f"job {key} not found")  # not revealed
+        if write and not caller.may(WRITE, job.user):
+            raise web.HTTPError(403, f"you may read job {key} but not change it")
+        return job
+
+    def job_json(self, job) -> dict:
+        return job_to_dict(job, self.service.api_prefix.rstrip("/"))
+
+
+class RootHandler(APIHandler):
+    async def get(self):
+        self.caller
+        self.write_json({"service": "trainhub", "version": self.service.version,
+                         "links": {"jobs": f"{self.service.api_prefix}jobs", "openapi": f"{self.service.api_prefix}openapi.json"}})
+
+
+class OpenAPIHandler(APIHandler):
+    async def get(self):
+        self.set_header("Content-Type", "application/json")
+        self.finish(self.service.openapi_text)
+
+
+class JobsHandler(JobAccessMixin, APIHandler):
+    async def get(self):
+        caller = self.caller
+        states = [s for v in self.get_arguments("state") for s in v.split(",") if s]
+        bad = [s for s in states if s not in STATES]
+        if bad:
+            raise InvalidRequest(f"unknown state(s) {bad}; states are {list(STATES)}")
+        try:
+            limit = int(self.get_argument("limit", "50"))
+            offset = int(self.get_argument("offset", "0"))
+        except ValueError:
+            raise InvalidRequest("limit and offset must be whole numbers") from None
+        if not 1 <= limit <= 500 or offset < 0:
+            raise InvalidRequest("limit must be 1-500 and offset 0 or more")
+        user = self.get_argument("user", None)
+        if caller.may_all(READ):
+            who = user
+        else:
+            if user not in (None, caller.name):
+                raise web.HTTPError(403, "you may only list your own jobs")
+            if not caller.may(READ, caller.name):
+                raise web.HTTPError(403, f"missing scope {READ}")
+            who = caller.name
+        sweep = self.get_argument("sweep", None)
+        items, total = await self.service.store.read(self.service.store.list, who, states or None, limit, offset,
+                                                     int(sweep) if sweep and sweep.isdigit() else None)
+        self.write_json({"items": [self.job_json(j) for j in items], "total": total, "limit": limit, "offset": offset})
+
+    async def post(self):
+        caller = self.caller
+        if not caller.may(WRITE, caller.name):
+            raise web.HTTPError(403, f"missing scope {WRITE} to submit jobs")
+        spec = validate_spec(self.json_body())
+        job = await self.service.submit(caller, spec)
+        self.write_json(self.job_json(job), status=201)
+
+
+class JobHandler(JobAccessMixin, APIHandler):
+    async def get(self, key):
+        job = await self.load_job(key)
+        self.write_json(self.job_json(job))
+
+    async def delete(self, key):
+        job = await self.load_job(key, write=True)
+        job = await self.service.store.write(self.service.store.request_cancel, job.id, self.caller.name)
+        self.service.engine.wake()
+        self.write_json(self.job_json(job), status=202)
+
+
+class JobEventsHandler(JobAccessMixin, APIHandler):
+    async def get(self, key):
+        job = await self.load_job(key)
+        self.write_json({"items": await self.service.store.read(self.service.store.events, job.id)})
+
+
+class JobWhyHandler(JobAccessMixin, APIHandler):
+    async def get(self, key):
+        job = await self.load_job(key)
+        why = self.service.engine.why(job.id) if job.state == "queued" else None
+        body = {"id": job.key, "state": job.state, "reason": job.reason}
+        if why is not None:
+            body.update(code=why.code, message=why.message, blocking_job=(f"j-{int(why.blocking_job):06d}" if why.blocking_job and str(why.blocking_job).isdigit() else why.blocking_job),
+                        reserved_start=why.reserved_start)
+        self.write_json(body)
+
+
+class JobMetricsHandler(JobAccessMixin, APIHandler):
+    async def get(self, key):
+        job = await self.load_job(key)
+        self.write_json(await self.service.store.read(self.service.store.metrics, job.id))
+
+
+def log_files(job_dir: str, worker: int | None) -> list[Path]:
+    root = Path(job_dir)
+    files = []
+    for adir in sorted(root.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1])):
+        for f in sorted(adir.glob("worker-*.log"), key=lambda p: int(p.stem.split("-")[1])):
+            if worker is None or int(f.stem.split("-")[1]) == worker:
+                files.append(f)
+    return files
+
+
+def read_new(files: list[Path], offsets: dict) -> list[bytes]:
+    """New complete lines of each file since ``offsets``, merged in time order."""
+    per_file = []
+    for f in files:
+        start = offsets.get(f, 0)
+        try:
+            with open(f, "rb") as fh:
+                fh.seek(start)
+                data = fh.read()
+        except FileNotFoundError:
+            continue
+        end = data.rfind(b"\n") + 1
+        if end:
+            offsets[f] = start + end
+            per_file.append(data[:end].splitlines(keepends=True))
+    return list(heapq.merge(*per_file, key=lambda line: line[:24]))
+
+
+class JobLogsHandler(JobAccessMixin, APIHandler):
+    async def get(self, key):
+        job = await self.load_job(key)
+        worker = self.get_argument("worker", None)
+        if worker is not None and not worker.isdigit():
+            raise InvalidRequest("worker must be a worker rank (0, 1, ...)")
+        worker = int(worker) if worker is not None else None
+        tail = self.get_argument("tail", None)
+        follow = self.get_argument("follow", "0").lower() in ("1", "true", "yes")
+        job_dir = self.service.launcher.job_dir(self.service.engine_view(job))
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        offsets: dict = {}
+        lines = await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets))
+        if tail and tail.isdigit():
+            lines = lines[-int(tail):]
+        self.write(b"".join(lines))
+        if not follow:
+            return self.finish()
+        self.set_header("X-Accel-Buffering", "no")
+        try:
+            await self.flush()
+            idle_after_end = 0
+            while True:
+                await asyncio.sleep(0.25)
+                new = await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets))
+                if new:
+                    self.write(b"".join(new))
+                    await self.flush()
+                    continue
+                current = await self.service.store.read(self.service.store.get, job.id)
+                if current.state in TERMINAL:
+                    idle_after_end += 1
+                    if idle_after_end >= 2:
+                        break
+        except iostream.StreamClosedError:
+            return
+        self.finish()
+
+
+def default_handlers(prefix: str, service) -> list:
+    api = prefix.rstrip("/") + "/api"
+    kw = {"service": service}
+    return [
+        (api + r"/?", RootHandler, kw),
+        (api + r"/openapi.json", OpenAPIHandler, kw),
+        (api + r"/jobs/?", JobsHandler, kw),
+        (api + rf"/jobs/{JOB_ID}/?", JobHandler, kw),
+        (api + rf"/jobs/{JOB_ID}/logs", JobLogsHandler, kw),
+        (api + rf"/jobs/{JOB_ID}/metrics", JobMetricsHandler, kw),
+        (api + rf"/jobs/{JOB_ID}/events", JobEventsHandler, kw),
+        (api + rf"/jobs/{JOB_ID}/why", JobWhyHandler, kw),
+    ]

@@ -1,0 +1,175 @@
+"""The local launcher: each worker is a process group on this machine.
+
+Layout of a job's folder (``<jobs_dir>/<job key>/``)::
+
+    script.py                    the job's source, for `script` jobs
+    attempt-<n>/worker-<r>.log   timestamped output of worker r
+    attempt-<n>/worker-<r>.exit  its exit status, written when it ends
+    attempt-<n>/metrics-<r>.jsonl
+    outputs/                     $TRAINHUB_OUTPUTS_DIR, synced to storage
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from traitlets import Unicode
+
+from trainhub.ledger import pid_alive, process_start_time
+from trainhub.procs import HOLDER_VAR, processes_with
+
+from .launcher import JobView, Launcher, WorkerStatus
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def attempt_dir(job_dir: Path, attempt: int) -> Path:
+    return job_dir / f"attempt-{attempt}"
+
+
+class LocalLauncher(Launcher):
+    jobs_dir = Unicode(help="Folder holding one sub-folder per job (logs, metrics, outputs). Default: <data-dir>/jobs.").tag(config=True)
+    home_dir_template = Unicode(
+        "", help="Working directory of a user's jobs ({username} expanded): the same home as their notebook server, so relative paths work."
+    ).tag(config=True)
+
+    def job_dir(self, job: JobView) -> str:
+        return str(Path(self.jobs_dir) / job.key)
+
+    def _cwd(self, job: JobView) -> str:
+        if self.home_dir_template:
+            home = Path(self.home_dir_template.format(username=job.user))
+            home.mkdir(parents=True, exist_ok=True)
+            return str(home)
+        return self.job_dir(job)
+
+    async def launch(self, job, devices, env):
+        return await asyncio.to_thread(self._launch, job, devices, env)
+
+    def _launch(self, job: JobView, devices: list[list[int]], env: dict) -> dict:
+        jdir = Path(self.job_dir(job))
+        adir = attempt_dir(jdir, job.attempt)
+        adir.mkdir(parents=True, exist_ok=True)
+        (jdir / "outputs").mkdir(exist_ok=True)
+        if job.script is not None:
+            (jdir / "script.py").write_text(job.script)
+            cmd = [sys.executable, "-u", str(jdir / "script.py")]
+        else:
+            cmd = ["/bin/bash", "-c", job.command]
+        tag = uuid.uuid4().hex
+        port = free_port()
+        workers = []
+        procs = []
+        try:
+            for rank in range(job.workers):
+                visible = ",".join(str(d) for d in devices[rank]) if devices else ""
+                wenv = dict(env)
+                wenv.update(job.env)
+                wenv.update({
+                    "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(job.workers),
+                    "LOCAL_WORLD_SIZE": str(job.workers), "GROUP_RANK": "0",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible or "void",
+                    "TRAINHUB_METRICS_FILE": str(adir / f"metrics-{rank}.jsonl"),
+                    "TRAINHUB_OUTPUTS_DIR": str(jdir / "outputs"),
+                    "TRAINHUB_JOB_DIR": str(jdir),
+                    "PYTHONUNBUFFERED": "1",
+                    HOLDER_VAR: tag,
+                })
+                log, exit_file = adir / f"worker-{rank}.log", adir / f"worker-{rank}.exit"
+                wrapper = [sys.executable, "-m", "trainhub.services.jobs.worker", "--rank", str(rank),
+                           "--log", str(log), "--exit-file", str(exit_file), "--cwd", self._cwd(job), "--", *cmd]
+                proc = subprocess.Popen(wrapper, env=wenv, start_new_session=True, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=open(adir / f"worker-{rank}.wrapper.err", "ab"))
+                procs.append(proc)
+                workers.append({"rank": rank, "pid": proc.pid, "started": process_start_time(proc.pid),
+                                "log": str(log), "exit_file": str(exit_file)})
+        except BaseException:
+            for proc in procs:  # gang: all or none
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise
+        self._children = getattr(self, "_children", {})
+        for proc in procs:
+            self._children[proc.pid] = proc
+        return {"tag": tag, "master_port": port, "attempt": job.attempt, "workers": workers, "dir": str(adir)}
+
+    async def poll(self, job, state):
+        return await asyncio.to_thread(self._poll, state)
+
+    def _poll(self, state: dict) -> list[WorkerStatus]:
+        out = []
+        for w in state.get("workers", []):
+            child = getattr(self, "_children", {}).get(w["pid"])
+            if child is not None and child.poll() is not None:
+                self._children.pop(w["pid"], None)
+            exit_file = Path(w["exit_file"])
+            if exit_file.exists():
+                try:
+                    code = int(exit_file.read_text().strip() or "1")
+                except ValueError:
+                    code = 1
+                out.append(WorkerStatus(w["rank"], running=False, exit_code=code))
+            elif child is not None and child.returncode is None:
+                out.append(WorkerStatus(w["rank"], running=True))
+            elif child is None and pid_alive(w["pid"], w.get("started")) and not _zombie(w["pid"]):
+                out.append(WorkerStatus(w["rank"], running=True))
+            else:
+                # the wrapper died without writing a status (SIGKILL of the group, machine crash)
+                if exit_file.exists():
+                    continue
+                out.append(WorkerStatus(w["rank"], running=False, exit_code=-9, lost=True))
+        return out
+
+    async def terminate(self, job, state, grace):
+        pgids = [w["pid"] for w in state.get("workers", [])]
+        await asyncio.to_thread(_signal_groups, pgids, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while loop.time() < deadline:
+            statuses = await self.poll(job, state)
+            if all(not s.running for s in statuses):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(_signal_groups, pgids, signal.SIGKILL)
+        # anything that left the process group (daemonised children) but carries the job's marker
+        tag = state.get("tag")
+        if tag:
+            for pid in await asyncio.to_thread(processes_with, HOLDER_VAR, tag):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    async def adopt(self, job, state):
+        statuses = await self.poll(job, state)
+        return bool(statuses) and not all(s.lost for s in statuses)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _signal_groups(pgids: list[int], sig: int) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

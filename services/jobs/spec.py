@@ -1,0 +1,122 @@
+"""Validating a job spec: every mistake named with the field and what would be accepted."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from trainhub.exceptions import InvalidRequest
+
+FIELDS = {"name", "command", "script", "gpus", "workers", "env", "time_limit", "retries", "profile",
+          "priority", "preemptible", "submit_key", "sweep_id", "params"}
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s?)?\s*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                "MASTER_ADDR", "MASTER_PORT", "TRAINHUB_JOB_ID", "TRAINHUB_OUTPUTS_DIR", "TRAINHUB_METRICS_FILE"}
+
+
+def parse_duration(value, field_name: str = "time_limit") -> float | None:
+    """Seconds from a number or text like "90s", "30m", "2h", "1h30m"; None stays None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise InvalidRequest(f"{field_name} must be seconds or a duration like '30m', not {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m or not any(m.groups()):
+            raise InvalidRequest(f"{field_name} {value!r} is not a duration: use seconds (3600) or text like '90s', '30m', '2h', '1h30m'")
+        d, h, mi, s = (float(x) if x else 0.0 for x in m.groups())
+        seconds = d * 86400 + h * 3600 + mi * 60 + s
+    if seconds <= 0:
+        raise InvalidRequest(f"{field_name} must be positive, not {value!r}")
+    return seconds
+
+
+def _int(spec, name, default, minimum, maximum=None):
+    value = spec.get(name, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        else:
+            raise InvalidRequest(f"{name} must be a whole number, not {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise InvalidRequest(f"{name} must be {bound}, not {value}")
+    return value
+
+
+@dataclass
+class JobSpec:
+    name: str
+    command: str | None
+    script: str | None
+    gpus: int | None  # None = the profile's
+    workers: int
+    env: dict = field(default_factory=dict)
+    time_limit: float | None = None
+    retries: int = 0
+    profile: str | None = None
+    priority: int | None = None
+    preemptible: bool = False
+    submit_key: str | None = None
+    sweep_id: int | None = None
+    params: dict = field(default_factory=dict)
+
+
+def validate_spec(spec) -> JobSpec:
+    if not isinstance(spec, dict):
+        raise InvalidRequest("the request body must be a JSON object describing the job (see GET /openapi.json)")
+    unknown = set(spec) - FIELDS
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {sorted(unknown)}; a job spec takes {sorted(FIELDS - {'sweep_id', 'params', 'submit_key'})}")
+    command, script = spec.get("command"), spec.get("script")
+    if bool(command) == bool(script):
+        raise InvalidRequest("give exactly one of 'command' (a shell command) or 'script' (Python source)")
+    for fname, value in (("command", command), ("script", script)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequest(f"{fname} must be a string")
+    if script is not None and len(script) > 5_000_000:
+        raise InvalidRequest("script is larger than 5 MB: put data in storage and pass its path instead")
+    name = spec.get("name") or ("script" if script else command.split()[0] if command.split() else "job")
+    name = str(name)[:128]
+    if not NAME_RE.match(name):
+        raise InvalidRequest(f"name {name!r} may use letters, digits, '.', '_', '-' and spaces (max 128)")
+    env = spec.get("env") or {}
+    if not isinstance(env, dict):
+        raise InvalidRequest('env must be an object like {"KEY": "value"}')
+    clean_env = {}
+    for k, v in env.items():
+        if not ENV_KEY.match(str(k)):
+            raise InvalidRequest(f"env name {k!r} is not a valid environment variable name")
+        if k in RESERVED_ENV:
+            raise InvalidRequest(f"env {k} is set by trainhub for each worker and cannot be overridden")
+        if isinstance(v, (dict, list)) or v is None:
+            raise InvalidRequest(f"env {k} must be a string or number")
+        clean_env[str(k)] = str(v)
+    gpus = spec.get("gpus")
+    gpus = None if gpus is None else _int(spec, "gpus", 0, 0, 64)
+    profile = spec.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise InvalidRequest("profile must be a profile slug such as 'gpu-1'")
+    priority = spec.get("priority")
+    if priority is not None:
+        priority = _int(spec, "priority", 0, -1000, 1000)
+    preemptible = spec.get("preemptible", False)
+    if not isinstance(preemptible, bool):
+        raise InvalidRequest("preemptible must be true or false")
+    params = spec.get("params") or {}
+    if not isinstance(params, dict):
+        raise InvalidRequest("params must be an object")
+    return JobSpec(
+        name=name, command=command, script=script, gpus=gpus,
+        workers=_int(spec, "workers", 1, 1, 64), env=clean_env,
+        time_limit=parse_duration(spec.get("time_limit")), retries=_int(spec, "retries", 0, 0, 20),
+        profile=profile or None, priority=priority, preemptible=preemptible,
+        submit_key=(str(spec["submit_key"])[:255] if spec.get("submit_key") else None),
+        sweep_id=spec.get("sweep_id"), params=params,
+    )
