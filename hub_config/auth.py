@@ -10,9 +10,43 @@ from __future__ import annotations
 from pathlib import Path
 
 import bcrypt
+from jupyterhub.handlers.login import LoginHandler as HubLoginHandler
 from nativeauthenticator import NativeAuthenticator
+from nativeauthenticator import handlers as native_handlers
 from nativeauthenticator.orm import UserInfo
 from traitlets import Unicode
+
+
+class _NoStatsd:
+    """Stands in for the statsd client JupyterHub 6 no longer gives handlers."""
+
+    def timer(self, *args, **kwargs):
+        return self
+
+    def start(self):
+        return self
+
+    def stop(self, *args, **kwargs):
+        pass
+
+    def incr(self, *args, **kwargs):
+        pass
+
+
+class LoginHandler(native_handlers.LoginHandler):
+    """NativeAuthenticator 1.3's login page, fixed for JupyterHub 6.
+
+    Its POST times the login with ``self.statsd`` (gone in JupyterHub 6: every login was a
+    500), and JupyterHub's error path calls ``_render(..., sync=True)``, which its
+    ``_render`` does not accept.
+    """
+
+    statsd = _NoStatsd()
+
+    def _render(self, login_error=None, username=None, **kwargs):
+        if kwargs:
+            return HubLoginHandler._render(self, login_error=login_error, username=username, **kwargs)
+        return super()._render(login_error=login_error, username=username)
 
 
 class TrainhubAuthenticator(NativeAuthenticator):
@@ -29,6 +63,9 @@ class TrainhubAuthenticator(NativeAuthenticator):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._ensure_bootstrap_admin()
+
+    def get_handlers(self, app):
+        return [(route, LoginHandler if route == r"/login" else handler) for route, handler in super().get_handlers(app)]
 
     def _ensure_bootstrap_admin(self) -> None:
         if not (self.bootstrap_admin and self.bootstrap_password_file):

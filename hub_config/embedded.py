@@ -111,6 +111,7 @@ def configure(c, data_dir: str) -> None:
     c.LocalGPUSpawner.home_dir_template = str(dd.homes / "{username}")
     if runtime.service_ports.get("trainhub"):
         c.LocalGPUSpawner.api_url = f"{runtime.public_url.rstrip('/')}/services/trainhub/api"
+    c.Spawner.server_token_scopes = c.Spawner.get("server_token_scopes", scopes.SERVER_TOKEN_SCOPES)
     c.Spawner.poll_interval = c.Spawner.get("poll_interval", 10)
     c.Spawner.http_timeout = c.Spawner.get("http_timeout", 60)
     c.Spawner.start_timeout = c.Spawner.get("start_timeout", 120)
@@ -123,7 +124,9 @@ def configure(c, data_dir: str) -> None:
     services += managed_services(runtime, dd)
     c.JupyterHub.services = services + list(c.JupyterHub.get("services", []))
     roles = scopes.roles(admins)
-    roles.append({"name": "trainhub-cli", "scopes": scopes.CLI_SCOPES, "services": ["trainhub-cli"]})
+    # the CLI acts for whoever can read the data dir, who administers the platform anyway
+    # (it must be able to create admins: `trainhub token NAME --admin`)
+    roles.append({"name": "admin", "services": ["trainhub-cli"]})
     for svc in services[1:]:
         svc_scopes = service_scopes(svc["name"])
         if svc_scopes:

@@ -32,6 +32,22 @@ USER_SCOPES = [
     "custom:trainhub:culler:keep!user",
 ]
 
+# $JUPYTERHUB_API_TOKEN of a notebook server: what JupyterHub's `server` role gives, plus what
+# %%train, the side panel and the culler notification need, always for the server's owner only.
+SERVER_TOKEN_SCOPES = [
+    "users:activity!user",
+    "access:servers!server",
+    "read:users:name!user",
+    "access:services!service=trainhub",
+    "access:services!service=trainhub-culler",
+    "custom:trainhub:jobs:write!user",
+    "custom:trainhub:jobs:read!user",
+    "custom:trainhub:registry:write!user",
+    "custom:trainhub:registry:read",
+    "custom:trainhub:usage:read!user",
+    "custom:trainhub:culler:keep!user",
+]
+
 ADMIN_EXTRA_SCOPES = [
     "access:services",
     "custom:trainhub:jobs:write",
@@ -40,8 +56,6 @@ ADMIN_EXTRA_SCOPES = [
     "custom:trainhub:culler:keep",
 ]
 
-# The CLI's service: create users and issue their tokens (`trainhub token`), read servers (`trainhub status`).
-CLI_SCOPES = ["admin:users", "tokens", "list:users", "read:users", "read:servers", "admin:servers", "read:groups", "admin:groups"]
 
 # The jobs service: resolve who a token belongs to and their groups.
 JOBS_SERVICE_SCOPES = ["read:users", "list:users", "read:groups", "list:groups"]

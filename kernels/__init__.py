@@ -1,1 +1,18 @@
-"""trainhub"""
+"""trainhub's IPython extension: ``%load_ext trainhub.kernels`` adds ``%%train`` and ``%train``.
+
+Loaded automatically in platform notebooks by the startup file that
+:func:`trainhub.kernels.startup.install_ipython_startup` writes. Importing this package does
+nothing else: the magics, widgets and API client load when the extension does.
+"""
+
+
+def load_ipython_extension(ipython):
+    from trainhub.kernels.magics import TrainMagics
+
+    ipython.register_magics(TrainMagics)
+
+
+def unload_ipython_extension(ipython):
+    # IPython has no unregister: drop the names this extension added
+    for kind in ("line", "cell"):
+        ipython.magics_manager.magics[kind].pop("train", None)

@@ -18,6 +18,7 @@ from tornado import web
 from traitlets import Any, Dict, Instance, List, Type, Unicode, default
 
 from trainhub.exceptions import NoFreeGPUs, TrainhubError
+from trainhub.kernels.startup import install_ipython_startup
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator, server_holder
 from trainhub.procs import HOLDER_VAR, terminate_tagged
 from trainhub.profiles import Profile, ProfileCatalog
@@ -201,7 +202,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         self.spawn_token = uuid.uuid4().hex
         self.cpu_limit = profile.cpu_limit
         try:
-            self._link_storage_area()
+            self._prepare_home()
             result = await super().start()
         except BaseException:
             await asyncio.to_thread(self.allocator.release, self.holder)
@@ -269,11 +270,13 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         env.update(self.storage.env_for(self.user.name))
         return env
 
-    def _link_storage_area(self):
-        if not self.storage.url:
-            return
+    def _prepare_home(self):
         home = Path(self.home_dir)
         home.mkdir(parents=True, exist_ok=True)
+        # %%train and %train load in every kernel of a platform notebook
+        install_ipython_startup(str(home))
+        if not self.storage.url:
+            return
         self.storage.ensure_layout([self.user.name])
         if not (self.storage.is_local and self.link_storage):
             return

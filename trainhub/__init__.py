@@ -7,3 +7,18 @@ the design card's folders import beside it as ``trainhub.spawner``,
 """
 
 __version__ = "0.1.0"
+
+# The in-job API, re-exported lazily (no import-time work): trainhub.log_metrics(step=1, loss=0.5)
+_RUNTIME_EXPORTS = ("log_metrics", "report", "params", "outputs_dir")
+
+
+def __getattr__(name):
+    if name in _RUNTIME_EXPORTS:
+        from trainhub import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'trainhub' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_RUNTIME_EXPORTS))

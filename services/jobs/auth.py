@@ -26,12 +26,20 @@ class Caller:
         self.scopes = set(model.get("scopes") or ())
 
     def may(self, scope: str, owner: str | None = None) -> bool:
+        if owner and owner != self.name and self.may_all(scope):
+            return True
         required = f"{scope}!user={owner}" if owner else scope
         return bool(check_scopes({required}, self.scopes))
 
     def may_all(self, scope: str) -> bool:
-        """Holds ``scope`` unfiltered (an admin's view of everyone)."""
-        return bool(check_scopes({scope}, self.scopes))
+        """Holds ``scope`` for everyone: unfiltered, or a hub admin whose token carries it for themselves.
+
+        Admins made after start-up (``trainhub token NAME --admin``, the admin page) hold only
+        the ``!user`` form of the custom scopes, so the hub's admin flag lifts the filter.
+        """
+        if check_scopes({scope}, self.scopes):
+            return True
+        return self.admin and self.kind == "user" and bool(check_scopes({f"{scope}!user={self.name}"}, self.scopes))
 
 
 class APIHandler(HubOAuthenticated, web.RequestHandler):

@@ -85,6 +85,9 @@ class JobEngine(LoggingConfigurable):
         self.storage, self.syncer, self.catalog, self.metrics_source = storage, syncer, catalog, metrics_source
         self.groups_of = groups_of or (lambda user: ())
         self.scheduler = self.scheduler_class(parent=self)
+        if self.scheduler.max_cpu_jobs is None and "max_cpu_jobs" not in self.config.get(type(self.scheduler).__name__, {}):
+            # one machine: CPU-only jobs share its cores; GPU jobs are bounded by the pool instead
+            self.scheduler.max_cpu_jobs = max(4, 2 * (os.cpu_count() or 2))
         self._wake = asyncio.Event()
         self._stopping: dict[int, asyncio.Task] = {}  # job id -> terminate task
         self._why: dict[int, object] = {}  # job id -> last WaitReason
@@ -219,6 +222,8 @@ class JobEngine(LoggingConfigurable):
             requeue = True
             reason = f"{reason}; retrying (attempt {job.attempt + 1} of {job.retries + 1})"
             state = QUEUED
+        elif retry and job.retries:
+            reason = f"{reason} (attempt {job.attempt} of {job.retries + 1}; no retries left)"
         fields = dict(exit_codes=codes or [], cancel_requested=False if requeue else job.cancel_requested)
         if requeue:
             fields.update(state=QUEUED, reason=reason, devices=[], launch_state={})

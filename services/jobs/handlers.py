@@ -167,8 +167,10 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         offsets: dict = {}
         lines = await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets))
-        if tail and tail.isdigit():
-            lines = lines[-int(tail):]
+        if tail is not None:
+            if not tail.isdigit():
+                raise InvalidRequest("tail must be a number of lines")
+            lines = lines[-int(tail):] if int(tail) else []
         self.write(b"".join(lines))
         if not follow:
             return self.finish()

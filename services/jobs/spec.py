@@ -82,7 +82,10 @@ def validate_spec(spec) -> JobSpec:
             raise InvalidRequest(f"{fname} must be a string")
     if script is not None and len(script) > 5_000_000:
         raise InvalidRequest("script is larger than 5 MB: put data in storage and pass its path instead")
-    name = spec.get("name") or ("script" if script else command.split()[0] if command.split() else "job")
+    name = spec.get("name")
+    if not name:  # derive one from the command's program, keeping only name-safe characters
+        first = (command.split() or ["job"])[0].rsplit("/", 1)[-1] if command else "script"
+        name = re.sub(r"[^A-Za-z0-9._-]", "", first).lstrip("._-") or "job"
     name = str(name)[:128]
     if not NAME_RE.match(name):
         raise InvalidRequest(f"name {name!r} may use letters, digits, '.', '_', '-' and spaces (max 128)")

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from trainhub.db import get_engine, init_db
+from trainhub.db import get_engine, init_db, write_session
 from trainhub.exceptions import NotFound
 
 from .models import (TERMINAL, GPUSampleRow, Job, JobEvent, JobMetric, MetricOffset, job_key)
@@ -64,7 +64,7 @@ class JobStore:
 
     # -- jobs --------------------------------------------------------------
     def create(self, **fields) -> Job:
-        with self.session() as s:
+        with write_session(self.db_url) as s:
             key = fields.get("submit_key")
             if key:
                 existing = s.scalar(select(Job).where(Job.submit_key == key))
@@ -102,7 +102,12 @@ class JobStore:
             return list(s.scalars(select(Job).where(Job.state.in_(states)).order_by(Job.id)))
 
     def update(self, job_id: int, event: tuple[str, str] | None = None, only_if_state: tuple | None = None, **fields) -> bool:
-        with self.session() as s:
+        with write_session(self.db_url) as s:
+            if not fields:  # just an event
+                if event:
+                    s.add(JobEvent(job_id=job_id, kind=event[0], message=event[1]))
+                    s.commit()
+                return True
             q = update(Job).where(Job.id == job_id)
             if only_if_state:
                 q = q.where(Job.state.in_(only_if_state))
@@ -114,7 +119,7 @@ class JobStore:
 
     def request_cancel(self, job_id: int, by: str) -> Job:
         """Queued jobs are cancelled at once; running ones are flagged for the engine to stop."""
-        with self.session() as s:
+        with write_session(self.db_url) as s:
             job = s.get(Job, job_id)
             if job is None:
                 raise NotFound(f"job {job_key(job_id)} not found")
@@ -138,7 +143,7 @@ class JobStore:
     # -- metrics -------------------------------------------------------------
     def ingest_metrics(self, job_id: int, attempt: int, worker: int, path: str) -> int:
         """Read new complete lines of a worker's metrics file into the database."""
-        with self.session() as s:
+        with write_session(self.db_url) as s:
             off = s.get(MetricOffset, (job_id, worker, attempt))
             start = off.offset if off else 0
             try:
@@ -183,6 +188,6 @@ class JobStore:
             }
 
     def add_gpu_samples(self, rows: list[dict]) -> None:
-        with self.session() as s:
+        with write_session(self.db_url) as s:
             s.add_all(GPUSampleRow(**r) for r in rows)
             s.commit()

@@ -1,0 +1,329 @@
+"""The ``%%train`` cell magic and the ``%train`` line magics.
+
+``%%train [flags]`` submits the cell as a batch job (with the notebook context it needs, see
+:mod:`trainhub.kernels.context`), shows a live panel under the cell and returns a
+:class:`~trainhub.kernels.handle.JobHandle`. ``%train list|status|logs|cancel|help`` manage jobs.
+Mistakes (unknown flags, syntax errors, values that can't be sent, API refusals such as quota)
+are reported as ``UsageError``: one message, no traceback, nothing submitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from traitlets import Float, Integer, Unicode
+
+from trainhub.commands.jobs import STATES, add_spec_options, elapsed_seconds, fmt_duration, format_job, spec_from_args
+from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
+
+CELL_HELP = """\
+Run this cell as a batch job on the platform's GPUs.
+
+Imports, functions, classes and constants from cells you already ran are sent along when the
+cell uses them; other small values (up to TrainMagics.max_value_bytes pickled) too. Inside the
+job use trainhub.log_metrics(step=..., loss=...), trainhub.outputs_dir(), trainhub.params().
+"""
+
+LINE_HELP = """\
+%train list [--state S] [--all]     your jobs, newest first
+%train status ID                    a job's live panel (or summary)
+%train logs ID [--tail N] [--worker N] [--follow]
+%train cancel ID [ID ...]
+%train help                         this help and the %%train flags
+"""
+
+
+class _UsageParser(argparse.ArgumentParser):
+    """argparse that raises UsageError (usage and valid flags) instead of exiting the kernel."""
+
+    def error(self, message):
+        raise UsageError(f"{message}\n{self.format_usage().rstrip()}\nRun '%train help' for details; nothing was submitted.")
+
+    def exit(self, status=0, message=None):
+        raise UsageError(message or "")
+
+    def print_help(self, file=None):
+        print(self.format_help(), file=file or sys.stdout)
+        raise _HelpShown()
+
+
+class _HelpShown(Exception):
+    pass
+
+
+def cell_parser() -> argparse.ArgumentParser:
+    # no abbreviations: --gpu must be an unknown flag, not silently --gpus
+    p = _UsageParser(prog="%%train", description=CELL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     allow_abbrev=False)
+    add_spec_options(p)
+    p.add_argument("--wait", action="store_true", help="block until the job ends; fail the cell if the job fails")
+    p.add_argument("--as", dest="as_var", metavar="VAR", help="bind the JobHandle to VAR (it is also the cell's result, _)")
+    p.add_argument("--ignore-missing", action="store_true",
+                   help="submit even if some variables the cell uses cannot be sent (too big / not picklable)")
+    p.add_argument("--dry-run", action="store_true", help="print the generated job script, submit nothing")
+    return p
+
+
+def line_parser() -> argparse.ArgumentParser:
+    p = _UsageParser(prog="%train", description=LINE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     allow_abbrev=False)
+    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=_UsageParser)
+    ls = sub.add_parser("list", help="list your jobs", allow_abbrev=False)
+    ls.add_argument("--state", action="append", default=[], metavar="S", help=f"only these states ({', '.join(STATES)})")
+    ls.add_argument("--all", action="store_true", help="everyone's jobs (admins)")
+    ls.add_argument("--limit", type=int, default=20, metavar="N")
+    st = sub.add_parser("status", help="show a job", allow_abbrev=False)
+    st.add_argument("id", metavar="ID")
+    lg = sub.add_parser("logs", help="print a job's logs", allow_abbrev=False)
+    lg.add_argument("id", metavar="ID")
+    lg.add_argument("--tail", type=int, metavar="N")
+    lg.add_argument("--worker", type=int, metavar="N")
+    lg.add_argument("--follow", "-f", action="store_true")
+    c = sub.add_parser("cancel", help="cancel jobs", allow_abbrev=False)
+    c.add_argument("id", metavar="ID", nargs="+")
+    sub.add_parser("help", help="show help")
+    return p
+
+
+def parse_line(parser: argparse.ArgumentParser, line: str) -> argparse.Namespace | None:
+    """Parse a magic line; None when --help was shown."""
+    try:
+        argv = shlex.split(line)
+    except ValueError as e:
+        raise UsageError(f"cannot parse the arguments ({e}): {line}") from None
+    try:
+        return parser.parse_args(argv)
+    except _HelpShown:
+        return None
+
+
+@magics_class
+class TrainMagics(Magics):
+    """``%%train`` and ``%train``. Configure with ``%config TrainMagics.max_value_bytes = 10_000_000``."""
+
+    max_value_bytes = Integer(
+        1_000_000, help="largest pickled size (bytes) of one notebook value sent with a %%train job; bigger "
+        "values are refused with advice to pass them through storage. 0 = send no values.").tag(config=True)
+    poll_interval = Float(1.0, help="seconds between refreshes of the job panel (and --wait polls).").tag(config=True)
+    api_url = Unicode("", help="jobs API base URL; empty = $TRAINHUB_API_URL.").tag(config=True)
+    api_token = Unicode("", help="JupyterHub API token; empty = $JUPYTERHUB_API_TOKEN.").tag(config=True)
+
+    def __init__(self, shell=None, **kw):
+        super().__init__(shell=shell, **kw)
+        self._client = None
+
+    # -- helpers ----------------------------------------------------------------------------------
+    @property
+    def client(self):
+        if self._client is None:
+            from trainhub.client import TrainhubClient, TrainhubConfigError
+
+            try:
+                self._client = TrainhubClient(url=self.api_url or None, token=self.api_token or None)
+            except TrainhubConfigError as e:
+                msg = str(e).replace("pass --url/--token", "run %config TrainMagics.api_url = '...' and "
+                                     "TrainMagics.api_token = '...'")
+                raise UsageError(msg + "; nothing was submitted.") from None
+        return self._client
+
+    @client.setter
+    def client(self, value):
+        self._client = value
+
+    def _call(self, what: str, fn, *a, **kw):
+        from trainhub.client import TrainhubAPIError
+
+        try:
+            return fn(*a, **kw)
+        except TrainhubAPIError as e:
+            raise UsageError(f"{what}: {e}") from None
+        except ValueError as e:
+            raise UsageError(f"{what}: {e}") from None
+
+    def _widgets(self) -> bool:
+        """Widgets only in a kernel with a frontend (not in terminal IPython or plain shells)."""
+        if getattr(self.shell, "kernel", None) is None:
+            return False
+        try:
+            import ipywidgets  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    # -- the magic --------------------------------------------------------------------------------
+    @line_cell_magic
+    def train(self, line: str, cell: str | None = None):
+        """%%train [--gpus N] [--workers W] [--name NAME] [--profile P] [--env K=V ...] [--time-limit T]
+        [--retries R] [--wait] [--as VAR]: run the cell as a batch job. %train help: the line magics."""
+        __tracebackhide__ = True
+        if cell is None:
+            return self._line(line)
+        return self._cell(line, cell)
+
+    def _cell(self, line: str, cell: str):
+        __tracebackhide__ = True
+        from trainhub.kernels.handle import JobFailedError, JobHandle
+
+        args = parse_line(cell_parser(), line)
+        if args is None:
+            return None
+        if args.as_var is not None and not args.as_var.isidentifier():
+            raise UsageError(f"--as {args.as_var!r}: not a Python variable name; nothing was submitted.")
+        if not cell.strip():
+            raise UsageError("the %%train cell is empty: put the training code below the %%train line.")
+        history = list(self.shell.history_manager.input_hist_raw) if self.shell is not None else []
+        try:
+            script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
+                                      transform=self.shell.transform_cell, line_offset=1)
+        except CellSyntaxError as e:
+            where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
+            pointer = ""
+            if e.line:
+                pointer = f"\n    {e.line.strip()}"
+            raise UsageError(f"syntax error in {where}: {e.msg}{pointer}\nNothing was submitted.") from None
+        if script.left_out and not args.ignore_missing:
+            raise UsageError(left_out_message(script, self.max_value_bytes))
+        if args.dry_run:
+            print(script.source)
+            self._report_context(script)
+            return None
+        spec = spec_from_args(args, script=script.source)
+        spec.setdefault("name", f"notebook-cell-{getattr(self.shell, 'execution_count', 0)}")
+        job = self._call("the job was not submitted", self.client.submit, spec)
+        self._report_context(script)
+        handle = JobHandle(self.client, job)
+        if args.as_var:
+            self.shell.user_ns[args.as_var] = handle
+        if self._widgets():
+            from IPython.display import display
+
+            from trainhub.kernels.widget import JobPanel
+
+            handle.panel = JobPanel(self.client, job, poll=self.poll_interval).start()
+            display(handle.panel)
+        else:
+            print(f"submitted {job['id']} ({job.get('state')}"
+                  + (f": {job['reason']}" if job.get("reason") else "") + ")")
+        if args.wait:
+            job = self._wait(handle)
+            if job.get("state") != "succeeded":
+                try:
+                    tail = self.client.logs(job["id"], tail=20) if handle.panel is None else ""
+                except Exception:
+                    tail = ""
+                raise JobFailedError(job, tail)
+        return handle
+
+    def _report_context(self, script) -> None:
+        notes = []
+        if script.carried_code:
+            notes.append("from earlier cells: " + ", ".join(script.carried_code))
+        if script.carried_values:
+            notes.append("values: " + ", ".join(script.carried_values))
+        if notes:
+            print("%%train sent " + "; ".join(notes), file=sys.stderr)
+        if script.left_out:
+            print("%%train did NOT send (the job fails if it uses them): " + ", ".join(sorted(script.left_out)),
+                  file=sys.stderr)
+        if script.undefined:
+            print("%%train: not defined in this kernel, the job will fail if it uses them: "
+                  + ", ".join(script.undefined), file=sys.stderr)
+
+    def _wait(self, handle) -> dict:
+        """Block until the job ends (Ctrl-C / interrupt stops waiting, not the job)."""
+        try:
+            if handle.panel is not None:
+                while not handle.panel.done.wait(0.2):
+                    pass
+                return handle.refresh()
+            return self._wait_text(handle)
+        except KeyboardInterrupt:
+            print(f"stopped waiting; {handle.id} keeps running (cancel it with %train cancel {handle.id} "
+                  "or the Cancel button)", file=sys.stderr)
+            raise
+
+    def _wait_text(self, handle) -> dict:
+        last_state, seen = None, 0
+        while True:
+            job = handle.refresh()
+            if job["state"] != last_state:
+                print(f"{handle.id} {job['state']}" + (f": {job['reason']}" if job.get("reason") else ""))
+                last_state = job["state"]
+            try:
+                lines = self.client.logs(handle.id).splitlines()
+            except Exception:
+                lines = []
+            for ln in lines[seen:]:
+                print(ln)
+            seen = max(seen, len(lines))
+            if job["state"] in ("succeeded", "failed", "cancelled", "lost"):
+                print(f"{handle.id} {job['state']} after {fmt_duration(elapsed_seconds(job))}")
+                return job
+            time.sleep(self.poll_interval)
+
+    # -- line magics ------------------------------------------------------------------------------
+    def _line(self, line: str):
+        __tracebackhide__ = True
+        if not line.strip():
+            line = "help"
+        args = parse_line(line_parser(), line)
+        if args is None:
+            return None
+        if args.action == "help":
+            print(LINE_HELP)
+            print(cell_parser().format_help())
+            return None
+        if args.action == "list":
+            return self._list(args)
+        if args.action == "status":
+            job = self._call(f"cannot show {args.id}", self.client.get, args.id)
+            if self._widgets():
+                from IPython.display import display
+
+                from trainhub.kernels.widget import JobPanel
+
+                display(JobPanel(self.client, job, poll=self.poll_interval).start())
+            else:
+                print(format_job(job))
+            return None
+        if args.action == "logs":
+            if args.follow:
+                try:
+                    for ln in self._call(f"cannot read the logs of {args.id}", self.client.follow_logs, args.id,
+                                         worker=args.worker, tail=args.tail):
+                        print(ln, flush=True)
+                except KeyboardInterrupt:
+                    pass
+            else:
+                print(self._call(f"cannot read the logs of {args.id}", self.client.logs, args.id,
+                                 worker=args.worker, tail=args.tail), end="")
+            return None
+        if args.action == "cancel":
+            for job_id in args.id:
+                job = self._call(f"cannot cancel {job_id}", self.client.cancel, job_id)
+                print(f"{job['id']}: {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""))
+            return None
+        return None
+
+    def _list(self, args):
+        from trainhub.kernels.handle import Table
+
+        states = [s.strip() for a in args.state for s in a.split(",") if s.strip()]
+        bad = [s for s in states if s not in STATES]
+        if bad:
+            raise UsageError(f"unknown state {', '.join(bad)} (one of {', '.join(STATES)})")
+        user = None if args.all else self.client.whoami()
+        page = self._call("cannot list jobs", self.client.list, state=states or None, user=user, limit=args.limit)
+        rows = [{"id": j["id"], "name": j.get("name") or "", "user": j.get("user", ""), "state": j.get("state"),
+                 "gpus": f"{j.get('gpus')}x{j.get('workers', 1)}", "created": (j.get("created") or "")[:19],
+                 "elapsed": fmt_duration(elapsed_seconds(j)), "reason": j.get("reason") or ""}
+                for j in page.get("items", [])]
+        if not rows:
+            print("no jobs")
+            return None
+        return Table(rows)

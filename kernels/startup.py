@@ -1,0 +1,65 @@
+"""Load ``%%train`` automatically in platform notebooks.
+
+The spawner calls :func:`install_ipython_startup` with the user's home directory before the
+single-user server starts. It writes ``~/.ipython/profile_default/startup/00-trainhub.py``, which
+IPython runs in every new kernel: when ``$TRAINHUB_API_URL`` is set (the spawner sets it for
+platform servers) it loads the ``trainhub.kernels`` extension, silently; anywhere else it does
+nothing. A failure to load prints one line and never breaks the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+STARTUP_FILENAME = "00-trainhub.py"
+MARKER = "# trainhub: loads the %%train magics in platform notebooks"
+
+STARTUP_SOURCE = f'''{MARKER}
+# (written by trainhub.kernels.startup.install_ipython_startup; rewritten on each server start)
+def _trainhub_load_extension():
+    import os
+    import sys
+
+    if not os.environ.get("TRAINHUB_API_URL"):
+        return
+    try:
+        get_ipython().extension_manager.load_extension("trainhub.kernels")
+    except Exception as e:  # never break the kernel
+        print(f"trainhub: %%train is not available in this kernel ({{type(e).__name__}}: {{e}})", file=sys.stderr)
+
+
+_trainhub_load_extension()
+del _trainhub_load_extension
+'''
+
+
+def startup_path(home_dir: str | os.PathLike, profile: str = "default") -> Path:
+    ipython_dir = Path(home_dir) / ".ipython"
+    return ipython_dir / f"profile_{profile}" / "startup" / STARTUP_FILENAME
+
+
+def install_ipython_startup(home_dir: str | os.PathLike, *, profile: str = "default",
+                            uid: int | None = None, gid: int | None = None) -> Path:
+    """Write the startup file under ``home_dir`` (creating the folders) and return its path.
+
+    Idempotent: rewrites the file only when its content differs. ``uid``/``gid``: owner to give
+    the folders created and the file when the spawner runs as root (None = leave as is).
+    For kernels that use another ``IPYTHONDIR`` or profile, pass ``profile`` or use
+    :data:`STARTUP_SOURCE` directly (e.g. a Kubernetes ConfigMap mounted into the startup folder).
+    """
+    path = startup_path(home_dir, profile)
+    created = []
+    for folder in reversed(path.parents[:3]):  # .ipython, profile_x, startup
+        if not folder.exists():
+            folder.mkdir(mode=0o755)
+            created.append(folder)
+    if not path.exists() or path.read_text() != STARTUP_SOURCE:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(STARTUP_SOURCE)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    if uid is not None or gid is not None:
+        for p in [*created, path]:
+            os.chown(p, -1 if uid is None else uid, -1 if gid is None else gid)
+    return path

@@ -1,0 +1,230 @@
+"""The live panel shown under a ``%%train`` cell (ipywidgets).
+
+State, elapsed time, GPUs/devices, a log tail, small line charts of the reported metrics and a
+Cancel button. A daemon thread polls the API and sets widget values (value updates from a thread
+reach the browser; the kernel stays free). The ``render_*`` functions are pure: job/metrics dicts
+in, HTML out, so tests feed them canned API answers.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import threading
+import time
+from datetime import datetime, timezone
+
+from trainhub.client import TERMINAL_STATES
+from trainhub.commands.jobs import elapsed_seconds, fmt_devices, fmt_duration, parse_time
+
+STATE_COLORS = {"queued": "#8a6d00", "running": "#1f6feb", "succeeded": "#1a7f37", "failed": "#cf222e",
+                "cancelled": "#6e7781", "lost": "#cf222e"}
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d))\S*\s+(\[\d+\])\s?(.*)$")
+
+
+def render_header(job: dict, now: datetime | None = None) -> str:
+    state = job.get("state", "?")
+    color = STATE_COLORS.get(state, "#6e7781")
+    name = html.escape(job.get("name") or "")
+    parts = [f"<b>{html.escape(job.get('id', '?'))}</b>" + (f" {name}" if name else ""),
+             f"<span style='color:#fff;background:{color};border-radius:3px;padding:0 6px'>{html.escape(state)}</span>",
+             _timing(job, now),
+             html.escape(fmt_devices(job))]
+    if job.get("profile"):
+        parts.append("profile " + html.escape(job["profile"]))
+    if (job.get("attempt") or 1) > 1:
+        parts.append(f"attempt {job['attempt']}")
+    out = " &middot; ".join(parts)
+    if job.get("reason") and (state != "running"):
+        out += f"<br><span style='color:#57606a'>{html.escape(job['reason'])}</span>"
+    if state in TERMINAL_STATES and job.get("outputs_url"):
+        out += f"<br><span style='color:#57606a'>outputs: <code>{html.escape(job['outputs_url'])}</code></span>"
+    return f"<div style='font-family:var(--jp-ui-font-family,sans-serif);line-height:1.6'>{out}</div>"
+
+
+def _timing(job: dict, now: datetime | None) -> str:
+    elapsed = elapsed_seconds(job, now)
+    if elapsed is not None:
+        return f"elapsed {fmt_duration(elapsed)}"
+    created = parse_time(job.get("created"))
+    if created is None or job.get("state") in TERMINAL_STATES:
+        return "elapsed -"
+    waited = ((now or datetime.now(timezone.utc)) - created).total_seconds()
+    return f"waiting {fmt_duration(max(0.0, waited))}"
+
+
+def short_log_line(line: str) -> str:
+    """'2026-11-21T20:01:02.123Z [0] text' -> '20:01:02 [0] text'."""
+    m = _LOG_LINE.match(line)
+    return f"{m.group(2)} {m.group(3)} {m.group(4)}" if m else line
+
+
+def render_logs(text: str, lines: int = 15) -> str:
+    tail = [short_log_line(ln) for ln in (text or "").splitlines() if ln.strip()][-lines:]
+    if not tail:
+        return "<pre style='margin:0;color:#57606a;font-size:12px'>(no log output yet)</pre>"
+    body = html.escape("\n".join(tail))
+    return (f"<pre style='margin:0;max-height:18em;overflow:auto;font-size:12px;background:var(--jp-layout-color2,#f6f8fa);"
+            f"padding:4px 6px'>{body}</pre>")
+
+
+def metric_series(metrics: dict | None) -> dict[str, list[tuple[float, float]]]:
+    """{metric name: [(x, value), ...]} from the API's metrics object (x = step, else record index;
+    worker 0 only when several workers report, non-numbers skipped)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    records = (metrics or {}).get("metrics") or []
+    workers = {r.get("worker", 0) for r in records}
+    lead = 0 if 0 in workers else (min(workers) if workers else 0)
+    for i, rec in enumerate(records):
+        if len(workers) > 1 and rec.get("worker", 0) != lead:
+            continue
+        x = rec.get("step")
+        x = i if x is None else x
+        for k, v in (rec.get("values") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                series.setdefault(k, []).append((float(x), float(v)))
+    return series
+
+
+def svg_line_chart(points: list[tuple[float, float]], title: str, width: int = 260, height: int = 120) -> str:
+    """A small SVG line chart (no dependencies)."""
+    pad_l, pad_r, pad_t, pad_b = 44, 8, 18, 18
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 == y0:
+        y0, y1 = y0 - (abs(y0) or 1) * 0.1, y1 + (abs(y1) or 1) * 0.1
+    w, h = width - pad_l - pad_r, height - pad_t - pad_b
+
+    def sx(x):
+        return pad_l + (x - x0) / (x1 - x0) * w
+
+    def sy(y):
+        return pad_t + (1 - (y - y0) / (y1 - y0)) * h
+
+    pts = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
+    last = points[-1][1]
+    t = html.escape(title)
+    return (
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='{t}'>"
+        f"<text x='{pad_l}' y='12' font-size='11' font-family='sans-serif'>{t}: {last:.4g}</text>"
+        f"<line x1='{pad_l}' y1='{pad_t + h}' x2='{pad_l + w}' y2='{pad_t + h}' stroke='#d0d7de'/>"
+        f"<line x1='{pad_l}' y1='{pad_t}' x2='{pad_l}' y2='{pad_t + h}' stroke='#d0d7de'/>"
+        f"<text x='{pad_l - 4}' y='{pad_t + 4}' font-size='9' text-anchor='end' font-family='sans-serif'>{y1:.3g}</text>"
+        f"<text x='{pad_l - 4}' y='{pad_t + h}' font-size='9' text-anchor='end' font-family='sans-serif'>{y0:.3g}</text>"
+        f"<text x='{pad_l}' y='{height - 4}' font-size='9' font-family='sans-serif'>{x0:g}</text>"
+        f"<text x='{pad_l + w}' y='{height - 4}' font-size='9' text-anchor='end' font-family='sans-serif'>step {x1:g}</text>"
+        f"<polyline fill='none' stroke='#1f6feb' stroke-width='1.5' points='{pts}'/>"
+        "</svg>"
+    )
+
+
+def render_chart(metrics: dict | None, max_charts: int = 6) -> str:
+    series = metric_series(metrics)
+    if not series:
+        return ""
+    charts = [svg_line_chart(pts, name) for name, pts in list(series.items())[:max_charts]]
+    return "<div style='display:flex;flex-wrap:wrap;gap:8px'>" + "".join(charts) + "</div>"
+
+
+class JobPanel:
+    """Live view of one job. ``update(job, metrics, logs)`` sets the widgets from API dicts;
+    ``start()`` runs a daemon thread that polls every ``poll`` seconds (metrics every
+    ``metrics_every`` s) until the job ends or ``stop()``; ``done`` is set when it has ended."""
+
+    def __init__(self, client, job: dict, *, poll: float = 1.0, metrics_every: float = 3.0, log_lines: int = 15):
+        import ipywidgets as w
+
+        self.client = client
+        self.job = job
+        self.metrics: dict | None = None
+        self.log_text = ""
+        self.poll = poll
+        self.metrics_every = metrics_every
+        self.log_lines = log_lines
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.header = w.HTML()
+        self.chart = w.HTML()
+        self.logs = w.HTML()
+        self.message = w.HTML()
+        self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop",
+                                      tooltip="cancel this job", layout=w.Layout(width="auto"))
+        self.cancel_button.on_click(lambda _b: self.cancel())
+        self.widget = w.VBox([w.HBox([self.header, self.cancel_button],
+                                     layout=w.Layout(justify_content="space-between", align_items="flex-start")),
+                              self.chart, self.logs, self.message])
+        self.update(job, logs="")
+
+    # -- display ----------------------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kw):
+        return self.widget._repr_mimebundle_(**kw)
+
+    def update(self, job: dict | None = None, metrics: dict | None = None, logs: str | None = None,
+               now: datetime | None = None) -> None:
+        if job is not None:
+            self.job = job
+            self.header.value = render_header(job, now)
+            terminal = job.get("state") in TERMINAL_STATES
+            self.cancel_button.disabled = terminal
+            self.cancel_button.layout.display = "none" if terminal else None
+        if metrics is not None:
+            self.metrics = metrics
+            self.chart.value = render_chart(metrics)
+        if logs is not None:
+            self.log_text = logs
+            self.logs.value = render_logs(logs, self.log_lines)
+
+    def cancel(self) -> None:
+        try:
+            self.update(self.client.cancel(self.job["id"]))
+            self.message.value = "<span style='color:#57606a'>cancel requested</span>"
+        except Exception as e:
+            self.message.value = f"<span style='color:#cf222e'>cancel failed: {html.escape(str(e))}</span>"
+
+    # -- polling ----------------------------------------------------------------------------------
+    def refresh(self, with_metrics: bool = True) -> dict:
+        """One poll: job, log tail and (optionally) metrics; returns the job."""
+        job_id = self.job["id"]
+        job = self.client.get(job_id)
+        logs = self.client.logs(job_id, tail=self.log_lines * 4)
+        metrics = self.client.metrics(job_id) if with_metrics or job.get("state") in TERMINAL_STATES else None
+        self.update(job, metrics, logs)
+        return job
+
+    def start(self) -> "JobPanel":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"trainhub-panel-{self.job['id']}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        last_metrics = 0.0
+        errors = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    due = time.monotonic() - last_metrics >= self.metrics_every
+                    job = self.refresh(with_metrics=due)
+                    if due:
+                        last_metrics = time.monotonic()
+                    if errors:
+                        self.message.value = ""
+                    errors = 0
+                    if job.get("state") in TERMINAL_STATES:
+                        break
+                except Exception as e:
+                    errors += 1
+                    self.message.value = (f"<span style='color:#8a6d00'>cannot refresh ({html.escape(str(e))}); "
+                                          f"retrying</span>")
+                self._stop.wait(min(self.poll * (2 ** min(errors, 5)), 30.0))
+        finally:
+            self.done.set()

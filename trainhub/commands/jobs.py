@@ -1,0 +1,452 @@
+"""`trainhub jobs`: submit, list, inspect, follow and cancel batch jobs.
+
+Talks to the jobs API (docs/jobs-api.md) through :class:`trainhub.client.TrainhubClient`:
+``$TRAINHUB_API_URL`` and ``$JUPYTERHUB_API_TOKEN`` (set in platform terminals), or
+``--url``/``--token``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from trainhub.cli import CommandError
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "jobs",
+        help="submit and manage batch jobs (the %%%%train back end)",
+        description="Submit batch jobs to the platform's GPU pool and follow them. Works in platform terminals "
+        "as is ($TRAINHUB_API_URL and $JUPYTERHUB_API_TOKEN are set there); elsewhere pass --url and --token "
+        "(a token from `trainhub token NAME`).",
+        epilog="Examples:\n  trainhub jobs submit train.py --gpus 1 --wait\n"
+        "  trainhub jobs submit --command 'python -m mypkg.train --lr 0.1' --workers 2\n"
+        "  trainhub jobs list --state running\n  trainhub jobs logs j-000042 --follow",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    jobs = p.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND", parser_class=type(p))
+
+    s = jobs.add_parser(
+        "submit", allow_abbrev=False, help="submit a Python script or a shell command as a job",
+        description="Submit SCRIPT (a .py file, sent as the job's source and run as `python script.py`) or "
+        "--command (a shell command run in your home directory). Prints the job id; with --wait, follows the "
+        "job until it ends and exits non-zero if it did not succeed.",
+    )
+    s.add_argument("script", nargs="?", metavar="SCRIPT", help="a Python file to run as the job")
+    s.add_argument("--command", "-c", dest="shell_command", metavar="CMD", help="a shell command to run instead of SCRIPT")
+    add_spec_options(s)
+    s.add_argument("--wait", action="store_true", help="follow the job until it ends (a live status line)")
+    s.add_argument("--json", action="store_true", help="print the created job as JSON")
+    _conn(s)
+    s.set_defaults(func=cmd_submit)
+
+    ls = jobs.add_parser("list", help="list jobs, newest first",
+                         description="List jobs, newest first. Without --all only your own jobs are shown.")
+    ls.add_argument("--state", action="append", default=[], metavar="STATE",
+                    help=f"only jobs in STATE (repeatable or comma-separated: {', '.join(STATES)})")
+    ls.add_argument("--all", action="store_true", help="everyone's jobs (admins; others only ever see their own)")
+    ls.add_argument("--user", metavar="NAME", help="only NAME's jobs (admins)")
+    ls.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs (default 50)")
+    ls.add_argument("--offset", type=int, default=0, metavar="N", help="skip the N newest (paging)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output (the API's page object)")
+    _conn(ls)
+    ls.set_defaults(func=cmd_list)
+
+    sh = jobs.add_parser("show", help="show one job", description="Show one job: state, reason, GPUs, times, exit codes.")
+    sh.add_argument("id", metavar="ID", help="job id, e.g. j-000042")
+    sh.add_argument("--json", action="store_true", help="the job object as JSON")
+    _conn(sh)
+    sh.set_defaults(func=cmd_show)
+
+    lg = jobs.add_parser("logs", help="print a job's logs",
+                         description="Print a job's logs: lines '<time> [<worker rank>] <text>'. "
+                         "With --follow, keep printing until the job ends.")
+    lg.add_argument("id", metavar="ID", help="job id")
+    lg.add_argument("--follow", "-f", action="store_true", help="stream new lines until the job ends")
+    lg.add_argument("--worker", type=int, metavar="N", help="only worker rank N")
+    lg.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
+    _conn(lg)
+    lg.set_defaults(func=cmd_logs)
+
+    c = jobs.add_parser("cancel", help="cancel a job", description="Cancel a job: its workers get SIGTERM, then "
+                        "SIGKILL after the grace period. Cancelling a finished job changes nothing.")
+    c.add_argument("id", metavar="ID", nargs="+", help="job id(s)")
+    _conn(c)
+    c.set_defaults(func=cmd_cancel)
+
+    m = jobs.add_parser("metrics", help="print a job's reported metrics",
+                        description="Print the metrics a job reported with trainhub.log_metrics(): one row per "
+                        "(step, worker), one column per metric; --json adds GPU utilisation samples.")
+    m.add_argument("id", metavar="ID", help="job id")
+    m.add_argument("--json", action="store_true", help="the API's metrics object as JSON")
+    _conn(m)
+    m.set_defaults(func=cmd_metrics)
+
+
+def add_spec_options(p: argparse.ArgumentParser) -> None:
+    """The job-spec flags shared by `trainhub jobs submit` and the %%train magic."""
+    p.add_argument("--gpus", type=_nonneg_int, metavar="N", help="GPUs per worker (default: the profile's, else the service's)")
+    p.add_argument("--workers", type=_pos_int, metavar="W", help="number of workers (default 1); each gets RANK/WORLD_SIZE")
+    p.add_argument("--name", metavar="NAME", help="a name to recognise the job by")
+    p.add_argument("--profile", metavar="SLUG", help="a server profile slug (its GPU count is the default for --gpus)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", type=_env_pair,
+                   help="environment variable for the job (repeatable)")
+    p.add_argument("--time-limit", metavar="T", type=_time_limit,
+                   help="stop the job after T: seconds or 90s, 30m, 2h (default: no limit)")
+    p.add_argument("--retries", type=_nonneg_int, metavar="R", help="re-run a failed job up to R times (default 0)")
+
+
+def spec_from_args(args, *, command: str | None = None, script: str | None = None) -> dict:
+    spec = {"name": args.name, "command": command, "script": script, "gpus": args.gpus, "workers": args.workers,
+            "profile": args.profile, "time_limit": args.time_limit, "retries": args.retries}
+    if args.env:
+        spec["env"] = dict(args.env)
+    return {k: v for k, v in spec.items() if v is not None}
+
+
+# -- argument types ---------------------------------------------------------------------------
+def _nonneg_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _pos_int(text):
+    v = _nonneg_int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _env_pair(text):
+    key, sep, value = text.partition("=")
+    if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return key, value
+
+
+def _time_limit(text):
+    text = text.strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text) if "." in text else int(text)
+    if re.fullmatch(r"(\d+(\.\d+)?\s*[smhd]\s*)+", text):
+        return text.replace(" ", "")  # the service parses it: 90s, 30m, 2h, 1h30m
+    raise argparse.ArgumentTypeError(f"expected seconds or a duration like 90s, 30m, 2h, 1h30m; got {text!r}")
+
+
+def _conn(p):
+    g = p.add_argument_group("connection")
+    g.add_argument("--url", metavar="URL", help="jobs API base URL (default: $TRAINHUB_API_URL)")
+    g.add_argument("--token", metavar="TOKEN", help="JupyterHub API token (default: $JUPYTERHUB_API_TOKEN)")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def client_from_args(args):
+    from trainhub.client import TrainhubClient, TrainhubConfigError
+
+    try:
+        return TrainhubClient(url=args.url, token=args.token)
+    except TrainhubConfigError as e:
+        raise CommandError(str(e), 2) from None
+
+
+def _api(call, *a, **kw):
+    from trainhub.client import TrainhubAPIError
+
+    try:
+        return call(*a, **kw)
+    except TrainhubAPIError as e:
+        raise CommandError(str(e)) from None
+    except ValueError as e:
+        raise CommandError(str(e), 2) from None
+
+
+def parse_time(value) -> datetime | None:
+    if not value:
+        return None
+    try:
+        t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def elapsed_seconds(job: dict, now: datetime | None = None) -> float | None:
+    """Run time so far (started -> finished/now); None before the job started."""
+    start = parse_time(job.get("started"))
+    if start is None:
+        return None
+    end = parse_time(job.get("finished")) or now or datetime.now(timezone.utc)
+    return max(0.0, (end - start).total_seconds())
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+
+
+def fmt_devices(job: dict) -> str:
+    gpus, workers = job.get("gpus"), job.get("workers") or 1
+    text = (f"{gpus if gpus is not None else '?'} GPU{'' if gpus == 1 else 's'} x "
+            f"{workers} worker{'' if workers == 1 else 's'}")
+    devices = job.get("devices")
+    if devices:
+        text += " (devices " + " | ".join(",".join(str(d) for d in w) or "-" for w in devices) + ")"
+    return text
+
+
+def metrics_rows(metrics: dict) -> tuple[list[str], list[dict]]:
+    """Flatten the API's metrics records into rows {step, worker, time, <metric>...} and the column names."""
+    names: list[str] = []
+    rows = []
+    for rec in (metrics or {}).get("metrics", []):
+        row = {"step": rec.get("step"), "worker": rec.get("worker", 0), "time": rec.get("time")}
+        for k, v in (rec.get("values") or {}).items():
+            if k not in names:
+                names.append(k)
+            row[k] = v
+        rows.append(row)
+    return ["step", "worker", "time", *names], rows
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def last_log_line(text: str) -> str:
+    for line in reversed((text or "").splitlines()):
+        if line.strip():
+            return line
+    return ""
+
+
+# -- commands ---------------------------------------------------------------------------------
+def cmd_submit(args):
+    if bool(args.script) == bool(args.shell_command):
+        raise CommandError("give either SCRIPT (a .py file) or --command 'CMD', not both or neither", 2)
+    script = None
+    if args.script:
+        path = Path(args.script)
+        if path.suffix != ".py":
+            raise CommandError(f"{path} is not a .py file: for other programs use --command '...'", 2)
+        try:
+            script = path.read_text()
+        except OSError as e:
+            raise CommandError(f"cannot read {path}: {e.strerror}", 2) from None
+    spec = spec_from_args(args, command=args.shell_command, script=script)
+    if args.script and "name" not in spec:
+        spec["name"] = re.sub(r"[^A-Za-z0-9._ -]", "-", path.stem)[:128] or "script"
+    client = client_from_args(args)
+    job = _api(client.submit, spec)
+    if args.json and not args.wait:
+        print(json.dumps(job, indent=2))
+        return 0
+    print(f"submitted {job['id']} ({job.get('state', '?')}{': ' + job['reason'] if job.get('reason') else ''})",
+          file=sys.stderr if args.json else sys.stdout)
+    if not args.wait:
+        print(f"follow it with: trainhub jobs logs {job['id']} --follow")
+        return 0
+    job = wait_with_progress(client, job["id"])
+    if args.json:
+        print(json.dumps(job, indent=2))
+    return 0 if job.get("state") == "succeeded" else 1
+
+
+def wait_with_progress(client, job_id: str, poll: float = 1.0, stream=None) -> dict:
+    """Poll until the job ends, showing one live line (state, elapsed, last log line) on a
+    terminal, or one line per state change otherwise. Ctrl-C stops waiting, not the job."""
+    stream = stream or sys.stderr
+    live = stream.isatty()
+    last_state = None
+    try:
+        while True:
+            job = _api(client.get, job_id)
+            state = job.get("state")
+            if live:
+                try:
+                    tail = last_log_line(client.logs(job_id, tail=1))
+                except Exception:
+                    tail = ""
+                line = f"{job_id} {state:<9} {fmt_duration(elapsed_seconds(job))}  {tail}"
+                width = shutil.get_terminal_size((100, 20)).columns - 1
+                stream.write("\r" + line[:width].ljust(width))
+                stream.flush()
+            elif state != last_state:
+                reason = f": {job['reason']}" if job.get("reason") and state not in ("running",) else ""
+                print(f"{job_id} {state}{reason}", file=stream)
+            last_state = state
+            if state in ("succeeded", "failed", "cancelled", "lost"):
+                break
+            time.sleep(poll)
+    except KeyboardInterrupt:
+        if live:
+            stream.write("\n")
+        print(f"stopped waiting; {job_id} keeps running (cancel it with: trainhub jobs cancel {job_id})", file=stream)
+        raise
+    if live:
+        stream.write("\n")
+    reason = f" ({job['reason']})" if job.get("reason") else ""
+    print(f"{job_id} {job['state']} after {fmt_duration(elapsed_seconds(job))}{reason}", file=stream)
+    if job["state"] != "succeeded":
+        try:
+            tail = client.logs(job_id, tail=10)
+        except Exception:
+            tail = ""
+        if tail.strip():
+            print("last log lines:\n" + tail.rstrip(), file=stream)
+    return job
+
+
+def cmd_list(args):
+    client = client_from_args(args)
+    states = [s.strip() for arg in args.state for s in arg.split(",") if s.strip()]
+    bad = [s for s in states if s not in STATES]
+    if bad:
+        raise CommandError(f"unknown state {', '.join(bad)} (one of {', '.join(STATES)})", 2)
+    user = args.user
+    if not user and not args.all:
+        user = client.whoami()
+    page = _api(client.list, state=states or None, user=user, limit=args.limit, offset=args.offset)
+    if args.json:
+        print(json.dumps(page, indent=2))
+        return 0
+    items = page.get("items", [])
+    if not items:
+        print("no jobs" + (f" in state {', '.join(states)}" if states else ""))
+        return 0
+    rows = []
+    for j in items:
+        created = parse_time(j.get("created"))
+        rows.append([j["id"], (j.get("name") or "")[:24], j.get("user", ""), j.get("state", ""),
+                     f"{j.get('gpus', '?')}x{j.get('workers', 1)}", created.strftime("%Y-%m-%d %H:%M") if created else "-",
+                     fmt_duration(elapsed_seconds(j)), (j.get("reason") or "")[:60]])
+    print(_table(rows, ["ID", "NAME", "USER", "STATE", "GPUSxW", "CREATED", "ELAPSED", "REASON"]))
+    total = page.get("total", len(items))
+    if total > page.get("offset", 0) + len(items):
+        print(f"({len(items)} of {total}; more with --offset {page.get('offset', 0) + len(items)})")
+    return 0
+
+
+def cmd_show(args):
+    client = client_from_args(args)
+    job = _api(client.get, args.id)
+    if args.json:
+        print(json.dumps(job, indent=2))
+        return 0
+    print(format_job(job))
+    return 0
+
+
+def format_job(job: dict) -> str:
+    lines = [f"{job['id']}  {job.get('name') or ''}".rstrip(),
+             f"  state:    {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""),
+             f"  user:     {job.get('user', '')}",
+             f"  gpus:     {fmt_devices(job)}" + (f", profile {job['profile']}" if job.get("profile") else ""),
+             f"  run:      " + (job.get("command") or f"python script.py ({len((job.get('script') or '').splitlines())} lines)"),
+             f"  created:  {job.get('created') or '-'}",
+             f"  started:  {job.get('started') or '-'}",
+             f"  finished: {job.get('finished') or '-'}",
+             f"  elapsed:  {fmt_duration(elapsed_seconds(job))}"]
+    if job.get("attempt") or job.get("retries"):
+        lines.append(f"  attempt:  {job.get('attempt', 1)} of {1 + (job.get('retries') or 0)}")
+    if job.get("exit_codes"):
+        lines.append(f"  exit codes: {job['exit_codes']}")
+    if job.get("time_limit"):
+        lines.append(f"  time limit: {job['time_limit']}")
+    if job.get("env"):
+        lines.append("  env:      " + " ".join(f"{k}={v}" for k, v in job["env"].items()))
+    for key in ("outputs_url", "outputs_path"):
+        if job.get(key):
+            lines.append(f"  {key.replace('_', ' ')}: {job[key]}")
+    return "\n".join(lines)
+
+
+def cmd_logs(args):
+    client = client_from_args(args)
+    if args.follow:
+        try:
+            for line in _api(lambda: list_or_gen(client.follow_logs(args.id, worker=args.worker, tail=args.tail))):
+                print(line, flush=True)
+        except KeyboardInterrupt:
+            return 130
+        return 0
+    sys.stdout.write(_api(client.logs, args.id, worker=args.worker, tail=args.tail))
+    sys.stdout.flush()
+    return 0
+
+
+def list_or_gen(gen):
+    """Start a generator so a request error surfaces inside _api, then yield the rest."""
+    from trainhub.client import TrainhubAPIError
+
+    it = iter(gen)
+    try:
+        first = next(it)
+    except StopIteration:
+        return iter(())
+
+    def rest():
+        yield first
+        try:
+            yield from it
+        except TrainhubAPIError as e:
+            raise CommandError(str(e)) from None
+    return rest()
+
+
+def cmd_cancel(args):
+    client = client_from_args(args)
+    failed = 0
+    for job_id in args.id:
+        try:
+            job = _api(client.cancel, job_id)
+        except CommandError as e:
+            print(f"trainhub jobs cancel: {job_id}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{job['id']}: {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""))
+    return 1 if failed else 0
+
+
+def cmd_metrics(args):
+    client = client_from_args(args)
+    data = _api(client.metrics, args.id)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    columns, rows = metrics_rows(data)
+    if not rows:
+        print(f"{args.id} has reported no metrics (call trainhub.log_metrics(step=..., loss=...) in the job)")
+        return 0
+    cols = [c for c in columns if c != "time"]
+    print(_table([[_fmt_num(r.get(c, "")) for c in cols] for r in rows], [c.upper() if c in ("step", "worker") else c for c in cols]))
+    return 0
+
+
+def _fmt_num(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
