@@ -22,7 +22,7 @@ from traitlets.config import LoggingConfigurable
 from trainhub.db import init_db, session_factory, write_session
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs
 from trainhub.gpus import GPUDevice
-from trainhub.models import GPUAllocation, utcnow
+from trainhub.models import GPUAllocation, GPUAllocationRecord, utcnow
 from trainhub.quotas import QuotaPolicy, QuotaStatus
 
 
@@ -114,6 +114,16 @@ class GPUAllocator(LoggingConfigurable):
         return quota.status(user, user_groups, per_user, group_members or {})
 
 
+def _close_history(session, holders) -> None:
+    from sqlalchemy import update
+
+    session.execute(
+        update(GPUAllocationRecord)
+        .where(GPUAllocationRecord.holder.in_(list(holders)), GPUAllocationRecord.end.is_(None))
+        .values(end=utcnow())
+    )
+
+
 def _model_ok(device: GPUDevice, gpu_model: str | None) -> bool:
     return not gpu_model or gpu_model.lower() in device.name.lower()
 
@@ -143,6 +153,7 @@ class LocalGPUAllocator(GPUAllocator):
         pool = [d for d in self.devices() if _model_ok(d, gpu_model)]
         with write_session(self.db_url) as s:
             # re-allocation for the same holder (a restart after a crash) replaces what it had
+            _close_history(s, [holder])
             s.execute(delete(GPUAllocation).where(GPUAllocation.holder == holder))
             if count == 0:
                 return []
@@ -168,12 +179,14 @@ class LocalGPUAllocator(GPUAllocator):
             now = utcnow()
             for idx in chosen:
                 s.add(GPUAllocation(device=idx, holder=holder, kind=kind, user=user, profile=profile, since=now))
+                s.add(GPUAllocationRecord(device=idx, holder=holder, kind=kind, user=user, profile=profile, start=now))
         self.log.info("GPU allocate holder=%s user=%s devices=%s", holder, user, chosen)
         return chosen
 
     def release(self, holder):
         with write_session(self.db_url) as s:
             devices = list(s.scalars(select(GPUAllocation.device).where(GPUAllocation.holder == holder)))
+            _close_history(s, [holder])
             s.execute(delete(GPUAllocation).where(GPUAllocation.holder == holder))
         if devices:
             self.log.info("GPU release holder=%s devices=%s", holder, devices)
@@ -201,6 +214,7 @@ class LocalGPUAllocator(GPUAllocator):
         if released:
             holders = {h.holder for h in released}
             with write_session(self.db_url) as s:
+                _close_history(s, holders)
                 s.execute(delete(GPUAllocation).where(GPUAllocation.holder.in_(holders)))
             for holder in sorted(holders):
                 self.log.warning("GPU reconcile: released devices of %s (holder is gone)", holder)

@@ -30,3 +30,18 @@ class GPUAllocation(Base):
     since: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     pid_started: Mapped[float | None] = mapped_column(nullable=True)
+
+
+class GPUAllocationRecord(Base):
+    """History of every allocation (kept after release): the basis of usage accounting."""
+
+    __tablename__ = "gpu_allocation_history"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    device: Mapped[int] = mapped_column(Integer)
+    holder: Mapped[str] = mapped_column(String(255), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    profile: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    start: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    end: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True, index=True)

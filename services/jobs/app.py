@@ -34,6 +34,44 @@ from .store import JobStore
 
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 
+# Features served by this process besides jobs. Each module may define
+#   handlers(prefix: str, service) -> list of tornado routes (under <prefix>api/...)
+#   async start(service) / async stop(service)  background work (own loops)
+#   OPENAPI: Path of an OpenAPI fragment ({"paths": ..., "components": {"schemas": ...}})
+# A module that is not installed is skipped.
+PLUGINS = [
+    "trainhub.services.sweeps",
+    "trainhub.services.registry",
+    "trainhub.services.usage",
+]
+
+
+def load_plugins(names=PLUGINS) -> list:
+    import importlib
+
+    mods = []
+    for name in names:
+        try:
+            mods.append(importlib.import_module(name))
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+    return mods
+
+
+def merged_openapi(plugins) -> dict:
+    """The jobs document plus each plugin's fragment: what the service serves."""
+    doc = json.loads(OPENAPI_FILE.read_text())
+    for mod in plugins:
+        frag_path = getattr(mod, "OPENAPI", None)
+        if not frag_path:
+            continue
+        frag = json.loads(Path(frag_path).read_text())
+        doc["paths"].update(frag.get("paths", {}))
+        for kind, items in frag.get("components", {}).items():
+            doc.setdefault("components", {}).setdefault(kind, {}).update(items)
+    return doc
+
 
 class GroupDirectory:
     """Users' JupyterHub groups, refreshed from the hub API (for group quotas and priorities)."""
@@ -110,7 +148,8 @@ class JobsService(Application):
         self.engine = JobEngine(self.store, self.allocator, self.launcher, self.quota, self.storage, self.syncer,
                                 catalog=self.catalog, metrics_source=self._metrics_source(), groups_of=self.groups, parent=self,
                                 api_url=(public + self.api_prefix.rstrip("/")) if public else "")
-        self.openapi_text = OPENAPI_FILE.read_text()
+        self.plugins = load_plugins()
+        self.openapi_text = json.dumps(merged_openapi(self.plugins), indent=2)
 
     def _metrics_source(self):
         cls = self.metrics_source_class
@@ -173,11 +212,17 @@ class JobsService(Application):
 
     def make_app(self) -> web.Application:
         handlers = default_handlers(self.service_prefix, self)
+        for mod in self.plugins:
+            if hasattr(mod, "handlers"):
+                handlers += mod.handlers(self.service_prefix, self)
         handlers.append((url_path_join(self.service_prefix, "oauth_callback"), HubOAuthCallbackHandler))
         return web.Application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False)
 
     async def start_async(self):
         await self.engine.start()
+        for mod in self.plugins:
+            if hasattr(mod, "start"):
+                await mod.start(self)
         port = self.port or int(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:0").rsplit(":", 1)[1].split("/")[0])
         self.http = self.make_app().listen(port, "127.0.0.1")
         asyncio.create_task(self.groups.refresh_forever())
@@ -189,6 +234,9 @@ class JobsService(Application):
         await stop.wait()
         self.log.info("trainhub jobs API stopping (running jobs keep running and are re-adopted on restart)")
         self.http.stop()
+        for mod in reversed(self.plugins):
+            if hasattr(mod, "stop"):
+                await mod.stop(self)
         await self.engine.stop()
 
     def start(self):
