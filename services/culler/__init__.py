@@ -7,3 +7,19 @@
 
 See docs/culler.md.
 """
+
+#: The hub scopes the culler service's role needs (least privilege; see docs/culler.md).
+#: Imported by the hub config, so this module must stay import-light.
+HUB_SCOPES = (
+    "list:users",  # GET /hub/api/users?state=active
+    "read:servers",  # the server models in that list (url, ready, pending, started)
+    "delete:servers",  # stop: DELETE /hub/api/users/<name>/server(s/<server>)
+    "start:servers",  # release: POST /hub/api/users/<name>/server(s/<server>) {"profile": <cpu>}
+    "access:servers",  # GET /user/<name>/<server>/api/kernels through the proxy
+    "custom:trainhub:jobs:read",  # GET {TRAINHUB_API_URL}/jobs?state=running&user=<name>
+)
+
+#: Scope a user needs (filtered to themselves: ``!user``) to press "keep my GPU".
+KEEP_SCOPE = "custom:trainhub:culler:keep"
+#: Scope to read the decision log: unfiltered = everyone's, ``!user=<name>`` = one's own.
+DECISIONS_SCOPE = "custom:trainhub:usage:read"

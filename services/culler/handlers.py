@@ -1,8 +1,9 @@
 """The culler's HTTP API, served under its JupyterHub service prefix.
 
 GET  {prefix}metrics        Prometheus text (token or cookie unless authenticate_prometheus=False)
-GET  {prefix}api/decisions  audit trail, newest first (hub admins or the admin scope): ?user=&limit=&before=&acted=1
-POST {prefix}api/keep       {"server": ""}: "keep my GPU", restarts the caller's own idle clock
+GET  {prefix}api/decisions  audit trail, newest first: ?user=&limit=&before=&acted=1 (everyone's with the
+                            unfiltered decisions_scope or hub admin; one's own with decisions_scope!user=<self>)
+POST {prefix}api/keep       {"server": ""}: "keep my GPU", restarts the caller's own idle clock (keep_scope!user=<self>)
 GET  {prefix}api/warnings   the caller's standing warnings (for the JupyterLab notification)
 """
 
@@ -12,7 +13,7 @@ import asyncio
 import json
 import os
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed, check_scopes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
@@ -29,6 +30,16 @@ class CullerHandler(HubOAuthenticated, web.RequestHandler):
     def initialize(self, culler):
         self.culler = culler
         self.hub_auth = self.settings["hub_auth"]
+
+    async def prepare(self):
+        # identify the caller without blocking the event loop (get_current_user would)
+        model = await self.hub_auth.get_user(self, sync=False)
+        if model:
+            try:
+                model = self.check_hub_user(model)
+            except UserNotAllowed:
+                raise web.HTTPError(403, f"{model.get('name')} lacks the scopes {sorted(self.hub_scopes or ())}") from None
+        self.current_user = model
 
     def write_json(self, obj, status: int = 200):
         self.set_status(status)
@@ -51,8 +62,15 @@ class CullerHandler(HubOAuthenticated, web.RequestHandler):
             return
         super()._handle_request_exception(e)
 
-    def is_culler_admin(self, model) -> bool:
-        return bool(model.get("admin")) or self.culler.admin_scope in set(model.get("scopes") or ())
+    def has_scope(self, scope: str, owner: str | None = None) -> bool:
+        """The caller holds ``scope`` (unfiltered when owner is None, else at least ``!user=owner``)."""
+        if not scope:
+            return True
+        required = f"{scope}!user={owner}" if owner else scope
+        return bool(check_scopes({required}, set(self.current_user.get("scopes") or ())))
+
+    def sees_all_decisions(self) -> bool:
+        return bool(self.current_user.get("admin")) or self.has_scope(self.culler.decisions_scope)
 
     def body_json(self) -> dict:
         if not self.request.body:
@@ -77,8 +95,14 @@ class MetricsHandler(CullerHandler):
 class DecisionsHandler(CullerHandler):
     @web.authenticated
     async def get(self):
-        if not self.is_culler_admin(self.current_user):
-            raise Forbidden(f"the decision log is for hub admins and holders of {self.culler.admin_scope}")
+        me = self.current_user["name"]
+        user = self.get_argument("user", None)
+        if not self.sees_all_decisions():
+            if user not in (None, me):
+                raise Forbidden("you may only read decisions about your own servers")
+            if not self.has_scope(self.culler.decisions_scope, me):
+                raise Forbidden(f"missing scope {self.culler.decisions_scope}")
+            user = me
         if self.culler.audit is None:
             raise InvalidRequest("no audit trail: the culler runs without a database")
         try:
@@ -87,10 +111,11 @@ class DecisionsHandler(CullerHandler):
         except ValueError:
             raise InvalidRequest("limit and before must be integers") from None
         rows = await asyncio.to_thread(
-            self.culler.audit.list, user=self.get_argument("user", None), limit=limit, before_id=before,
+            self.culler.audit.list, user=user, limit=limit, before_id=before,
             acted_only=self.get_argument("acted", "") in ("1", "true"),
         )
-        self.write_json({"items": rows, "latest": list(self.culler.latest.values())})
+        latest = [r for r in self.culler.latest.values() if user is None or r["user"] == user]
+        self.write_json({"items": rows, "latest": latest})
 
 
 class KeepHandler(CullerHandler):
@@ -103,6 +128,8 @@ class KeepHandler(CullerHandler):
         user = body.get("user", model["name"])
         if user != model["name"]:
             raise Forbidden("you may only keep your own server")
+        if not self.has_scope(self.culler.keep_scope, model["name"]):
+            raise Forbidden(f"missing scope {self.culler.keep_scope}")
         server = body.get("server", "")
         if not isinstance(server, str):
             raise InvalidRequest('"server" must be a server name ("" for the default server)')

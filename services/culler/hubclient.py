@@ -64,7 +64,8 @@ class HubClient(LoggingConfigurable):
         origin = urlsplit(self.public_url)
         if not origin.netloc:
             raise RuntimeError("public_url is not set: cannot reach single-user servers (set TRAINHUB_PUBLIC_URL)")
-        url = f"{origin.scheme}://{origin.netloc}{server_url.rstrip('/')}/api/kernels"
+        # no_track_activity: our polling must not count as user activity in jupyter-server
+        url = f"{origin.scheme}://{origin.netloc}{server_url.rstrip('/')}/api/kernels?no_track_activity=1"
         resp = await self._fetch(url)
         return json.loads(resp.body)
 
@@ -74,7 +75,9 @@ class HubClient(LoggingConfigurable):
             return None
         url = f"{self.jobs_api_url.rstrip('/')}/jobs?{urlencode({'state': 'running', 'user': user})}"
         body = json.loads((await self._fetch(url)).body)
-        items = body.get("items", body.get("jobs")) if isinstance(body, dict) else body
+        if isinstance(body, dict) and isinstance(body.get("total"), int):
+            return body["total"]
+        items = body.get("items") if isinstance(body, dict) else body
         if not isinstance(items, list):
             raise ValueError(f"unexpected jobs response: {str(body)[:200]}")
         return len(items)

@@ -45,7 +45,11 @@ def format_duration(seconds: float | None) -> str:
 
 
 def _ts(dt: datetime | None) -> float | None:
-    return None if dt is None else dt.timestamp()
+    if dt is None:
+        return None
+    if dt.tzinfo is None:  # SQLite hands back naive datetimes; the platform stores UTC
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
 
 
 def _iso(ts: float | None) -> str | None:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
+import signal
 from datetime import datetime, timedelta, timezone
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -28,10 +30,13 @@ from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator
 from trainhub.metrics import GPUMetricsSource, MetricsUnavailable, NVMLMetricsSource, ScriptedMetricsSource
 from trainhub.metrics.scripted import default_metrics_class
 from trainhub.profiles import ProfileCatalog
+from trainhub.services.culler import DECISIONS_SCOPE, KEEP_SCOPE
 from trainhub.services.culler.hubclient import HubClient
 from trainhub.services.culler.policy import NONE, RELEASE, WARN, CullPolicy, Decision, ServerInfo, UtilizationHistory
 
-BUSY_KERNEL_STATES = {"busy", "starting", "restarting", "unknown", None}  # anything but idle/dead: keep
+# As jupyter-server's own kernel culler (cull_busy): only "busy" means a cell is executing. A kernel
+# started over REST and never connected stays "starting" for ever, so that state cannot count.
+BUSY_KERNEL_STATES = {"busy"}
 
 
 def parse_date(value: str | None) -> datetime | None:
@@ -39,6 +44,11 @@ def parse_date(value: str | None) -> datetime | None:
         return None
     dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)  # naive = UTC, as the idle culler assumes
+
+
+def _aware(dt: datetime) -> datetime:
+    """SQLite returns naive datetimes; the platform stores UTC."""
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
 def parse_holder(holder: str) -> tuple[str, str] | None:
@@ -72,10 +82,19 @@ class GPUCuller(Application):
 
     name = "trainhub-culler"
     description = "Return GPUs of idle notebook servers to the pool; never kill running work."
-    aliases = {"config": "GPUCuller.config_file", "dry-run": "CullPolicy.dry_run", "log-level": "Application.log_level"}
+    aliases = {
+        "config": "GPUCuller.config_file", "port": "GPUCuller.port", "data-dir": "GPUCuller.data_dir",
+        "log-level": "Application.log_level",
+    }
     flags = {"dry-run": ({"CullPolicy": {"dry_run": True}}, "Decide and log, never act.")}
 
-    config_file = Unicode("", help="traitlets Python config file (the lead's `trainhub up` writes one).").tag(config=True)
+    config_file = Unicode("", help="Extra traitlets Python config file, loaded over the platform config.").tag(config=True)
+    data_dir = Unicode(
+        help="""Platform data dir (default: $TRAINHUB_DATA_DIR). When set, the platform config is loaded from it
+        (trainhub.config.load_platform_config: the ledger's database and devices, then the admin's
+        trainhub_config.py or $TRAINHUB_CONFIG), exactly as the hub and the jobs service load it.""",
+    ).tag(config=True)
+    port = Integer(0, help="Port of the HTTP API on 127.0.0.1. 0 = the port of service_url.").tag(config=True)
 
     service_name = Unicode(help="Service name in the hub. Default: $JUPYTERHUB_SERVICE_NAME or trainhub-culler.").tag(config=True)
     service_prefix = Unicode(help="URL prefix of the HTTP API. Default: $JUPYTERHUB_SERVICE_PREFIX or /services/trainhub-culler/.").tag(config=True)
@@ -93,9 +112,13 @@ class GPUCuller(Application):
     reclaim_accounting_cap = Float(8 * 3600.0, help="Longest time (s) one cull counts towards gpu_hours_reclaimed.").tag(config=True)
     audit_retention_days = Float(30.0, help="Audit rows older than this are deleted (0 = keep forever).").tag(config=True)
     authenticate_prometheus = Bool(True, help="Require a hub token (any user, or the service's) for /metrics.").tag(config=True)
-    admin_scope = Unicode(
-        "custom:trainhub-culler:admin",
-        help="Scope (besides hub admin) that may read every decision. Define it in c.JupyterHub.custom_scopes to use it.",
+    keep_scope = Unicode(
+        KEEP_SCOPE,
+        help=f"Scope a user needs (filtered to themselves) to press keep. Default {KEEP_SCOPE}; empty = any user.",
+    ).tag(config=True)
+    decisions_scope = Unicode(
+        DECISIONS_SCOPE,
+        help=f"Scope to read the decision log: unfiltered = everyone's, !user=<self> = one's own. Default {DECISIONS_SCOPE}.",
     ).tag(config=True)
 
     allocator_class = Type(LocalGPUAllocator, klass=GPUAllocator, help="GPU ledger implementation.").tag(config=True)
@@ -113,6 +136,10 @@ class GPUCuller(Application):
     audit = Any(help="AuditTrail or None (then decisions are only logged).")
 
     classes = [CullPolicy, ProfileCatalog, LocalGPUAllocator, ScriptedMetricsSource, NVMLMetricsSource, HubClient]
+
+    @default("log_level")
+    def _default_log_level(self):
+        return logging.INFO  # every decision is logged at INFO
 
     @default("service_name")
     def _default_service_name(self):
@@ -163,16 +190,25 @@ class GPUCuller(Application):
         self.kept_at: dict[str, datetime] = {}  # holder -> last "keep my GPU"
         self.released: dict[str, dict] = {}  # holder -> {"at", "devices", "counted_until"} for reclaim accounting
         self.latest: dict[str, dict] = {}  # holder -> latest decision (for the admin view)
+        self.culled_at: dict[str, datetime] = {}  # holder -> our last stop/release (guards against acting twice)
         self._device_holder: dict[int, str] = {}
         self._semaphore: asyncio.Semaphore | None = None
 
     # -- setup ---------------------------------------------------------------------
 
+    @default("data_dir")
+    def _default_data_dir(self):
+        return os.environ.get("TRAINHUB_DATA_DIR", "")
+
     def initialize(self, argv=None):
         super().initialize(argv)
+        if self.data_dir:
+            from trainhub.config import load_platform_config
+
+            self.update_config(load_platform_config(self.data_dir))
         if self.config_file:
             self.load_config_file(self.config_file)
-            self.update_config(self.cli_config)  # the command line wins over the file
+        self.update_config(self.cli_config)  # the command line wins over the files
 
     def setup(self) -> None:
         """Build every part not injected. Raises ValueError with what to configure."""
@@ -191,6 +227,8 @@ class GPUCuller(Application):
             cls = self.metrics_class or default_metrics_class(self.allocator.devices())
             self.metrics_source = cls(parent=self)
         if self.client is None:
+            if not self.public_url:
+                self.log.warning("TRAINHUB_PUBLIC_URL / GPUCuller.public_url not set: kernel state is unknown, nothing will be culled")
             self.client = HubClient(
                 parent=self, hub_api_url=self.hub_api_url, api_token=self.api_token,
                 public_url=self.public_url, jobs_api_url=self.jobs_api_url,
@@ -205,8 +243,6 @@ class GPUCuller(Application):
         if self.sample_interval >= self.policy.max_sample_gap:
             self.log.warning("sample_interval %ss >= CullPolicy.max_sample_gap %ss: servers will never look idle",
                              self.sample_interval, self.policy.max_sample_gap)
-        if not self.public_url:
-            self.log.warning("TRAINHUB_PUBLIC_URL / GPUCuller.public_url not set: kernel state is unknown, nothing will be culled")
 
     # -- sampling ------------------------------------------------------------------
 
@@ -263,9 +299,9 @@ class GPUCuller(Application):
 
         try:
             users = await self.client.list_active_users()
-        except Exception:
+        except Exception as e:
             self.prom.errors.labels("list_users").inc()
-            self.log.exception("cannot list users from the hub; skipping this pass")
+            self.log.error("cannot list users from the hub (%r); skipping this pass", e, exc_info=self.log.isEnabledFor(logging.DEBUG))
             return []
         servers = {}
         for u in users:
@@ -275,7 +311,6 @@ class GPUCuller(Application):
         tasks = []
         for holder, hs in sorted(by_holder.items()):
             if holder not in servers:
-                user, name = parse_holder(holder)
                 self.log.info("not culled %s: holds GPUs %s but the hub lists no active server (ledger reconcile handles it)",
                               holder, [h.device for h in hs])
                 continue
@@ -285,7 +320,11 @@ class GPUCuller(Application):
         self.prom.pending_warnings.set(len(self.warnings))
         self.prom.last_pass.set(now.timestamp())
         if self.audit is not None:
-            await asyncio.to_thread(self.audit.append, [row for _, _, row in results])
+            try:
+                await asyncio.to_thread(self.audit.append, [row for _, _, row in results])
+            except Exception:
+                self.prom.errors.labels("audit").inc()
+                self.log.exception("cannot write %d decisions to the audit trail (they are in this log)", len(results))
         return [(info, d) for info, d, _ in results]
 
     async def _guarded(self, user_model, server_name, server_model, holdings, now):
@@ -343,7 +382,16 @@ class GPUCuller(Application):
             kernels_busy=busy, kernels=nkernels, last_activity=activity, running_jobs=jobs,
             kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder),
         )
-        decision = await self.policy.decide(info, self.history, now)
+        culled = self.culled_at.get(holder)
+        if culled is not None and _aware(info.held_since) <= culled:
+            # the same ledger rows as before our stop: the spawner did not free them; never act twice
+            self.log.warning("%s still holds GPUs %s in the ledger after the cull at %s; leaving it to ledger reconcile",
+                             holder, list(info.devices), culled.isoformat())
+            decision = Decision(NONE, f"not culled: GPUs still in the ledger after the cull at {culled.isoformat()} "
+                                      "(the spawner did not free them)", {"devices": list(info.devices)})
+        else:
+            self.culled_at.pop(holder, None)
+            decision = await self.policy.decide(info, self.history, now)
         acted, error = False, None
         if decision.action == WARN:
             self.warned_at[holder] = now
@@ -375,6 +423,7 @@ class GPUCuller(Application):
                     self.prom.culls.labels("gpu_idle", decision.action).inc()
                     self.prom.gpus_released.inc(len(info.devices))
                     self.released[holder] = {"at": now, "devices": len(info.devices), "counted_until": now}
+                    self.culled_at[holder] = now
                     self._clear_warning(holder)
                     self.kept_at.pop(holder, None)
         row = self._row(info, decision, acted=acted, error=error)
@@ -461,8 +510,9 @@ class GPUCuller(Application):
             from trainhub.services.culler.handlers import make_app
 
             u = urlsplit(self.service_url)
-            server = make_app(self).listen(u.port or 80, u.hostname or "127.0.0.1")
-            self.log.info("trainhub-culler API on %s%s", self.service_url, self.service_prefix)
+            host, port = u.hostname or "127.0.0.1", self.port or u.port or 80
+            server = make_app(self).listen(port, host)
+            self.log.info("trainhub-culler API on http://%s:%s%s", host, port, self.service_prefix)
         p = self.policy
         self.log.info(
             "trainhub-culler: action=%s dry_run=%s default_timeout=%ss profile_timeouts=%s threshold=%s%% "
@@ -475,11 +525,17 @@ class GPUCuller(Application):
             asyncio.create_task(self._loop(self.sample_interval, self.sample_once, "GPU sampling")),
             asyncio.create_task(self._loop(86400, self._prune_audit, "audit pruning")),
         ]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         try:
-            await asyncio.gather(*tasks)
+            await stop.wait()
+            self.log.info("trainhub-culler stopping")
         finally:
             for t in tasks:
                 t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             if server is not None:
                 server.stop()
             self.metrics_source.close()

@@ -23,29 +23,6 @@ def free_gpus(capacity: Mapping[str, int], running: Iterable[Allocation]) -> dic
     return free
 
 
-def gang_fits(free: Mapping[str, int], workers: int, gpus_per_worker: int) -> bool:
-    """Plain O(nodes) fit test (used for one-off checks, and by the tests as a reference)."""
-    if gpus_per_worker <= 0:
-        return True
-    return sum(f // gpus_per_worker for f in free.values() if f > 0) >= workers
-
-
-def best_fit(free: Mapping[str, int], workers: int, gpus_per_worker: int) -> dict[str, int] | None:
-    """O(nodes × workers) best-fit placement on a plain dict: ``{node: gpus}`` or ``None``."""
-    left = dict(free)
-    used: dict[str, int] = {}
-    for _ in range(workers):
-        best = None
-        for node, f in left.items():
-            if f >= gpus_per_worker and (best is None or f < left[best]):
-                best = node
-        if best is None:
-            return None
-        left[best] -= gpus_per_worker
-        used[best] = used.get(best, 0) + gpus_per_worker
-    return used
-
-
 class FreeIndex:
     """Free GPUs per node with buckets by free count."""
 

@@ -86,6 +86,49 @@ def _fmt_delay(seconds: float) -> str:
     return f"{hours}h{m:02d}m"
 
 
+class _Reasons(Mapping):
+    """``Plan.waiting``: a read-only mapping job id -> WaitReason.
+
+    Once a pass can start no more GPU jobs, the remaining queue (often thousands of jobs) is only
+    recorded here; each job's reason is worked out on first access against the final state of the
+    pass, which no longer changes. Converting with ``dict(plan.waiting)`` materialises everything.
+    """
+
+    __slots__ = ("_done", "_deferred", "_explain")
+
+    def __init__(self, explain):
+        self._done: dict[str, WaitReason] = {}
+        self._deferred: dict[str, JobRequest] = {}
+        self._explain = explain
+
+    def __setitem__(self, job_id: str, reason: WaitReason) -> None:  # used by the pass only
+        self._done[job_id] = reason
+
+    def defer(self, job: JobRequest) -> None:
+        self._deferred[job.id] = job
+
+    def __getitem__(self, job_id: str) -> WaitReason:
+        try:
+            return self._done[job_id]
+        except KeyError:
+            job = self._deferred.pop(job_id)  # KeyError if unknown, as a mapping should
+            reason = self._done[job_id] = self._explain(job)
+            return reason
+
+    def __iter__(self):
+        yield from list(self._done)
+        yield from list(self._deferred)
+
+    def __len__(self) -> int:
+        return len(self._done) + len(self._deferred)
+
+    def __contains__(self, job_id) -> bool:
+        return job_id in self._done or job_id in self._deferred
+
+    def __repr__(self) -> str:
+        return f"{{{', '.join(f'{k!r}: {v!r}' for k, v in self.items())}}}"
+
+
 class _Order:
     """Queue order as an iterator; ``frozen`` switches to a cheap order-agnostic drain.
 
@@ -101,19 +144,33 @@ class _Order:
         self.user_held = user_held
         self.group_held = group_held
         self.fair = fair_share
+        # Entries (-level, submitted_at, id, job): ids are unique, so jobs are never compared.
         if fair_share:
-            per_user: dict[str, list[JobRequest]] = {}
+            per_user: dict[str, list] = {}
             for job in jobs:
-                per_user.setdefault(job.user, []).append(job)
+                entry = (-level[job.id], job.submitted_at, job.id, job)
+                lst = per_user.get(job.user)
+                if lst is None:
+                    per_user[job.user] = [entry]
+                else:
+                    lst.append(entry)
             for lst in per_user.values():
-                lst.sort(key=lambda j: (-level[j.id], j.submitted_at, j.id))
-            self.per_user = per_user
+                lst.sort()
+            self.per_user = {user: [e[3] for e in lst] for user, lst in per_user.items()}
         else:
-            self.static = sorted(jobs, key=lambda j: (-level[j.id], j.submitted_at, j.id))
+            entries = [(-level[job.id], job.submitted_at, job.id, job) for job in jobs]
+            entries.sort()
+            self.static = [e[3] for e in entries]
 
     def _key(self, job):
-        gh = self.group_held
-        gshare = max((gh.get(g, 0) for g in job.groups), default=0)
+        groups = job.groups
+        if not groups:
+            gshare = 0
+        elif len(groups) == 1:
+            gshare = self.group_held.get(groups[0], 0)
+        else:
+            gh = self.group_held
+            gshare = max(gh.get(g, 0) for g in groups)
         return (-self.level[job.id], gshare, self.user_held.get(job.user, 0), job.submitted_at, job.id)
 
     def __iter__(self) -> Iterator[JobRequest]:
@@ -168,7 +225,8 @@ class _Pass:
                 self.cpu_running += 1
         self.starts: list[Start] = []
         self.started_jobs: list[JobRequest] = []
-        self.waiting: dict[str, WaitReason] = {}
+        self.waiting = _Reasons(self.explain)
+        self.head: JobRequest | None = None  # set by _run when the first job does not fit
         self.user_limits: dict[str, int | None] = {}
         self.slots_cache: dict[int, int] = {}
 
@@ -213,6 +271,14 @@ class _Pass:
                             f"over group quota: {grp} holds {held} of {cap} GPUs and this job needs {need}",
                         )
         return None
+
+    def explain(self, job: JobRequest) -> WaitReason:
+        """The reason for a job queued behind the head once nothing more can start."""
+        need = job.workers * job.gpus_per_worker
+        head = self.head
+        return self.too_large(job) or self.quota(job, need) or _behind(
+            job, need, self.free.total, self.cap_total, head, self.policy.base_priority(head),
+            self.level[head.id], self.level)
 
     # -- actions -----------------------------------------------------------------------------
     def start(self, job: JobRequest, nodes: list[str], backfill: bool = False) -> None:
@@ -392,6 +458,14 @@ class TrainhubScheduler(Scheduler):
         help="""How many queued jobs behind the head are examined for backfill per pass, e.g. 1000.
         Bounds the cost of a pass on long queues; 0 = no backfill.""",
     )
+    reserve_after = Float(
+        3600.0,
+        config=True,
+        help="""Seconds the head job must have waited before GPUs are held for its reservation, e.g.
+        3600. Until then any later job with a time limit that fits may start (greedy), which keeps
+        GPUs busy while large gangs wait; afterwards only backfill that cannot delay the head.
+        0 = reserve at once (pure EASY backfill). Slurm's bf_min_age_reserve is the same idea.""",
+    )
     preemption = Bool(
         True,
         config=True,
@@ -422,9 +496,9 @@ class TrainhubScheduler(Scheduler):
     def schedule(self, now, pending, running, capacity, quotas):
         interval, cap = self.aging_interval, self.aging_max
         level = {}
-        base = self.base_priority
+        base = self.base_priority if self.group_priorities else None  # (traits are slow to read)
         for job in pending:
-            lv = base(job)
+            lv = job.priority if base is None else base(job)
             if interval > 0:
                 age = int((now - job.submitted_at) // interval)
                 if age > 0:
@@ -439,10 +513,13 @@ class TrainhubScheduler(Scheduler):
             backfill=self.backfill and self.backfill_depth > 0,
             preemption=self.preemption,
             backfill_depth=self.backfill_depth,
+            reserve_after=self.reserve_after,
         )
 
 
-def _run(p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int) -> Plan:
+def _run(
+    p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0
+) -> Plan:
     """Walk the GPU jobs in ``order``; see the module docstring."""
     free = p.free
     waiting = p.waiting
@@ -458,7 +535,8 @@ def _run(p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_
     level = p.level
     cap_total = p.cap_total
 
-    for job in order:
+    queue = iter(order)
+    for job in queue:
         need = job.workers * job.gpus_per_worker
         reason = p.too_large(job) or p.quota(job, need)
         if reason is not None:
@@ -471,19 +549,23 @@ def _run(p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_
                 p.start(job, nodes)
                 continue
             # The head: first job in order that does not fit.
-            head = job
+            head = p.head = job
             head_prio = p.policy.base_priority(job)
             head_level = level[job.id]
             if preemption:
                 victims = p.choose_victims(job)
             res_time, free_then = p.reservation(job, victims)
             msg = f"waiting for {need} GPUs: {free.total} of {cap_total} free"
+            hold_off = reserve_after - (now - job.submitted_at)
             if victims:
                 msg += "; preempting " + ", ".join(v.id for v in victims) + " to make room"
-            elif res_time is not None:
-                msg += f"; expected to start in {_fmt_delay(res_time - now)} at the latest"
-            else:
+            elif res_time is None:
                 msg += "; no start time can be promised (the GPUs it needs are held without a time limit)"
+            elif backfill and hold_off > 0:
+                msg += f"; GPUs will be reserved for it once it has waited {_fmt_delay(reserve_after)}"
+                res_time = None  # not protected yet: backfill is unconstrained (but needs a time limit)
+            else:
+                msg += f"; expected to start in {_fmt_delay(res_time - now)} at the latest"
             waiting[job.id] = WaitReason(job.id, "no-gpus", msg, None, res_time)
             if backfill:
                 if res_time is not None:
@@ -496,39 +578,36 @@ def _run(p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_
 
         # Behind the head.
         if not backfill or scanned >= backfill_depth or free.total == 0:
+            # Nothing else can start: record the rest of the queue, explained on demand.
             order.frozen = True
             waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
-            continue
+            for rest in queue:
+                waiting.defer(rest)
+            break
         scanned += 1
         if not free.fits(job.workers, job.gpus_per_worker):
             waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
             continue
-        if job.time_limit is None:
-            waiting[job.id] = WaitReason(
-                job.id, "reserved",
-                f"{need} GPUs are free but held for job {head.id}; a job without a time limit "
-                "cannot run ahead of it",
-                head.id, res_time,
-            )
-            continue
-        if res_time is None or now + job.time_limit <= res_time:
-            # Ends before the head's reservation: any free GPUs will do.
+        limit = job.time_limit
+        if limit is not None and (res_time is None or now + limit <= res_time):
+            # Ends before the head's reservation (or nothing is reserved): any free GPUs will do.
             nodes = free.place(job.workers, job.gpus_per_worker)
             if long_free is not None:
                 for n in nodes:
                     long_free.set(n, min(free.free[n], spare[n]))
             p.start(job, nodes, backfill=True)
             continue
-        assert long_free is not None
-        nodes = long_free.place(job.workers, job.gpus_per_worker)
+        # May run past the reservation: only on GPUs the head will not need then.
+        nodes = long_free.place(job.workers, job.gpus_per_worker) if long_free is not None else None
         if nodes is None:
-            waiting[job.id] = WaitReason(
-                job.id, "reserved",
-                f"{need} GPUs are free but held for job {head.id}, reserved to start in "
-                f"{_fmt_delay(res_time - now)}; this job's time limit of "
-                f"{_fmt_delay(job.time_limit)} would delay it",
-                head.id, res_time,
-            )
+            if limit is None:
+                msg = (f"{need} GPUs are free but held for job {head.id}; a job without a time limit "
+                       "may only use GPUs that job will not need")
+            else:
+                msg = (f"{need} GPUs are free but held for job {head.id}, reserved to start in "
+                       f"{_fmt_delay(res_time - now)}; this job's time limit of {_fmt_delay(limit)} "
+                       "would delay it")
+            waiting[job.id] = WaitReason(job.id, "reserved", msg, head.id, res_time)
             continue
         g = job.gpus_per_worker
         for n in nodes:

@@ -261,7 +261,7 @@ def simulate(
     busy = sat_busy = sat_cap = 0.0
     passes = preemptions = 0
 
-    def stop(job_id: str, now: float) -> None:
+    def stop(job_id: str) -> None:
         nonlocal used
         alloc = running.pop(job_id)
         used -= alloc.gpus
@@ -279,7 +279,7 @@ def simulate(
             if kind == "arrive":
                 pending[job_id] = by_id[job_id].request()
             elif kind == "finish" and epoch.get(job_id, 0) == ep and job_id in running:
-                stop(job_id, now)
+                stop(job_id)
                 records[job_id].finish = now
         for _ in range(max_passes_per_event):
             if not pending:
@@ -308,7 +308,7 @@ def simulate(
             for job_id in plan.preempt:
                 if job_id not in running:
                     continue
-                stop(job_id, now)
+                stop(job_id)
                 preemptions += 1
                 epoch[job_id] = epoch.get(job_id, 0) + 1
                 rec = records[job_id]

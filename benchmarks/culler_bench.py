@@ -1,0 +1,390 @@
+"""Idle-GPU culling benchmark: trainhub's policy vs jupyterhub-idle-culler at Zero-to-JupyterHub defaults.
+
+One command::
+
+    .venv/bin/python benchmarks/culler_bench.py            # 40 users x 7 days
+    .venv/bin/python benchmarks/culler_bench.py --quick    # 12 users x 3 days (a few seconds)
+
+A seeded simulator writes a 5-minute-resolution trace of notebook sessions (who holds a
+GPU server, GPU utilisation, kernel execution, kernel output, user interaction, whether a
+JupyterLab tab is visible) and replays the same trace through
+
+* trainhub: ``CullPolicy.evaluate`` and ``UtilizationHistory`` imported from
+  ``trainhub.services.culler.policy`` (the code the service runs, not a copy), with the
+  service's warn-then-act bookkeeping; checked every 5 minutes;
+* the activity culler: jupyterhub-idle-culler's rule (cull when the hub's last_activity is
+  ``--timeout`` old, checked every ``--cull-every``), Z2JH defaults 3600 s / 600 s.
+
+What feeds the hub's last_activity (jupyter-server 2.x + JupyterLab 4, checked in their
+code): user requests; JupyterLab's polls of /api/kernels, /api/sessions, /api/contents while
+its tab is *visible* (they pause when the tab is hidden); kernel output (every iopub message
+updates the kernel's last_activity). Training started from a terminal (`nohup python
+train.py &`) produces none of these once the browser is closed.
+
+Reported: idle GPU-hours reclaimed (GPU-hours the server would have held with every device
+under the threshold and no kernel executing, that the culled server did not hold), wrongful
+culls (a cull while a kernel was executing or a GPU was busy) and the busy GPU-hours they
+killed. Parameters and their defaults are documented in docs/culler.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from trainhub.profiles import Profile
+from trainhub.services.culler.policy import NONE, WARN, CullPolicy, ServerInfo, UtilizationHistory
+
+STEP = 300  # seconds per slot
+SLOTS_PER_DAY = 86400 // STEP
+T0 = datetime(2026, 11, 16, tzinfo=timezone.utc)  # a Monday
+THRESHOLD = 10.0
+
+
+@dataclass
+class Params:
+    users: int = 40
+    days: int = 7
+    seed: int = 1
+    p_two_gpus: float = 0.3  # share of users on the 2-GPU profile
+    p_leave_running: float = 0.65  # server left running at the end of a workday (else the user stops it)
+    p_overnight_run: float = 0.2  # a long training run started when leaving
+    p_terminal_run: float = 0.3  # ... launched from a terminal (nohup), not from the notebook kernel
+    p_silent: float = 0.4  # a notebook training run prints only every 60-120 min (else every few seconds)
+    visible_idle: tuple = (0.2, 0.7)  # per-user range: P(JupyterLab tab visible) while idle at the desk
+    p_visible_overnight: float = 0.15  # per user: workstation left on with JupyterLab in front
+    p_weekend_session: float = 0.15  # per user and weekend day
+    block_mix: tuple = (0.40, 0.20, 0.40)  # coding / training in the notebook / idle at desk (reading, meetings)
+
+
+@dataclass
+class Trace:
+    """Per-slot ground truth for one user's GPU server (as if no culler ran)."""
+
+    user: str
+    gpus: int
+    held: list = field(default_factory=list)  # server holds its GPUs
+    start: list = field(default_factory=list)  # server (re)started in this slot
+    util: list = field(default_factory=list)  # max utilisation over its devices, %
+    busy: list = field(default_factory=list)  # a kernel is executing
+    output: list = field(default_factory=list)  # kernel produced output (iopub)
+    interact: list = field(default_factory=list)  # the user is working in the notebook
+    visible: list = field(default_factory=list)  # a JupyterLab tab is visible (it polls the server)
+
+    def working(self, t) -> bool:
+        return self.busy[t] or self.util[t] >= THRESHOLD
+
+
+def make_trace(name: str, p: Params, rng: random.Random) -> Trace:
+    n = p.days * SLOTS_PER_DAY
+    tr = Trace(name, 2 if rng.random() < p.p_two_gpus else 1)
+    for attr in ("held", "start", "busy", "output", "interact", "visible"):
+        setattr(tr, attr, [False] * n)
+    tr.util = [0.0] * n
+    vis_idle = rng.uniform(*p.visible_idle)
+    vis_night = rng.random() < p.p_visible_overnight
+    running = False
+
+    def slots(minutes_lo, minutes_hi):
+        return max(1, int(rng.uniform(minutes_lo, minutes_hi) * 60 // STEP))
+
+    def training(t, length, *, notebook, silent, visible, watch=0.1):
+        every = slots(60, 120) if silent else 1
+        for k in range(t, min(t + length, n)):
+            tr.held[k] = True
+            tr.util[k] = rng.uniform(70, 99) if rng.random() > 0.05 else rng.uniform(0, 9)  # eval/checkpoint dips
+            tr.busy[k] = notebook
+            tr.output[k] = notebook and ((k - t) % every == 0)
+            tr.visible[k] = visible
+            glance = rng.random()  # drawn either way, so traces differ only in visibility across scenarios
+            tr.interact[k] = visible and glance < watch
+        tr.interact[t] = True  # the user started it
+
+    def session(t, end):
+        nonlocal running
+        if not running:
+            tr.start[t] = running = True
+        while t < end:
+            kind = rng.choices(("code", "train", "idle"), p.block_mix)[0]
+            if kind == "code":
+                length = slots(20, 90)
+                for k in range(t, min(t + length, end)):
+                    tr.held[k] = tr.visible[k] = True
+                    tr.interact[k] = rng.random() < 0.8
+                    if tr.interact[k] and rng.random() < 0.3:  # a quick GPU cell
+                        tr.util[k] = rng.uniform(20, 90)
+                        tr.busy[k] = tr.output[k] = True
+                    tr.output[k] = tr.output[k] or tr.interact[k]  # cells run, results printed
+            elif kind == "train":
+                length = slots(60, 300)
+                training(t, min(length, end - t), notebook=True, silent=rng.random() < p.p_silent,
+                         visible=rng.random() < vis_idle)
+            else:
+                length = slots(30, 150)
+                visible = rng.random() < vis_idle
+                for k in range(t, min(t + length, end)):
+                    tr.held[k] = True
+                    tr.visible[k] = visible
+            t += length
+        return t
+
+    for day in range(p.days):
+        base = day * SLOTS_PER_DAY
+        weekend = day % 7 >= 5
+        t_end = base + SLOTS_PER_DAY
+        if weekend:
+            if rng.random() < p.p_weekend_session:
+                arrive = base + int(rng.uniform(10, 15) * 3600 // STEP)
+                leave = arrive + slots(90, 240)
+            else:
+                arrive = leave = None
+        else:
+            arrive = base + int(rng.gauss(9, 0.75) * 3600 // STEP)
+            leave = base + int(rng.gauss(18, 1.0) * 3600 // STEP)
+        t = base
+        if arrive is not None:
+            # before arrival: whatever was left from the night (running idle or a run finishing)
+            for k in range(t, arrive):
+                if running and not tr.held[k]:
+                    tr.held[k] = True
+                    tr.visible[k] = vis_night
+            t = session(arrive, leave)
+            # evening: an overnight run, leave it running idle, or stop it
+            if rng.random() < p.p_overnight_run and t < t_end:
+                terminal = rng.random() < p.p_terminal_run
+                training(t, slots(240, 840), notebook=not terminal, silent=terminal or rng.random() < p.p_silent,
+                         visible=vis_night)
+                running = True
+            else:
+                running = rng.random() < p.p_leave_running  # else the user stops the server
+        # the rest of the day (and nights, weekends): a server left running holds its GPUs idle
+        for k in range(t, t_end):
+            if running and not tr.held[k]:
+                tr.held[k] = True
+                tr.visible[k] = vis_night
+    # a held slot without a server start before it is impossible: mark the first of each run
+    for k in range(n):
+        if tr.held[k] and (k == 0 or not tr.held[k - 1]):
+            tr.start[k] = True
+    return tr
+
+
+@dataclass
+class Result:
+    name: str
+    culls: int = 0
+    wrongful: int = 0
+    idle_gpu_h_reclaimed: float = 0.0
+    busy_gpu_h_killed: float = 0.0
+    restarts_within_30m: int = 0
+
+
+class Replay:
+    """Walk one trace slot by slot; the subclass decides when to cull."""
+
+    name = "?"
+
+    def __init__(self, tr: Trace):
+        self.tr = tr
+        self.result = Result(self.name)
+
+    def run(self) -> Result:
+        tr, r = self.tr, self.result
+        culled_at = None  # slot of the cull while the GPUs stay free
+        for t in range(len(tr.held)):
+            if culled_at is not None:
+                # the user gets a GPU server again when they come back (or the server restarts)
+                if not tr.held[t] or tr.interact[t] or tr.start[t]:
+                    if tr.held[t] and t - culled_at <= 30 * 60 // STEP:
+                        r.restarts_within_30m += 1
+                    culled_at = None
+                    if tr.held[t]:
+                        self.reset(t)
+                else:
+                    if tr.working(t):
+                        r.busy_gpu_h_killed += tr.gpus * STEP / 3600
+                    else:
+                        r.idle_gpu_h_reclaimed += tr.gpus * STEP / 3600
+                    continue
+            if not tr.held[t]:
+                continue
+            if tr.start[t]:
+                self.reset(t)
+            if self.observe(t):
+                r.culls += 1
+                if tr.working(t):
+                    r.wrongful += 1
+                    r.busy_gpu_h_killed += tr.gpus * STEP / 3600
+                else:
+                    r.idle_gpu_h_reclaimed += tr.gpus * STEP / 3600
+                culled_at = t
+        return r
+
+    def reset(self, t):
+        raise NotImplementedError
+
+    def observe(self, t) -> bool:
+        """Take in slot t; True = cull now."""
+        raise NotImplementedError
+
+
+class ActivityCuller(Replay):
+    """jupyterhub-idle-culler: cull when now - last_activity >= timeout, checked every cull_every."""
+
+    name = "jupyterhub-idle-culler"
+
+    def __init__(self, tr, timeout=3600, cull_every=600):
+        super().__init__(tr)
+        self.timeout_slots = timeout // STEP
+        self.every = max(1, cull_every // STEP)
+
+    def reset(self, t):
+        self.last_activity = t  # the server's start counts as activity
+
+    def observe(self, t):
+        tr = self.tr
+        if tr.interact[t] or tr.visible[t] or tr.output[t]:
+            self.last_activity = t
+        return t % self.every == 0 and t - self.last_activity >= self.timeout_slots
+
+
+class TrainhubCuller(Replay):
+    """trainhub's CullPolicy, as the service drives it (warn, then act after warning_period)."""
+
+    name = "trainhub"
+
+    def __init__(self, tr, policy: CullPolicy):
+        super().__init__(tr)
+        self.policy = policy
+        self.profile = Profile(slug=f"gpu-{tr.gpus}", display_name="", gpus=tr.gpus)
+        self.history = None
+
+    @staticmethod
+    def at(t) -> datetime:
+        return T0 + timedelta(seconds=t * STEP)
+
+    def reset(self, t):
+        self.history = UtilizationHistory(retention=6 * 3600)
+        self.held_since = self.at(t)
+        self.warned_at = None
+        self.last_kernel_activity = None
+
+    def observe(self, t):
+        tr, now = self.tr, self.at(t)
+        self.history.record(0, now.timestamp(), tr.util[t])
+        if tr.output[t] or tr.interact[t]:
+            self.last_kernel_activity = now
+        info = ServerInfo(
+            user=tr.user, profile=self.profile, devices=(0,), held_since=self.held_since,
+            kernels_busy=tr.busy[t], last_activity=self.last_kernel_activity, running_jobs=0, warned_at=self.warned_at,
+        )
+        d = self.policy.evaluate(info, self.history, now)
+        if d.action == WARN:
+            self.warned_at = now
+        elif d.action == NONE and not d.warning_pending:
+            self.warned_at = None
+        return d.acts
+
+
+def baseline_idle_gpu_h(traces) -> tuple[float, float]:
+    held = sum(tr.gpus for tr in traces for t in range(len(tr.held)) if tr.held[t]) * STEP / 3600
+    idle = sum(tr.gpus for tr in traces for t in range(len(tr.held)) if tr.held[t] and not tr.working(t)) * STEP / 3600
+    return held, idle
+
+
+def run(p: Params, timeout=3600, cull_every=600, policy_kw=None) -> dict:
+    rng = random.Random(p.seed)
+    traces = [make_trace(f"user{i:02d}", p, rng) for i in range(p.users)]
+    policy = CullPolicy(cpu_profile="cpu", max_sample_gap=2 * STEP, **(policy_kw or {}))
+    results = {
+        "trainhub": [TrainhubCuller(tr, policy).run() for tr in traces],
+        "activity": [ActivityCuller(tr, timeout, cull_every).run() for tr in traces],
+    }
+    held, idle = baseline_idle_gpu_h(traces)
+    out = {"held_gpu_h": held, "idle_gpu_h": idle}
+    for key, rs in results.items():
+        out[key] = Result(
+            rs[0].name,
+            culls=sum(r.culls for r in rs), wrongful=sum(r.wrongful for r in rs),
+            idle_gpu_h_reclaimed=sum(r.idle_gpu_h_reclaimed for r in rs),
+            busy_gpu_h_killed=sum(r.busy_gpu_h_killed for r in rs),
+            restarts_within_30m=sum(r.restarts_within_30m for r in rs),
+        )
+    return out
+
+
+def table(out: dict, p: Params, timeout, cull_every, policy: CullPolicy) -> str:
+    lines = [
+        f"trace: {p.users} users x {p.days} days, seed {p.seed}, 5-min slots; GPU-hours held {out['held_gpu_h']:.0f}, "
+        f"of which idle (all devices < {THRESHOLD:g}%, no kernel executing) {out['idle_gpu_h']:.0f}",
+        f"trainhub: timeout {policy.default_timeout / 3600:g} h, warning {policy.warning_period / 60:g} min, "
+        f"threshold {policy.utilization_threshold:g}%, checked every 5 min | "
+        f"activity culler: timeout {timeout} s, every {cull_every} s",
+        "",
+        f"{'policy':<24} {'culls':>6} {'idle GPU-h reclaimed':>21} {'% of idle':>10} {'wrongful culls':>15} "
+        f"{'busy GPU-h killed':>18} {'back <30 min':>13}",
+    ]
+    for key in ("trainhub", "activity"):
+        r = out[key]
+        pct = 100 * r.idle_gpu_h_reclaimed / out["idle_gpu_h"] if out["idle_gpu_h"] else 0
+        lines.append(
+            f"{r.name:<24} {r.culls:>6} {r.idle_gpu_h_reclaimed:>21.1f} {pct:>9.1f}% {r.wrongful:>15} "
+            f"{r.busy_gpu_h_killed:>18.1f} {r.restarts_within_30m:>13}"
+        )
+    a = out["activity"].idle_gpu_h_reclaimed
+    ratio = out["trainhub"].idle_gpu_h_reclaimed / a if a else float("inf")
+    lines += ["", f"ratio (trainhub / activity culler, idle GPU-hours reclaimed): {ratio:.2f}x"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="12 users x 3 days")
+    ap.add_argument("--users", type=int)
+    ap.add_argument("--days", type=int)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=3600, help="activity culler timeout (Z2JH default 3600 s)")
+    ap.add_argument("--cull-every", type=int, default=600, help="activity culler interval (Z2JH default 600 s)")
+    ap.add_argument("--gpu-timeout", type=float, default=7200, help="trainhub CullPolicy.default_timeout (s)")
+    ap.add_argument("--visible-idle", type=float, nargs=2, metavar=("LO", "HI"),
+                    help="per-user range of P(JupyterLab tab visible while idle at the desk), default 0.2 0.7")
+    ap.add_argument("--visible-overnight", type=float, help="share of users whose JupyterLab stays visible overnight (0.15)")
+    ap.add_argument("--sensitivity", action="store_true", help="also vary tab visibility (0, default, high)")
+    args = ap.parse_args(argv)
+
+    p = Params(users=12, days=3) if args.quick else Params()
+    if args.users:
+        p.users = args.users
+    if args.days:
+        p.days = args.days
+    p.seed = args.seed
+    if args.visible_idle:
+        p.visible_idle = tuple(args.visible_idle)
+    if args.visible_overnight is not None:
+        p.p_visible_overnight = args.visible_overnight
+
+    policy_kw = {"default_timeout": args.gpu_timeout}
+    t0 = time.perf_counter()
+    out = run(p, args.timeout, args.cull_every, policy_kw)
+    policy = CullPolicy(**policy_kw)
+    print(table(out, p, args.timeout, args.cull_every, policy))
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    if args.sensitivity:
+        print("\nsensitivity to tab visibility (same seed):")
+        print(f"{'visible idle':>14} {'visible night':>14} {'trainhub GPU-h':>15} {'activity GPU-h':>15} {'ratio':>7} "
+              f"{'wrongful t/a':>13}")
+        for vi, vn in (((0.0, 0.0), 0.0), ((0.2, 0.7), 0.15), ((0.5, 0.9), 0.3)):
+            q = Params(**{**p.__dict__, "visible_idle": vi, "p_visible_overnight": vn})
+            o = run(q, args.timeout, args.cull_every, policy_kw)
+            a, b = o["activity"].idle_gpu_h_reclaimed, o["trainhub"].idle_gpu_h_reclaimed
+            print(f"{str(vi):>14} {vn:>14} {b:>15.1f} {a:>15.1f} {b / a if a else float('inf'):>6.2f}x "
+                  f"{o['trainhub'].wrongful:>6}/{o['activity'].wrongful:<6}")
+    return 0 if out["trainhub"].wrongful == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

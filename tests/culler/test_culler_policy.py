@@ -1,0 +1,220 @@
+"""Unit tests: the culler's pure decision logic (parametrized tables, an injected clock)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from trainhub.profiles import Profile
+from trainhub.services.culler.policy import (
+    CullPolicy, Decision, ServerInfo, UtilizationHistory, format_duration,
+)
+
+T0 = datetime(2026, 11, 21, 8, 0, tzinfo=timezone.utc)
+GPU1 = Profile(slug="gpu-1", display_name="1 GPU", gpus=1)
+GPU2 = Profile(slug="gpu-2", display_name="2 GPUs", gpus=2)
+CPU = Profile(slug="cpu", display_name="CPU", gpus=0)
+HOUR, MIN = 3600, 60
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def history(series: dict[int, list[tuple[float, float]]], step: float = 5) -> UtilizationHistory:
+    """series: device -> [(until_minute, utilisation), ...] sampled every ``step`` minutes from T0."""
+    h = UtilizationHistory(retention=24 * HOUR)
+    for dev, segments in series.items():
+        t = 0.0
+        for end, util in segments:
+            while t <= end:
+                h.record(dev, at(t).timestamp(), util)
+                t += step
+    return h
+
+
+def idle_for(minutes: float, devices=(0,)) -> UtilizationHistory:
+    return history({d: [(minutes, 0.0)] for d in devices})
+
+
+def server(**kw) -> ServerInfo:
+    base = dict(user="alice", profile=GPU1, devices=(0,), held_since=T0, kernels_busy=False, running_jobs=0)
+    base.update(kw)
+    return ServerInfo(**base)
+
+
+def policy(**kw) -> CullPolicy:
+    kw.setdefault("cpu_profile", "cpu")
+    return CullPolicy(**kw)
+
+
+# (id, server overrides, history, now minute, policy overrides, expected action, reason fragment)
+CASES = [
+    ("idle under warn point", {}, idle_for(110), 109, {}, "none", "not culled: idle 1h49m of 2h00m under 10% on GPU 0"),
+    ("idle reaches warn point", {}, idle_for(115), 111, {}, "warn", "will release in 10m"),
+    ("warning mentions kernel state", {}, idle_for(115), 111, {}, "warn", "unsaved kernel state"),
+    ("warned, period not over", {"warned_at": at(111)}, idle_for(120), 116, {}, "none", "not culled: warned 5m ago"),
+    ("warned, period over: release", {"warned_at": at(111)}, idle_for(125), 121, {}, "release", "idle 2h01m under 10% on GPU 0: releasing"),
+    ("stop action", {"warned_at": at(111)}, idle_for(125), 121, {"action": "stop"}, "stop", "stopping"),
+    ("release without cpu profile falls back to stop", {"warned_at": at(111)}, idle_for(125), 121,
+     {"cpu_profile": ""}, "stop", "no CPU profile"),
+    ("stale warning (given before the idle run) warns again", {"warned_at": at(5)},
+     history({0: [(30, 90.0), (200, 0.0)]}), 150, {}, "warn", "idle 1h55m"),
+    ("two GPUs idle", {"profile": GPU2, "devices": (0, 1), "warned_at": at(111)}, idle_for(125, (0, 1)), 121, {},
+     "release", "on GPUs 0,1: releasing"),
+    ("GPU busy", {}, history({0: [(200, 83.0)]}), 190, {}, "none", "not culled: GPU busy 83%"),
+    ("one of two GPUs busy", {"profile": GPU2, "devices": (0, 1)}, history({0: [(200, 0.0)], 1: [(200, 55.0)]}), 190, {},
+     "none", "GPU busy 55% on GPU 1"),
+    ("was busy until recently", {}, history({0: [(100, 95.0), (200, 0.0)]}), 190, {}, "none", "idle 1h25m of 2h00m"),
+    ("kernel executing", {"kernels_busy": True}, idle_for(300), 290, {}, "none", "not culled: kernel executing"),
+    ("kernel state unknown", {"kernels_busy": None}, idle_for(300), 290, {}, "none", "kernel state unknown"),
+    ("running jobs depend on it", {"running_jobs": 2}, idle_for(300), 290, {}, "none", "running job(s) depend on it (2)"),
+    ("jobs unknown", {"running_jobs": None}, idle_for(300), 290, {}, "none", "running jobs unknown"),
+    ("keep pressed restarts the clock", {"kept_at": at(250)}, idle_for(300), 290, {}, "none", "idle 40m of 2h00m"),
+    ("kernel activity restarts the clock", {"last_activity": at(280)}, idle_for(300), 290, {}, "none", "idle 10m"),
+    ("kernel activity ignored when configured", {"last_activity": at(280)}, idle_for(300), 290,
+     {"count_kernel_activity": False}, "warn", "idle 4h50m"),
+    ("GPUs taken recently", {"held_since": at(200)}, idle_for(300), 290, {}, "none", "idle 1h30m"),
+    ("no GPUs held (CPU server)", {"profile": CPU, "devices": ()}, idle_for(300), 290, {}, "none", "no GPUs held"),
+    ("CPU profile ignored even holding a device", {"profile": CPU}, idle_for(300), 290, {}, "none", "profile cpu has no idle timeout"),
+    ("per-profile timeout shorter", {"warned_at": at(25)}, idle_for(45), 40, {"profile_timeouts": {"gpu-1": 1800}},
+     "release", "idle 40m"),
+    ("per-profile timeout: other profile keeps default", {"profile": GPU2, "devices": (0, 1)}, idle_for(45, (0, 1)), 40,
+     {"profile_timeouts": {"gpu-1": 1800}}, "none", "idle 40m of 2h00m"),
+    ("profile timeout 0 = never", {}, idle_for(600), 590, {"profile_timeouts": {"gpu-1": 0}}, "none", "no idle timeout"),
+    ("profile's own idle_timeout", {"profile": replace(GPU1, idle_timeout=3600)}, idle_for(65), 55, {}, "warn", "idle 55m"),
+    ("default timeout 0 = never", {}, idle_for(600), 590, {"default_timeout": 0}, "none", "no idle timeout"),
+    ("unknown profile uses default", {"profile": None}, idle_for(125), 115, {}, "warn", "idle 1h55m"),
+    ("pending server", {"pending": "stop"}, idle_for(300), 290, {}, "none", "server pending stop"),
+    ("no samples", {}, UtilizationHistory(), 290, {}, "none", "no recent GPU metrics for GPU 0"),
+    ("samples stale", {}, idle_for(100), 290, {}, "none", "no recent GPU metrics"),
+    ("threshold is configurable", {}, history({0: [(200, 15.0)]}), 190, {"utilization_threshold": 20}, "warn", "under 20%"),
+]
+
+
+@pytest.mark.parametrize(
+    "server_kw, hist, minute, policy_kw, action, reason",
+    [c[1:] for c in CASES], ids=[c[0] for c in CASES],
+)
+def test_policy_table(server_kw, hist, minute, policy_kw, action, reason):
+    d = policy(**policy_kw).evaluate(server(**server_kw), hist, at(minute))
+    assert d.action == action, d.reason
+    assert reason in d.reason
+
+
+def test_gap_in_samples_restarts_idle_clock():
+    h = UtilizationHistory()
+    for m in range(0, 60, 5):
+        h.record(0, at(m).timestamp(), 0)
+    for m in range(90, 180, 5):  # 35-minute hole (service down), then idle again
+        h.record(0, at(m).timestamp(), 0)
+    d = policy(max_sample_gap=15 * MIN).evaluate(server(), h, at(175))
+    assert d.action == "none" and "idle 1h25m" in d.reason, d.reason
+    assert d.measurements["clock_reset_by"] == "GPU idle since"
+
+
+def test_decision_measurements_carry_the_numbers():
+    d = policy().evaluate(server(warned_at=at(111)), idle_for(125), at(121))
+    m = d.measurements
+    assert m["utilization"] == {"0": 0.0} and m["timeout_s"] == 7200 and m["idle_s"] == pytest.approx(121 * 60)
+    assert m["threshold"] == 10 and d.target_profile == "cpu" and d.acts
+
+
+def test_clock_seam_used_when_no_now_given():
+    p = policy(utcnow=lambda: at(111))
+    assert p.evaluate(server(), idle_for(115)).action == "warn"
+
+
+def test_warn_then_act_sequence_never_skips_warning():
+    """Walk a server through time the way the service does: warning first, action 10 min later."""
+    p = policy()
+    h, warned, actions = UtilizationHistory(), None, []
+    for minute in range(0, 180, 5):
+        h.record(0, at(minute).timestamp(), 0.0)
+        d = p.evaluate(server(warned_at=warned), h, at(minute))
+        if d.action == "warn":
+            warned = at(minute)
+        actions.append((minute, d.action))
+        if d.acts:
+            break
+    acted = [(m, a) for m, a in actions if a not in ("none",)]
+    assert acted == [(110, "warn"), (120, "release")]
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_dry_run(dry):
+    d = asyncio.run(policy(dry_run=dry).decide(server(warned_at=at(111)), idle_for(125), at(121)))
+    assert d.action == "release" and d.dry_run is dry
+    assert d.reason.startswith("dry run: ") is dry
+
+
+def _veto(server, decision):
+    return None
+
+
+async def _to_stop(server, decision):
+    return replace(decision, action="stop", reason=decision.reason + " (hook: stop)")
+
+
+def _boom(server, decision):
+    raise RuntimeError("hook bug")
+
+
+def _only_oncall(server, decision):
+    return None if server.user == "alice" else decision
+
+
+@pytest.mark.parametrize(
+    "hook, action, reason",
+    [
+        (_veto, "none", "not culled: vetoed by cull_hook"),
+        (_to_stop, "stop", "(hook: stop)"),
+        (_boom, "none", "cull_hook failed (hook bug)"),
+        (_only_oncall, "none", "vetoed"),
+        (lambda s, d: "yes", "none", "cull_hook failed"),
+    ],
+    ids=["veto", "async override", "exception vetoes", "per-user veto", "bad return vetoes"],
+)
+def test_cull_hook(hook, action, reason):
+    d = asyncio.run(policy(cull_hook=hook).decide(server(warned_at=at(111)), idle_for(125), at(121)))
+    assert d.action == action and reason in d.reason
+
+
+def test_hook_not_called_for_none():
+    called = []
+    p = policy(cull_hook=lambda s, d: called.append(d) or d)
+    asyncio.run(p.decide(server(kernels_busy=True), idle_for(300), at(290)))
+    assert called == []
+
+
+def test_hook_also_sees_warnings():
+    d = asyncio.run(policy(cull_hook=_veto).decide(server(), idle_for(115), at(111)))
+    assert d.action == "none" and "vetoed" in d.reason
+
+
+@pytest.mark.parametrize("seconds, text", [(7260, "2h01m"), (720, "12m"), (42, "42s"), (None, "unknown"), (-5, "0s")])
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_threshold_validated():
+    with pytest.raises(Exception, match="0-100"):
+        CullPolicy(utilization_threshold=150)
+
+
+def test_timeout_precedence():
+    p = policy(default_timeout=7200, profile_timeouts={"gpu-2": 900})
+    assert p.timeout_for(GPU1) == 7200
+    assert p.timeout_for(GPU2) == 900
+    assert p.timeout_for(replace(GPU1, idle_timeout=1800)) == 1800
+    assert p.timeout_for(CPU) is None
+    assert policy(profile_timeouts={"cpu": 600}).timeout_for(CPU) == 600
+    assert p.timeout_for(None) == 7200
+
+
+def test_skip_labels():
+    assert Decision("none", "not culled: GPU busy 83%").skip_reason == "GPU busy"
+    assert Decision("none", "dry run: not culled: kernel executing").skip_reason == "kernel executing"
