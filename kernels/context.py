@@ -402,6 +402,12 @@ def build_job_script(cell: str, history: list[str], user_ns: dict | None = None,
         if len(data) > max_value_bytes:
             left_out[name] = f"{_human(len(data))} pickled, over the {_human(max_value_bytes)} limit"
             continue
+        missing_src = sorted(n for n in main_names if defs.get(n) is None)
+        if missing_src:
+            # pickled by reference to the notebook, but the job could not define it: it would fail to load
+            left_out[name] = (f"needs {', '.join(missing_src)} from the notebook, whose source is not in this "
+                              "kernel's history (define it in a cell, then run %%train again)")
+            continue
         values[name] = (value, len(data))
         queue += sorted(main_names - seen)
 
