@@ -90,6 +90,8 @@ class ClusterReflector(ResourceReflector):
                         if self._stopping or time.monotonic() - start >= self.restart_seconds:
                             break
             except asyncio.CancelledError:
+                if self._stopping:
+                    break  # stop() cancelled us and waits for a clean finish
                 raise
             except (_ReadTimeout, asyncio.TimeoutError):
                 self.log.debug("read timeout watching %s, reconnecting", self.kind)

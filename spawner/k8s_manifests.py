@@ -27,7 +27,8 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 # Environment keys that carry credentials; they go in a Secret, never in a plain env value.
-SECRET_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "TRAINHUB_STORAGE_OPTIONS")
+# (TRAINHUB_STORAGE_OPTIONS is written without key/secret/token when a Secret is used.)
+SECRET_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,6 +72,9 @@ def merge_overrides(base: Mapping, overrides: Mapping) -> dict:
     out = {}
     for key, value in overrides.items():
         old = base.get(key)
+        if isinstance(value, list) and isinstance(old, dict):
+            # KubeSpawner's keyed form of list traits (tolerations, volumes...): values sorted by key
+            old = [old[k] for k in sorted(old) if old[k] is not None]
         if isinstance(value, dict) and isinstance(old, dict):
             out[key] = {**old, **value}
         elif isinstance(value, list) and isinstance(old, list):
@@ -242,6 +246,15 @@ def gpu_holdings(pods: Iterable[Mapping], resources: Iterable[str], exclude: Ite
         if n:
             held[user] += n
     return held
+
+
+def reservation_pod(namespace: str, name: str, user: str, resource: str, count: int) -> dict:
+    """An unbound pod standing for a spawn that passed its checks but is not in the cache yet."""
+    return {
+        "metadata": {"namespace": namespace, "name": name, "annotations": {NOTEBOOK_USER_ANNOTATION: user}},
+        "spec": {"containers": [{"name": "notebook", "resources": {"limits": {resource: str(count)}}}]},
+        "status": {"phase": "Pending"},
+    }
 
 
 # ---------------------------------------------------------------------------------------------

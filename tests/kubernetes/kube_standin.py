@@ -11,7 +11,8 @@ module fills the gaps (each fix is named where it is made):
   selectors (``a.b=c``, ``a.b!=c``) on list and watch;
 * watch streams that start from a ``resourceVersion`` (events after it, never a replay of the
   whole store), honour ``timeoutSeconds`` and are filtered by the URL's namespace;
-* PUT (replace) and PATCH with a merge body bump ``resourceVersion``;
+* PUT (replace, 409 on a stale ``resourceVersion``) and PATCH with a merge body, also on the
+  ``/status`` subresource, bump ``resourceVersion``;
 * garbage collection of dependents through ``ownerReferences`` when an owner is deleted.
 
 ``KubeStandin.kubelet()`` plays the scheduler and kubelet: a pending pod is bound to a node
@@ -40,7 +41,7 @@ import itertools
 import json
 import re
 import uuid
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator
 
 import aiohttp.web
 import attrs
@@ -238,6 +239,10 @@ class KubeStandin(kmock.KubernetesEmulator):
             if res == resource:
                 queue.put_nowait(event)
 
+    def recorded_requests(self) -> list:
+        """Every request served so far (kmock records them), oldest first."""
+        return list(self._requests)
+
     def store(self, resource) -> dict[tuple[str | None, str], dict]:
         """Live objects of one resource: {(namespace, name): object}."""
         out = {}
@@ -319,18 +324,13 @@ class KubeStandin(kmock.KubernetesEmulator):
             return await self._serve_replace(request)
         if method == "PUT" and request.subresource == "status":
             return await self._serve_replace(request, status_only=True)
-        if method == "PATCH" and request.subresource == "status":
-            request = attrs.evolve(request, action=enums.action.UPDATE, subresource=None)
+        if method == "PATCH" and request.name and request.subresource in (None, "status"):
+            return await self._serve_patch(request, status_only=request.subresource == "status")
 
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
             if request.namespace is None and self._is_namespaced(request.resource):
                 raise kmock.KubernetesError(status=400, reason="BadRequest", message="namespace required")
             self._stamp_new(request.resource, request.namespace, request.data)
-        elif request.action == enums.action.UPDATE:
-            if not isinstance(request.data, dict):
-                raise kmock.KubernetesError(status=415, reason="UnsupportedMediaType",
-                                            message="the stand-in supports merge patches (a JSON object) only")
-            request.data.setdefault("metadata", {})["resourceVersion"] = self._next_rv()
 
         deleted_uid = None
         if request.action == enums.action.DELETE and request.name:
@@ -371,6 +371,27 @@ class KubeStandin(kmock.KubernetesEmulator):
             self._objects[key].create(new)
             self._record(request.resource, {"type": "MODIFIED", "object": new})
         return aiohttp.web.json_response(new)
+
+    async def _serve_patch(self, request, status_only: bool = False) -> aiohttp.web.StreamResponse:
+        """Merge patch (strategic-merge bodies are treated as merge patches: lists are replaced)."""
+        if not isinstance(request.data, dict):
+            return self._status(415, "UnsupportedMediaType", "the stand-in supports merge patches (a JSON object) only")
+        async with self._lock:
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                return self._status(404, "NotFound", f"{request.resource.plural} {request.name!r} not found")
+            changes = copy.deepcopy(request.data)
+            if status_only:
+                changes = {"status": changes.get("status", {})}
+            changes.pop("metadata", None) if status_only else None
+            meta = changes.setdefault("metadata", {})
+            for k in ("uid", "creationTimestamp", "namespace", "name"):
+                meta.pop(k, None)
+            meta["resourceVersion"] = self._next_rv()
+            self._objects[key].patch(changes)
+            raw = self._objects[key].raw
+            self._record(request.resource, {"type": "MODIFIED", "object": raw})
+        return aiohttp.web.json_response(raw)
 
     @staticmethod
     def _status(code: int, reason: str, message: str) -> aiohttp.web.StreamResponse:

@@ -1,0 +1,502 @@
+"""The Kubernetes back end's spawner: KubeSpawner driven by trainhub profiles and quotas.
+
+``GPUKubeSpawner`` reads the same ``ProfileCatalog``, ``QuotaPolicy`` and ``StorageConfig``
+configuration as the local back end and turns the chosen profile into KubeSpawner settings
+(GPU limits under the profile's resource name, node selector, tolerations, image, CPU and
+memory). Before anything is created it checks, from shared watch caches of nodes and pods
+(one per process, never a list per request):
+
+* the profile exists and the user may use it (400 / 403),
+* the user's and their groups' GPU quotas, counting GPUs held by the user's active notebook
+  and job pods (403),
+* that some node has enough of the profile's GPU resource free (409).
+
+Manifests come from the pure builders in ``trainhub.spawner.k8s_manifests``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import html
+import json
+import time
+
+from kubernetes_asyncio.client.rest import ApiException
+from kubespawner import KubeSpawner
+from tornado import web
+from traitlets import Bool, Dict, Enum, Instance, Integer, List, Unicode, default
+
+from trainhub.exceptions import TrainhubError
+from trainhub.profiles import Profile, ProfileCatalog
+from trainhub.quotas import QuotaPolicy
+from trainhub.spawner import k8s_manifests as m
+from trainhub.spawner.k8s_caches import GPUPodReflector, NodeReflector
+from trainhub.storage import StorageConfig
+
+# trait names a profile or the storage mount may set; their configured values are the base
+_OVERRIDDEN = (
+    "extra_resource_limits", "extra_resource_guarantees", "node_selector", "tolerations", "environment",
+    "extra_labels", "extra_annotations", "image", "cpu_limit", "mem_limit", "volumes", "volume_mounts",
+    "init_containers",
+)
+
+
+def _http_error(exc: TrainhubError) -> web.HTTPError:
+    # "%s" keeps a literal % in the message from being read as a format string
+    return web.HTTPError(exc.status_code, "%s", exc.message)
+
+
+def _check_profile_option(spawner: "GPUKubeSpawner", user_options: dict) -> None:
+    """Default ``apply_user_options`` hook: only checks; load_user_options applies the profile."""
+    spawner.resolve_profile(user_options)
+
+
+class GPUKubeSpawner(KubeSpawner):
+    """KubeSpawner with trainhub profiles, GPU quotas, live GPU availability and storage mounts."""
+
+    # Spawns of this process between their capacity check and their pod reaching the cache:
+    # {"namespace/pod": (monotonic time, stand-in pod)}. Entries leave on their own (pod seen,
+    # start failed, server stopped, or start_timeout passed); nothing needs resetting.
+    _reservations: dict = {}
+
+    catalog = Instance(ProfileCatalog, help="The profile catalog (configured as c.ProfileCatalog).")
+    quota = Instance(QuotaPolicy, help="GPU quotas (configured as c.QuotaPolicy).")
+    storage = Instance(StorageConfig, help="Storage areas (configured as c.StorageConfig).")
+
+    @default("catalog")
+    def _catalog_default(self):
+        return ProfileCatalog(parent=self)
+
+    @default("quota")
+    def _quota_default(self):
+        return QuotaPolicy(parent=self)
+
+    @default("storage")
+    def _storage_default(self):
+        return StorageConfig(parent=self)
+
+    check_gpu_availability = Bool(
+        True,
+        help="""Refuse a spawn (409) when no ready node has the profile's GPUs free, judged from the
+        node and pod caches. Set False where a cluster autoscaler or Kueue should hold the pod
+        Pending until capacity appears instead.""",
+    ).tag(config=True)
+
+    gpu_watch_all_namespaces = Bool(
+        True,
+        help="""Watch pods in every namespace to compute free GPUs per node (needs a ClusterRole
+        with list/watch on pods; the Helm chart grants it). False: only this namespace's pods are
+        counted, so GPUs used by other namespaces look free.""",
+    ).tag(config=True)
+
+    gpu_quota_resources = List(
+        Unicode(),
+        help="""Resource names that count against GPU quotas. Empty (default): nvidia.com/gpu plus
+        every profile's gpu_resource (a MIG slice counts as one unit).""",
+    ).tag(config=True)
+
+    storage_mount = Enum(
+        ["none", "csi", "fuse-sidecar"],
+        "none",
+        help="""How the user's storage area and the shared datasets appear inside the notebook pod,
+        under storage_mount_root/home and storage_mount_root/datasets (read-only):
+
+        "csi": a statically provisioned PersistentVolume + claim per user prefix (and one pair for
+        the datasets) using the CSI driver in storage_csi_driver (default the Mountpoint for S3
+        driver, s3.csi.aws.com); "fuse-sidecar": native sidecar containers running `rclone mount`
+        into a shared emptyDir with Bidirectional mount propagation (privileged, needs /dev/fuse);
+        "none": no mount, only the fsspec environment variables.""",
+    ).tag(config=True)
+
+    storage_mount_root = Unicode("/mnt/trainhub", help="Where the storage mounts appear in the notebook container.").tag(config=True)
+
+    storage_secret = Enum(
+        ["managed", "existing", "none"],
+        "managed",
+        help="""Where per-user storage credentials come from. "managed": the hub writes a Secret named by
+        storage_secret_name_template with the user's credentials (StorageConfig.user_credentials_hook,
+        else the platform's) before each start; "existing": the Secret is made by someone else (for
+        example an external-secrets operator) and is referenced with optional keys; "none": credentials
+        go into plain environment values (development only). With a Secret, the pod spec holds
+        secretKeyRef references and never the values.""",
+    ).tag(config=True)
+
+    storage_secret_name_template = Unicode(
+        "trainhub-storage-{username}",
+        help="Name of the per-user credentials Secret; {username} is the escaped user name (KubeSpawner's expansion).",
+    ).tag(config=True)
+
+    storage_csi_driver = Unicode("s3.csi.aws.com", help="CSI driver for storage_mount='csi'.").tag(config=True)
+
+    storage_csi_volume_attributes = Dict(
+        {},
+        help="""Extra csi.volumeAttributes for the PersistentVolumes (e.g. {"authenticationSource": "pod"}).
+        bucketName is filled in from StorageConfig.url.""",
+    ).tag(config=True)
+
+    storage_csi_mount_options = List(
+        Unicode(),
+        help="""PersistentVolume mountOptions. Empty (default): the Mountpoint for S3 options (allow-other,
+        prefix <user prefix>/, allow-delete or read-only, uid/gid, endpoint-url). Set a list for other
+        drivers; "{prefix}" in an option is replaced by the volume's prefix.""",
+    ).tag(config=True)
+
+    storage_csi_node_publish_secret = Bool(
+        False,
+        help="""Reference the user's credentials Secret as csi.nodePublishSecretRef (for drivers that read
+        per-volume credentials, such as csi-s3). The Mountpoint for S3 driver does not; it uses driver- or
+        pod-level IAM.""",
+    ).tag(config=True)
+
+    storage_capacity = Unicode("1Ti", help="Nominal capacity of the storage PersistentVolumes (object stores ignore it).").tag(config=True)
+
+    storage_sidecar_image = Unicode("rclone/rclone:1.68", help="Image of the fuse-sidecar containers; needs sh, rclone and fusermount.").tag(config=True)
+
+    storage_sidecar_resources = Dict(
+        {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        help="Resources of each fuse-sidecar container.",
+    ).tag(config=True)
+
+    storage_uid = Integer(1000, allow_none=True, help="Owner uid of the mounted files (None = driver default).").tag(config=True)
+    storage_gid = Integer(100, allow_none=True, help="Owner gid of the mounted files (None = driver default).").tag(config=True)
+
+    # ---- profiles -----------------------------------------------------------------------------
+
+    def _user_groups(self) -> list[str]:
+        return sorted(g.name for g in getattr(self.user, "groups", None) or [])
+
+    def _group_members(self) -> dict[str, list[str]]:
+        return {g.name: [u.name for u in getattr(g, "users", None) or []] for g in getattr(self.user, "groups", None) or []}
+
+    def _is_admin(self) -> bool:
+        return bool(getattr(self.user, "admin", False))
+
+    def resolve_profile(self, user_options: dict | None) -> Profile:
+        """The profile named in ``user_options["profile"]`` (default if none), or HTTPError 400/403."""
+        options = user_options or {}
+        slug = options.get("profile")
+        if slug is not None and not isinstance(slug, str):
+            raise web.HTTPError(400, "%s", f"user_options.profile must be a string, not {type(slug).__name__}")
+        try:
+            return self.catalog.resolve(slug, self._user_groups(), self._is_admin())
+        except TrainhubError as e:
+            raise _http_error(e) from None
+
+    # ---- caches -------------------------------------------------------------------------------
+
+    async def _ensure_gpu_caches(self):
+        """Start (once per process) the node and pod caches; returns (node_reflector, pod_reflector)."""
+        nodes, pods = await asyncio.gather(
+            self._start_reflector(kind="trainhub-nodes", reflector_class=NodeReflector, omit_namespace=True),
+            self._start_reflector(
+                kind="trainhub-pods", reflector_class=GPUPodReflector, omit_namespace=self.gpu_watch_all_namespaces,
+            ),
+        )
+        return nodes, pods
+
+    def quota_resources(self) -> list[str]:
+        if self.gpu_quota_resources:
+            return list(self.gpu_quota_resources)
+        return sorted({m.DEFAULT_GPU_RESOURCE} | {p.gpu_resource for p in self.catalog.all()})
+
+    def _own_key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    def _cached_pods(self, pod_cache: dict) -> list[dict]:
+        """Pods in the cache plus spawns of this process not yet there, minus this server's own pod."""
+        now = time.monotonic()
+        out = [p for key, p in pod_cache.items() if key != self._own_key()]
+        for key, (since, fake) in list(GPUKubeSpawner._reservations.items()):
+            if key in pod_cache or now - since > max(self.start_timeout, 60):
+                GPUKubeSpawner._reservations.pop(key, None)
+            elif key != self._own_key():
+                out.append(fake)
+        return out
+
+    def _availability(self, nodes: dict, pods: list[dict], profile: Profile) -> dict:
+        over = m.merge_overrides(self._base(), m.profile_overrides(profile))
+        return m.gpu_availability(
+            list(nodes.values()), pods, profile.gpu_resource,
+            node_selector=over["node_selector"], tolerations=over["tolerations"],
+        )
+
+    async def gpu_availability(self, profile: Profile) -> dict:
+        """Free units of the profile's GPU resource on nodes it may land on (from the caches)."""
+        nodes, pods = await self._ensure_gpu_caches()
+        return self._availability(nodes.nodes, self._cached_pods(pods.pods), profile)
+
+    async def gpu_holdings(self):
+        """GPUs held per user by active notebook and job pods (this server's own pod not counted)."""
+        _, pods = await self._ensure_gpu_caches()
+        return m.gpu_holdings(self._cached_pods(pods.pods), self.quota_resources())
+
+    async def check_capacity(self, profile: Profile) -> None:
+        """Quota and availability checks for ``profile``; raises HTTPError 403 / 409.
+
+        Passing reserves the GPUs in this process until the pod shows up in the cache, so two
+        spawns started together cannot both take the last GPUs.
+        """
+        if not profile.gpus:
+            return
+        nodes, pod_cache = await self._ensure_gpu_caches()
+        # no await from here to the reservation: check and reserve are one step on the event loop
+        pods = self._cached_pods(pod_cache.pods)
+        holdings = m.gpu_holdings(pods, self.quota_resources())
+        status = self.quota.status(self.user.name, self._user_groups(), holdings, self._group_members())
+        try:
+            self.quota.check(profile.gpus, status)
+        except TrainhubError as e:
+            raise _http_error(e) from None
+        if self.check_gpu_availability:
+            avail = self._availability(nodes.nodes, pods, profile)
+            if not m.can_place(avail, profile.gpus):
+                if not avail["nodes"]:
+                    why = f"no ready node this profile may use offers {profile.gpu_resource}"
+                else:
+                    why = (f"{avail['free']} of {avail['total']} {profile.gpu_resource} free"
+                           f" (at most {avail['largest_free']} on one node"
+                           + (f", {avail['pending']} wanted by pending pods" if avail["pending"] else "") + ")")
+                raise web.HTTPError(
+                    409, "%s",
+                    f"Not enough free GPUs for profile {profile.slug!r}: it needs {profile.gpus}, {why}. "
+                    "Try again when a server or job stops, or pick a smaller profile.",
+                )
+        GPUKubeSpawner._reservations[self._own_key()] = (
+            time.monotonic(),
+            m.reservation_pod(self.namespace, self.pod_name, self.user.name, profile.gpu_resource, profile.gpus),
+        )
+
+    async def _start(self):
+        try:
+            return await super()._start()
+        except BaseException:
+            GPUKubeSpawner._reservations.pop(self._own_key(), None)
+            raise
+
+    async def stop(self, now=False):
+        GPUKubeSpawner._reservations.pop(self._own_key(), None)
+        return await super().stop(now=now)
+
+    # ---- applying a profile -------------------------------------------------------------------
+
+    def _base(self) -> dict:
+        if not hasattr(self, "_trainhub_base"):
+            self._trainhub_base = {name: copy.deepcopy(getattr(self, name)) for name in _OVERRIDDEN}
+        return self._trainhub_base
+
+    def apply_profile(self, profile: Profile) -> None:
+        """Set this spawner's traits from the configured values plus the profile and storage mount."""
+        base = self._base()
+        overrides = m.profile_overrides(profile)
+        overrides.update(self.storage_pod_fragments())
+        merged = m.merge_overrides(base, overrides)
+        for name in _OVERRIDDEN:
+            setattr(self, name, copy.deepcopy(merged.get(name, base[name])))
+        self.trainhub_profile = profile
+
+    async def load_user_options(self):
+        """Resolve and check the profile, apply it, prepare storage objects; nothing else is created first.
+
+        KubeSpawner calls this at the top of ``_start``, so every HTTPError raised here reaches
+        the REST API caller and the spawn page before a pod exists.
+        """
+        profile = self.resolve_profile(self.user_options)
+        await self.check_capacity(profile)
+        self.apply_profile(profile)
+        self.log.info("trainhub: %s starts with profile %s (%d x %s)", self.user.name, profile.slug, profile.gpus, profile.gpu_resource)
+        await self.ensure_storage_objects()
+
+    @default("apply_user_options")
+    def _apply_user_options_default(self):
+        # JupyterHub (5.3+) runs this before start(): refuse a bad profile as early as possible
+        return _check_profile_option
+
+    # ---- spawn form ---------------------------------------------------------------------------
+
+    @default("options_form")
+    def _options_form_default(self):
+        return self._render_profile_form
+
+    async def _render_profile_form(self, spawner=None) -> str:
+        profiles = self.catalog.for_user(self._user_groups(), self._is_admin())
+        holdings = await self.gpu_holdings()
+        quota = self.quota.status(self.user.name, self._user_groups(), holdings, self._group_members())
+        remaining = quota.remaining
+        default = self.catalog.default().slug
+        current = (self.user_options or {}).get("profile") or default
+        rows = []
+        for p in profiles:
+            if p.gpus:
+                avail = await self.gpu_availability(p)
+                free = f"{avail['free']} of {avail['total']} free"
+                ok = m.can_place(avail, p.gpus) or not self.check_gpu_availability
+                within = remaining is None or remaining >= p.gpus
+                note = "" if within else f" — over your quota ({remaining} left)"
+                gpu_text = f"{p.gpus} × {p.gpu_resource} · {free}{note}"
+            else:
+                ok, within, gpu_text = True, True, "no GPU"
+            disabled = "" if (ok and within) else " disabled"
+            checked = " checked" if p.slug == current and not disabled else ""
+            rows.append(
+                f'<label class="trainhub-profile{" unavailable" if disabled else ""}">'
+                f'<input type="radio" name="profile" value="{html.escape(p.slug)}"{checked}{disabled}> '
+                f"<strong>{html.escape(p.display_name)}</strong> "
+                f'<span class="trainhub-gpus">{html.escape(gpu_text)}</span>'
+                f"<br><small>{html.escape(p.description)}</small></label>"
+            )
+        quota_text = "" if remaining is None else f"<p>GPUs held: {quota.held}; you may take {remaining} more.</p>"
+        return '<div class="trainhub-profiles">' + quota_text + "".join(rows) + "</div>"
+
+    def options_from_form(self, formdata):
+        value = (formdata or {}).get("profile") or [""]
+        slug = value[0] if isinstance(value, list) else value
+        profile = self.resolve_profile({"profile": slug or None})
+        return {"profile": profile.slug}
+
+    # ---- storage ------------------------------------------------------------------------------
+
+    @property
+    def storage_enabled(self) -> bool:
+        return bool(self.storage.url)
+
+    def storage_secret_name(self) -> str:
+        return self._expand_user_properties(self.storage_secret_name_template)
+
+    def _storage_names(self) -> dict:
+        user = self._expand_user_properties("{username}")
+        return {
+            "home_pv": m.k8s_name("trainhub", self.namespace, user, "home"),
+            "home_pvc": m.k8s_name("trainhub-home", user),
+            "datasets_pv": m.k8s_name("trainhub", self.namespace, "datasets"),
+            "datasets_pvc": "trainhub-datasets",
+        }
+
+    def storage_pod_fragments(self) -> dict:
+        """volumes / volume_mounts / init_containers for the configured storage mount."""
+        if self.storage_mount == "none" or not self.storage_enabled:
+            return {}
+        root = self.storage_mount_root.rstrip("/")
+        if self.storage_mount == "csi":
+            names = self._storage_names()
+            frag = m.csi_pod_storage(names["home_pvc"], names["datasets_pvc"], root)
+        else:
+            frag = m.fuse_sidecar_pod_storage(
+                image=self.storage_sidecar_image,
+                home_url=self.storage.user_url(self.user.name),
+                datasets_url=self.storage.datasets_url(),
+                mount_root=root,
+                secret_name=self.storage_secret_name() if self.storage_secret != "none" else None,
+                endpoint_url=self.storage.endpoint_url or None,
+                uid=self.storage_uid, gid=self.storage_gid,
+                resources=self.storage_sidecar_resources,
+            )
+        return frag
+
+    def storage_env(self) -> dict:
+        """fsspec environment for the notebook; credentials as secretKeyRef unless storage_secret='none'."""
+        if not self.storage_enabled:
+            return {}
+        env = self.storage.env_for(self.user.name)
+        opts = json.loads(env.get("TRAINHUB_STORAGE_OPTIONS") or "{}")
+        if self.storage_secret != "none":
+            # credentials reach s3fs through AWS_* variables read from the Secret
+            opts = {k: v for k, v in opts.items() if k not in ("key", "secret", "token")}
+            env["TRAINHUB_STORAGE_OPTIONS"] = json.dumps(opts)
+        plain, secret = m.split_secret_env(env)
+        if self.storage_secret == "none":
+            out = {**plain, **secret}
+        elif self.storage_secret == "managed":
+            out = {**plain, **m.secret_env_refs(self.storage_secret_name(), sorted(secret))}
+        else:
+            out = {**plain, **m.secret_env_refs(self.storage_secret_name(), m.SECRET_ENV_KEYS, optional=True)}
+        if self.storage_mount != "none":
+            out.update(m.storage_paths_env(self.storage_mount_root.rstrip("/")))
+        return out
+
+    def get_env(self):
+        env = super().get_env()
+        env.update(self.storage_env())
+        return env
+
+    def storage_manifests(self) -> list[dict]:
+        """Objects to create before the pod: the credentials Secret and, for csi, PVs and PVCs."""
+        if not self.storage_enabled:
+            return []
+        out = []
+        labels = {"app.kubernetes.io/managed-by": "trainhub", "app.kubernetes.io/component": "storage"}
+        if self.storage_secret == "managed":
+            env = self.storage.env_for(self.user.name)
+            _, secret = m.split_secret_env(env)
+            if secret:  # no credentials configured (IAM roles, anonymous): nothing to store
+                out.append(m.make_storage_secret(self.storage_secret_name(), self.namespace, secret, labels))
+        if self.storage_mount == "csi":
+            names = self._storage_names()
+            bucket, root_prefix = m.s3_bucket_prefix(self.storage.root() + "/")
+            publish = (self.namespace, self.storage_secret_name()) if (
+                self.storage_csi_node_publish_secret and self.storage_secret != "none") else None
+            for which, url, read_only in (
+                ("home", self.storage.user_url(self.user.name), False),
+                ("datasets", self.storage.datasets_url(), True),
+            ):
+                _, prefix = m.s3_bucket_prefix(url + "/")
+                if not self.storage_csi_mount_options:
+                    options = m.mountpoint_mount_options(
+                        prefix, read_only, self.storage_uid, self.storage_gid,
+                        endpoint_url=self.storage.endpoint_url or None,
+                    )
+                else:
+                    options = [o.replace("{prefix}", prefix) for o in self.storage_csi_mount_options]
+                pv, pvc = names[f"{which}_pv"], names[f"{which}_pvc"]
+                out.append(m.make_csi_pv(
+                    pv, driver=self.storage_csi_driver, volume_handle=pv, claim_namespace=self.namespace,
+                    claim_name=pvc, volume_attributes={"bucketName": bucket, **self.storage_csi_volume_attributes},
+                    mount_options=options, read_only=read_only, capacity=self.storage_capacity,
+                    node_publish_secret=publish if which == "home" else None, labels=labels,
+                ))
+                out.append(m.make_bound_pvc(pvc, self.namespace, pv, read_only=read_only,
+                                            capacity=self.storage_capacity, labels=labels))
+        return out
+
+    async def _k8s_request(self, what: str, call, *args, **kwargs):
+        """One API call with a timeout, retried with capped exponential backoff on 5xx/429/timeouts."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.k8s_api_request_retry_timeout
+        delay = 0.2
+        while True:
+            try:
+                return await asyncio.wait_for(call(*args, **kwargs), self.k8s_api_request_timeout)
+            except ApiException as e:
+                if e.status < 500 and e.status != 429:
+                    raise
+                err = e
+            except asyncio.TimeoutError as e:
+                err = e
+            if loop.time() + delay > deadline:
+                self.log.error("trainhub: %s failed after retries: %s", what, err)
+                raise err
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5)
+
+    async def ensure_storage_objects(self) -> None:
+        """Create (or, for the managed Secret, replace) the storage objects; existing PV/PVC are kept."""
+        for obj in self.storage_manifests():
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            try:
+                if kind == "Secret":
+                    try:
+                        await self._k8s_request(f"create secret {name}", self.api.create_namespaced_secret, self.namespace, obj)
+                    except ApiException as e:
+                        if e.status != 409:
+                            raise
+                        await self._k8s_request(f"replace secret {name}", self.api.replace_namespaced_secret, name, self.namespace, obj)
+                elif kind == "PersistentVolume":
+                    await self._k8s_request(f"create pv {name}", self.api.create_persistent_volume, obj)
+                else:
+                    await self._k8s_request(f"create pvc {name}", self.api.create_namespaced_persistent_volume_claim, self.namespace, obj)
+            except ApiException as e:
+                if e.status == 409 and kind != "Secret":
+                    self.log.debug("trainhub: %s %s exists", kind, name)
+                    continue
+                self.log.exception("trainhub: creating %s %s failed", kind, name)
+                raise

@@ -1,0 +1,50 @@
+"""Settings shared by the Kubernetes tests (a module of its own, not conftest, so test modules
+can import it by a name no other test folder uses)."""
+
+from __future__ import annotations
+
+import os
+
+REAL_KUBECONFIG = os.environ.get("TRAINHUB_TEST_KUBECONFIG", "")
+NAMESPACE = os.environ.get("TRAINHUB_TEST_NAMESPACE", "trainhub-test")
+TEST_IMAGE = os.environ.get("TRAINHUB_TEST_IMAGE", "busybox:1.36")
+
+GPU_TYPE_LABEL = "trainhub.io/gpu-type"
+MIG = "nvidia.com/mig-1g.10gb"
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU", "gpus": 0, "image": TEST_IMAGE},
+    {"slug": "gpu-1", "display_name": "1 GPU", "gpus": 1, "image": TEST_IMAGE, "cpu_limit": 4, "mem_limit": "16G",
+     "node_selector": {GPU_TYPE_LABEL: "a100"},
+     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    {"slug": "gpu-2", "display_name": "2 GPUs", "gpus": 2, "image": TEST_IMAGE,
+     "node_selector": {GPU_TYPE_LABEL: "a100"},
+     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    {"slug": "gpu-8", "display_name": "8 GPUs", "gpus": 8, "image": TEST_IMAGE,
+     "node_selector": {GPU_TYPE_LABEL: "a100"},
+     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    {"slug": "mig-small", "display_name": "MIG 1g.10gb", "gpus": 1, "gpu_resource": MIG, "image": TEST_IMAGE},
+    {"slug": "staff-gpu", "display_name": "Staff GPU", "gpus": 1, "image": TEST_IMAGE, "allowed_groups": ["staff"],
+     "node_selector": {GPU_TYPE_LABEL: "a100"},
+     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+]
+
+
+def spawner_config(**overrides):
+    """Config for GPUKubeSpawner in tests; overrides as Section__name=value."""
+    from traitlets.config import Config
+
+    c = Config()
+    c.ProfileCatalog.profiles = PROFILES
+    c.ProfileCatalog.default_profile = "cpu"
+    c.KubeSpawner.namespace = NAMESPACE
+    c.KubeSpawner.image = TEST_IMAGE
+    # busybox stays up; the single-user arguments become positional parameters of sh
+    c.KubeSpawner.cmd = ["sh", "-c", "sleep 3600", "sh"]
+    c.KubeSpawner.start_timeout = 60
+    c.KubeSpawner.http_timeout = 5
+    c.KubeSpawner.events_enabled = False
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        setattr(getattr(c, section), name, value)
+    return c

@@ -1,0 +1,218 @@
+"""The Helm chart without a helm binary: what can be checked honestly here.
+
+Checked: Chart.yaml and its dependency on the Zero to JupyterHub chart; values.schema.json is
+valid draft-07; values.yaml and every example (merged over values.yaml as helm merges) pass
+it and bad values fail it; the hub extraConfig snippet, run against the JSON the ConfigMap
+carries, sets known traits to allowed values and yields valid profiles; scopes and roles
+match trainhub.hub_config.scopes; templates only reference values that exist; the launcher
+Role's static rules are least privilege.
+
+Not checked here (no helm): rendering the templates. The k3s workflow runs `helm lint`,
+`helm template` and a real install.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from traitlets.config import Config
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "trainhub"
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+
+
+def load_yaml(path: Path):
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def helm_merge(base, override):
+    """Helm's values merge: maps merge recursively, anything else (lists too) is replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = helm_merge(base.get(k), v) if k in base else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(override)
+
+
+@pytest.fixture(scope="module")
+def schema():
+    return json.loads((CHART / "values.schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def values():
+    return load_yaml(CHART / "values.yaml")
+
+
+def config_json(values: dict) -> dict:
+    """What templates/_helpers.tpl's trainhub.configJson puts in the ConfigMap."""
+    t = values["trainhub"]
+    drop = {"jobs": ("resources", "nodeSelector", "tolerations", "persistence"), "culler": ("resources",)}
+    out = {k: t.get(k) for k in ("profiles", "defaultProfile", "cpuProfile", "quotas", "spawner", "storage", "kueue", "publicUrl")}
+    for k, omit in drop.items():
+        out[k] = {kk: vv for kk, vv in t[k].items() if kk not in omit}
+    out["jobNamespace"] = t["jobs"].get("jobNamespace") or "trainhub"
+    return json.loads(json.dumps(out))  # as JSON would carry it
+
+
+def test_chart_yaml_depends_on_zero_to_jupyterhub_4():
+    chart = load_yaml(CHART / "Chart.yaml")
+    assert chart["apiVersion"] == "v2" and chart["name"] == "trainhub"
+    assert re.match(r"^\d+\.\d+\.\d+$", chart["version"])
+    (dep,) = chart["dependencies"]
+    assert dep["name"] == "jupyterhub"
+    assert dep["repository"] == "https://hub.jupyter.org/helm-chart/"
+    low, high = re.match(r"^>=(\S+) <(\S+)$", dep["version"]).groups()
+    assert low.startswith("4.") and high.startswith("5.")
+
+
+def test_schema_is_draft7(schema):
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+
+
+def test_values_yaml_validates(schema, values):
+    jsonschema.validate(values, schema, cls=jsonschema.Draft7Validator)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate(schema, values, example):
+    merged = helm_merge(values, load_yaml(example))
+    jsonschema.validate(merged, schema, cls=jsonschema.Draft7Validator)
+
+
+@pytest.mark.parametrize("path,value,fragment", [
+    (("profiles", 0, "slug"), "GPU_1", "does not match"),
+    (("profiles", 0, "gpus"), -1, "less than the minimum"),
+    (("profiles", 0, "colour"), "red", "Additional properties"),
+    (("storage", "mount"), "nfs", "is not one of"),
+    (("storage", "mount"), "csi", "is too short"),  # csi needs storage.url
+    (("quotas", "userGpuLimit"), "four", "is not of type"),
+    (("jobs", "replicas"), 2, "greater than the maximum"),
+])
+def test_bad_values_fail(schema, values, path, value, fragment):
+    bad = copy.deepcopy(values)
+    cur = bad["trainhub"]
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError, match=fragment):
+        jsonschema.validate(bad, schema, cls=jsonschema.Draft7Validator)
+
+
+def run_extra_config(values: dict, tmp_path, monkeypatch) -> Config:
+    path = tmp_path / "trainhub.json"
+    path.write_text(json.dumps(config_json(values)))
+    monkeypatch.setenv("TRAINHUB_K8S_CONFIG", str(path))
+    monkeypatch.setenv("TRAINHUB_JOBS_API_TOKEN", "jobs-token")
+    monkeypatch.setenv("TRAINHUB_CULLER_API_TOKEN", "culler-token")
+    c = Config()
+    for name, snippet in values["jupyterhub"]["hub"]["extraConfig"].items():
+        exec(compile(snippet, f"extraConfig.{name}", "exec"), {"c": c})
+    return c
+
+
+@pytest.mark.parametrize("example", [None] + EXAMPLES, ids=lambda p: p.name if p else "values.yaml")
+def test_hub_extra_config_sets_known_traits(values, example, tmp_path, monkeypatch):
+    from traitlets import Enum
+
+    from trainhub.profiles import ProfileCatalog
+    from trainhub.quotas import QuotaPolicy
+    from trainhub.spawner.kubernetes import GPUKubeSpawner
+    from trainhub.storage import StorageConfig
+
+    merged = helm_merge(values, load_yaml(example)) if example else values
+    c = run_extra_config(merged, tmp_path, monkeypatch)
+    assert c.JupyterHub.spawner_class == "trainhub.spawner.kubernetes.GPUKubeSpawner"
+    catalog = ProfileCatalog(config=c)  # validates every profile (Profile.from_dict)
+    assert [p.slug for p in catalog.all()] == [p["slug"] for p in merged["trainhub"]["profiles"]]
+    QuotaPolicy(config=c)
+    StorageConfig(config=c)
+    traits = GPUKubeSpawner.class_traits(config=True)
+    for name, value in c.GPUKubeSpawner.items():
+        assert name in traits, f"c.GPUKubeSpawner.{name} is not a configurable trait"
+        if isinstance(traits[name], Enum):
+            assert value in traits[name].values
+    services = {s["name"]: s for s in c.JupyterHub.services.to_dict().get("extend", [])} if hasattr(
+        c.JupyterHub.services, "to_dict") else {s["name"]: s for s in c.JupyterHub.services}
+    if merged["trainhub"]["jobs"]["enabled"]:
+        assert services["trainhub"]["url"] == "http://trainhub-jobs:8080"
+        assert services["trainhub"]["api_token"] == "jobs-token"
+    assert ("trainhub-culler" in services) == merged["trainhub"]["culler"]["enabled"]
+    if merged["trainhub"]["kueue"]["enabled"] and merged["trainhub"]["kueue"]["manageNotebooks"]:
+        assert c.GPUKubeSpawner.check_gpu_availability is False
+
+
+def test_scopes_and_roles_match_hub_config(values):
+    from trainhub.hub_config import scopes
+
+    hub = values["jupyterhub"]["hub"]
+    assert hub["config"]["JupyterHub"]["custom_scopes"] == scopes.CUSTOM_SCOPES
+    roles = hub["loadRoles"]
+    assert roles["user"]["scopes"] == scopes.USER_SCOPES
+    assert roles["trainhub-admin"]["scopes"] == scopes.ADMIN_EXTRA_SCOPES
+    assert roles["trainhub-jobs-service"]["scopes"] == scopes.JOBS_SERVICE_SCOPES
+    assert roles["trainhub-jobs-service"]["services"] == ["trainhub"]
+    assert roles["trainhub-culler-service"]["services"] == ["trainhub-culler"]
+    for role in roles.values():
+        for scope in role["scopes"]:
+            base = scope.split("!")[0]
+            if base.startswith("custom:"):
+                assert base in scopes.CUSTOM_SCOPES, f"{scope} is not defined in custom_scopes"
+
+
+def _values_paths(text: str) -> set[tuple[str, ...]]:
+    aliases = {m[1]: m[2] for m in re.finditer(r"\$(\w+) := \.Values\.([\w.]+)", text)}
+    paths = {tuple(m.split(".")) for m in re.findall(r"\.Values\.([\w.]+)", text)}
+    for name, target in aliases.items():
+        for m in re.findall(rf"\${name}\.([\w.]+)", text):
+            paths.add(tuple(target.split(".")) + tuple(m.split(".")))
+    return paths
+
+
+@pytest.mark.parametrize("template", sorted((CHART / "templates").glob("*")), ids=lambda p: p.name)
+def test_templates_reference_existing_values(values, template):
+    for path in _values_paths(template.read_text()):
+        cur = values
+        for part in path:
+            assert isinstance(cur, dict) and part in cur, f"{template.name}: .Values.{'.'.join(path)} is not in values.yaml"
+            cur = cur[part]
+
+
+def _static_rules(template: Path, drop_blocks: str) -> list[dict]:
+    """The rules of the first Role in a template, with `{{ if ... <drop_blocks> }}` blocks cut out."""
+    text = re.sub(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", "", template.read_text(), flags=re.S)
+    text = re.sub(r"\{\{-? if [^}]*" + drop_blocks + r"[^}]*\}\}.*?\{\{-? end \}\}", "", text, flags=re.S)
+    doc = text.split("\n---")[0]
+    lines = [ln for ln in doc.splitlines() if "{{" not in ln]
+    return yaml.safe_load("\n".join(lines))["rules"]
+
+
+def test_launcher_role_is_least_privilege():
+    rules = _static_rules(CHART / "templates" / "launcher-rbac.yaml", "kueue")
+    granted = {(g, r): sorted(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted == {
+        ("batch", "jobs"): ["create", "delete", "get", "list", "watch"],
+        ("", "pods"): ["get", "list", "watch"],
+        ("", "pods/log"): ["get"],
+        ("", "services"): ["create", "delete", "get", "list"],
+    }
+    text = re.sub(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", "", (CHART / "templates" / "launcher-rbac.yaml").read_text(), flags=re.S)
+    assert "kind: Role\n" in text and "ClusterRole" not in text
+    assert '"*"' not in text and "secrets" not in text and "pods/exec" not in text
+    # with Kueue on, the only addition is reading Workloads
+    kueue = re.search(r"\{\{- if [^}]*kueue[^}]*\}\}(.*?)\{\{- end \}\}", text, flags=re.S)[1]
+    assert yaml.safe_load(kueue) == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_hub_extra_rbac_rules():
+    rules = _static_rules(CHART / "templates" / "hub-rbac.yaml", r"(gpuWatchAllNamespaces|csi)")
+    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]

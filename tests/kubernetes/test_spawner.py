@@ -1,0 +1,264 @@
+"""GPUKubeSpawner end to end over HTTP: the real KubeSpawner and kubernetes-asyncio client
+against the API stand-in (or a real cluster with TRAINHUB_TEST_KUBECONFIG)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from k8s_test_config import MIG, NAMESPACE, spawner_config
+from tornado.web import HTTPError
+
+from trainhub.spawner import k8s_manifests as m
+
+standin_only = pytest.mark.skipif(
+    __import__("os").environ.get("TRAINHUB_TEST_KUBECONFIG", "") != "",
+    reason="needs the stand-in's fake nodes or storage mounts that a bare cluster lacks",
+)
+
+S3 = {
+    "StorageConfig__url": "s3://trainhub-bucket/prod",
+    "StorageConfig__key": "AKIAEXAMPLEKEY",
+    "StorageConfig__secret": "s3cr3t-do-not-leak",
+    "StorageConfig__endpoint_url": "https://rgw.example.org",
+}
+
+
+def _main_container(pod: dict) -> dict:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "notebook")
+
+
+def _env(container: dict) -> dict:
+    return {e["name"]: e for e in container.get("env") or []}
+
+
+async def test_gpu_profile_spawn_creates_pod_with_limits_selector_storage(make_spawner, cluster, validate_k8s):
+    config = spawner_config(**S3, GPUKubeSpawner__storage_mount="csi" if not cluster.real else "none")
+    spawner = make_spawner("alice", options={"profile": "gpu-1"}, config=config)
+
+    url = await spawner.start()
+    assert url.startswith("http://")
+    pods = await cluster.pods()
+    pod = pods[spawner.pod_name]
+    manifest = validate_k8s(await spawner.get_pod_manifest())
+    container = _main_container(pod)
+
+    assert container["resources"]["limits"]["nvidia.com/gpu"] in ("1", 1)
+    assert container["resources"]["requests"]["nvidia.com/gpu"] in ("1", 1)
+    assert container["resources"]["limits"]["cpu"] in ("4", 4, "4.0")
+    assert pod["spec"]["nodeSelector"] == {"trainhub.io/gpu-type": "a100"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    assert pod["metadata"]["annotations"][m.PROFILE_ANNOTATION] == "gpu-1"
+
+    env = _env(container)
+    assert env["TRAINHUB_STORAGE_URL"]["value"] == "s3://trainhub-bucket/prod/users/alice"
+    assert env["TRAINHUB_DATASETS_URL"]["value"] == "s3://trainhub-bucket/prod/datasets"
+    assert json.loads(env["TRAINHUB_STORAGE_OPTIONS"]["value"]) == {"endpoint_url": "https://rgw.example.org"}
+    secret_name = spawner.storage_secret_name()
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[key]["valueFrom"]["secretKeyRef"] == {"name": secret_name, "key": key, "optional": False}
+        assert "value" not in env[key] or env[key]["value"] is None
+    # no credential appears anywhere in the pod spec
+    assert "s3cr3t-do-not-leak" not in json.dumps(pod) and "AKIAEXAMPLEKEY" not in json.dumps(pod)
+    assert env["TRAINHUB_PROFILE"]["value"] == "gpu-1"
+
+    secret = await cluster.read("secret", secret_name)
+    assert secret is not None
+    if not cluster.real:
+        assert pod["spec"]["nodeName"] in ("gpu-a", "gpu-b")
+        assert pod["status"]["phase"] == "Running"
+        assert secret["stringData"] == {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY", "AWS_SECRET_ACCESS_KEY": "s3cr3t-do-not-leak"}
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        home_claim = volumes["trainhub-home"]["persistentVolumeClaim"]["claimName"]
+        assert volumes["trainhub-datasets"]["persistentVolumeClaim"] == {"claimName": "trainhub-datasets", "readOnly": True}
+        mounts = {v["name"]: v for v in container["volumeMounts"]}
+        assert mounts["trainhub-datasets"] == {"name": "trainhub-datasets", "mountPath": "/mnt/trainhub/datasets", "readOnly": True}
+        assert env["TRAINHUB_STORAGE_PATH"]["value"] == "/mnt/trainhub/home"
+        pvc = await cluster.read("pvc", home_claim)
+        pv = await cluster.read("pv", pvc["spec"]["volumeName"])
+        assert pv["spec"]["csi"]["driver"] == "s3.csi.aws.com"
+        assert pv["spec"]["csi"]["volumeAttributes"] == {"bucketName": "trainhub-bucket"}
+        assert "prefix prod/users/alice/" in pv["spec"]["mountOptions"]
+        assert pv["spec"]["claimRef"] == {"namespace": NAMESPACE, "name": home_claim}
+        ds_pv = await cluster.read("pv", (await cluster.read("pvc", "trainhub-datasets"))["spec"]["volumeName"])
+        assert "read-only" in ds_pv["spec"]["mountOptions"] and ds_pv["spec"]["csi"]["readOnly"] is True
+        for obj in spawner.storage_manifests():
+            validate_k8s(obj)
+    assert manifest["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+    await spawner.stop()
+    await cluster.wait_for_cache(lambda pods: f"{NAMESPACE}/{spawner.pod_name}" not in pods)
+
+
+async def test_mig_profile_uses_its_resource_name(make_spawner, cluster, validate_k8s):
+    spawner = make_spawner("bob", options={"profile": "mig-small"})
+    await spawner.start()
+    pod = (await cluster.pods())[spawner.pod_name]
+    limits = _main_container(pod)["resources"]["limits"]
+    assert limits[MIG] in ("1", 1)
+    assert "nvidia.com/gpu" not in limits
+    validate_k8s(await spawner.get_pod_manifest())
+
+
+async def test_cpu_profile_hides_gpus(make_spawner, cluster, validate_k8s):
+    spawner = make_spawner("carol")  # no profile: the default ("cpu")
+    await spawner.start()
+    pod = (await cluster.pods())[spawner.pod_name]
+    container = _main_container(pod)
+    assert not any("nvidia.com" in k for k in (container["resources"].get("limits") or {}))
+    assert _env(container)["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"
+    validate_k8s(await spawner.get_pod_manifest())
+
+
+@pytest.mark.parametrize(
+    "user,groups,options,status,fragment",
+    [
+        ("dave", (), {"profile": "no-such"}, 400, "Unknown profile 'no-such'"),
+        ("dave", (), {"profile": 3}, 400, "must be a string"),
+        ("dave", ("students",), {"profile": "staff-gpu"}, 403, "limited to the groups staff"),
+        ("dave", (), {"profile": "gpu-8"}, 409, "Not enough free GPUs"),
+    ],
+)
+async def test_refused_before_any_pod(make_spawner, cluster, user, groups, options, status, fragment):
+    before = set(await cluster.pods())
+    spawner = make_spawner(user, groups=groups, options=options)
+    with pytest.raises(HTTPError) as err:
+        await spawner.start()
+    assert err.value.status_code == status
+    assert fragment in (err.value.log_message % err.value.args)
+    assert set(await cluster.pods()) == before
+
+
+async def test_staff_may_use_restricted_profile(make_spawner, cluster):
+    spawner = make_spawner("erin", groups=("staff",), options={"profile": "staff-gpu"})
+    await spawner.start()
+    assert spawner.pod_name in await cluster.pods()
+
+
+async def test_quota_counts_running_jobs_and_servers(make_spawner, cluster):
+    config = spawner_config(QuotaPolicy__user_gpu_limit=2)
+    await cluster.add_user_pod("job-frank-1", "frank", {"nvidia.com/gpu": "1"})
+    try:
+        first = make_spawner("frank", options={"profile": "gpu-1"}, config=config)
+        await first.start()  # 1 (job) + 1 = 2: allowed
+        await cluster.wait_for_cache(lambda pods: f"{NAMESPACE}/{first.pod_name}" in pods)
+        second = make_spawner("frank", options={"profile": "gpu-1"}, config=config)
+        second.pod_name = first.pod_name + "-second"  # a second named server of the same user
+        before = set(await cluster.pods())
+        with pytest.raises(HTTPError) as err:
+            await second.start()
+        assert err.value.status_code == 403
+        message = err.value.log_message % err.value.args
+        assert "holds 2 of 2 GPUs" in message
+        assert set(await cluster.pods()) == before
+    finally:
+        await cluster.delete_pod("job-frank-1")
+
+
+async def test_group_quota(make_spawner, cluster):
+    config = spawner_config(QuotaPolicy__group_gpu_limits={"students": 1})
+    await cluster.add_user_pod("job-gina-1", "gina", {MIG: "1"}, node=None if cluster.real else "mig-a")
+    try:
+        spawner = make_spawner("hank", groups=("students",), group_members={"students": ["gina", "hank"]},
+                               options={"profile": "gpu-1"}, config=config)
+        with pytest.raises(HTTPError) as err:
+            await spawner.start()
+        assert err.value.status_code == 403
+        assert "group 'students' holds 1 of 1" in err.value.log_message % err.value.args
+    finally:
+        await cluster.delete_pod("job-gina-1")
+
+
+@standin_only
+async def test_availability_from_watch_cache_not_lists(make_spawner, cluster):
+    spawner = make_spawner("ivy", options={"profile": "gpu-2"})
+    profile = spawner.catalog.get("gpu-2")
+    avail = await spawner.gpu_availability(profile)
+    # gpu-a (4) + gpu-b (2); the cordoned node and the MIG/CPU nodes do not count
+    assert (avail["nodes"], avail["total"]) == (2, 6)
+    assert avail["per_node"]["gpu-a"]["allocatable"] == 4
+
+    await cluster.add_user_pod("other-tenant", "someone", {"nvidia.com/gpu": "3"}, node="gpu-a")
+    try:
+        await cluster.wait_for_cache(lambda pods: f"{NAMESPACE}/other-tenant" in pods)
+        avail = await spawner.gpu_availability(profile)
+        assert avail["per_node"]["gpu-a"] == {"allocatable": 4, "requested": 3, "free": 1}
+        assert (avail["free"], avail["largest_free"]) == (3, 2)
+
+        lists_before = cluster.count_requests("/nodes")
+        assert lists_before >= 1  # the cache's initial list
+        form1 = await spawner.get_options_form()
+        form2 = await spawner.get_options_form()
+        assert cluster.count_requests("/nodes") == lists_before, "the form must read the cache, not list nodes"
+        assert form1 == form2
+        assert "3 of 6 free" in form1
+        assert 'value="staff-gpu"' not in form1  # ivy is not in staff
+        assert 'value="gpu-8"' in form1 and "disabled" in form1.split('value="gpu-8"')[1].split(">")[0]
+    finally:
+        await cluster.delete_pod("other-tenant")
+
+
+async def test_options_from_form(make_spawner, cluster):
+    spawner = make_spawner("jack")
+    assert spawner.options_from_form({"profile": ["gpu-1"]}) == {"profile": "gpu-1"}
+    assert spawner.options_from_form({}) == {"profile": "cpu"}
+    with pytest.raises(HTTPError) as err:
+        spawner.options_from_form({"profile": ["staff-gpu"]})
+    assert err.value.status_code == 403
+
+
+@standin_only
+async def test_fuse_sidecar_mount_manifest(make_spawner, cluster, validate_k8s):
+    config = spawner_config(**S3, GPUKubeSpawner__storage_mount="fuse-sidecar")
+    spawner = make_spawner("kate", options={"profile": "gpu-1"}, config=config)
+    await spawner.start()
+    pod = (await cluster.pods())[spawner.pod_name]
+    validate_k8s(await spawner.get_pod_manifest())
+    sidecars = {c["name"]: c for c in pod["spec"]["initContainers"]}
+    home, datasets = sidecars["trainhub-storage-home"], sidecars["trainhub-storage-datasets"]
+    for c in (home, datasets):
+        assert c["restartPolicy"] == "Always"
+        assert c["securityContext"]["privileged"] is True
+        assert c["volumeMounts"][0]["mountPropagation"] == "Bidirectional"
+        assert c["envFrom"] == [{"secretRef": {"name": spawner.storage_secret_name()}}]
+    assert ":s3:trainhub-bucket/prod/users/kate" in home["command"][-1]
+    assert "--read-only" in datasets["command"][-1] and "--read-only" not in home["command"][-1]
+    mount = next(v for v in _main_container(pod)["volumeMounts"] if v["name"] == "trainhub-storage")
+    assert mount["mountPropagation"] == "HostToContainer"
+    assert "s3cr3t-do-not-leak" not in json.dumps(pod)
+
+
+async def test_storage_secret_none_puts_plain_env(make_spawner, cluster):
+    config = spawner_config(**S3, GPUKubeSpawner__storage_secret="none")
+    spawner = make_spawner("liam", config=config)
+    env = spawner.storage_env()
+    assert env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t-do-not-leak"
+    assert spawner.storage_manifests() == []
+
+
+async def test_concurrent_spawns_cannot_both_pass_the_quota(make_spawner, cluster):
+
+    config = spawner_config(QuotaPolicy__user_gpu_limit=2)
+    first = make_spawner("mona", options={"profile": "gpu-2"}, config=config)
+    second = make_spawner("mona", options={"profile": "gpu-2"}, config=config)
+    second.pod_name = first.pod_name + "-b"
+    results = await asyncio.gather(first.start(), second.start(), return_exceptions=True)
+    refused = [r for r in results if isinstance(r, HTTPError)]
+    assert len(refused) == 1 and refused[0].status_code == 403, results
+    assert sum(isinstance(r, str) for r in results) == 1
+
+
+async def test_storage_secret_existing_is_referenced_not_written(make_spawner, cluster):
+    config = spawner_config(**S3, GPUKubeSpawner__storage_secret="existing")
+    spawner = make_spawner("nina", config=config)
+    env = spawner.storage_env()
+    ref = env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "trainhub-storage-nina", "key": "AWS_SECRET_ACCESS_KEY", "optional": True}
+    assert "s3cr3t-do-not-leak" not in json.dumps(env)
+    assert spawner.storage_manifests() == []
+
+
+async def test_no_storage_configured_adds_nothing(make_spawner, cluster):
+    spawner = make_spawner("olga")
+    assert spawner.storage_env() == {} and spawner.storage_manifests() == [] and spawner.storage_pod_fragments() == {}
