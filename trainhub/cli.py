@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "data":  # a command with its own parser
+        from trainhub.commands import data
+
+        return data.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -77,4 +82,8 @@ class CommandError(Exception):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m trainhub.cli`: run the imported module's main, so that the CommandError the
+    # commands raise (trainhub.cli.CommandError) is the class main() catches
+    from trainhub.cli import main as _main
+
+    sys.exit(_main())

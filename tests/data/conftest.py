@@ -2,7 +2,7 @@
 
 - ``moto_server`` (session): a real ``moto_server`` subprocess on a free loopback port;
   yields its endpoint URL; stopped at teardown.
-- ``s3_options``: storage options (endpoint, dummy keys) for that server.
+- ``s3_options`` (session): storage options (endpoint, dummy keys) for that server.
 - ``s3_bucket``: a fresh bucket name per test (created), e.g. ``"t-3f2a..."``.
 - ``s3fs_fs``: an ``s3fs.S3FileSystem`` for the server (listing cache off).
 - ``make_samples``: factory writing ``n`` samples (``key.jpg`` + ``key.json``) under a folder
@@ -60,7 +60,7 @@ def moto_server():
         proc.wait()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def s3_options(moto_server):
     return {"endpoint_url": moto_server, **ACCESS}
 

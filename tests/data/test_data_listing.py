@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from trainhub.data import list_page
@@ -18,17 +20,23 @@ def _walk(fs, path, limit):
         after = page.next_after
 
 
-@pytest.fixture
-def s3_tree(s3fs_fs, s3_bucket):
-    blobs = {f"{s3_bucket}/data/f{i:04d}.bin": b"x" * i for i in range(250)}
+@pytest.fixture(scope="module")
+def s3_tree(s3_options):
+    """One bucket with 250 files, 4 folders and an awkward name, shared by this module."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True, **s3_options)
+    bucket = "listing-" + uuid.uuid4().hex[:8]
+    fs.mkdir(bucket)
+    blobs = {f"{bucket}/data/f{i:04d}.bin": b"x" * i for i in range(250)}
     for d in ("a", "m", "z", "f0100"):
-        blobs[f"{s3_bucket}/data/{d}/inner{d}.bin"] = b"y"
-    blobs[f"{s3_bucket}/data/f0100.bin.extra"] = b"z"
-    s3fs_fs.pipe(blobs)
-    return f"{s3_bucket}/data"
+        blobs[f"{bucket}/data/{d}/inner{d}.bin"] = b"y"
+    blobs[f"{bucket}/data/f0100.bin.extra"] = b"z"
+    fs.pipe(blobs)
+    return f"{bucket}/data"
 
 
-@pytest.mark.parametrize("limit", [1, 7, 100, 1000, 2500])
+@pytest.mark.parametrize("limit", [3, 7, 100, 1000, 2500])
 def test_s3_pages_match_ls(s3fs_fs, s3_tree, limit):
     expected = sorted(s3fs_fs.ls(s3_tree, refresh=True))
     names, pages = _walk(s3fs_fs, s3_tree, limit)
@@ -51,9 +59,10 @@ def test_s3_entries(s3fs_fs, s3_tree):
     assert nxt.entries[0]["name"] == f"{s3_tree}/f0101.bin"
 
 
-def test_s3_missing_and_bucket_root(s3fs_fs, s3_bucket, s3_tree):
-    assert list_page(s3fs_fs, f"{s3_bucket}/nope").entries == []
-    root = list_page(s3fs_fs, s3_bucket)
+def test_s3_missing_and_bucket_root(s3fs_fs, s3_tree):
+    bucket = s3_tree.split("/")[0]
+    assert list_page(s3fs_fs, f"{bucket}/nope").entries == []
+    root = list_page(s3fs_fs, bucket)
     assert [e["name"] for e in root] == [s3_tree] and root.next_after is None
 
 

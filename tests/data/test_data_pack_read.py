@@ -214,3 +214,61 @@ def test_s3_options_from_environment(make_samples, s3_options, s3_bucket, monkey
     monkeypatch.setenv("TRAINHUB_STORAGE_OPTIONS", json.dumps(s3_options))
     pack(f"s3://{s3_bucket}/raw", f"s3://{s3_bucket}/sh", progress=False)
     assert len(list(ShardReader(f"s3://{s3_bucket}/sh"))) == 4
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_tar_parser_matches_tarfile(fmt):
+    from trainhub.data.tario import iter_members
+
+    names = ["a.txt", "x/" * 60 + "long.txt", "ünïcode.bin", "e.jpg", "empty.txt"]
+    if fmt == tarfile.USTAR_FORMAT:
+        names[1] = "x/" * 60 + "p.txt"  # ustar: long paths go through the prefix field
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for i, name in enumerate(names):
+            data = bytes([i]) * (0 if name == "empty.txt" else 700 * i + 1)
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        d = tarfile.TarInfo("folder")
+        d.type = tarfile.DIRTYPE
+        tar.addfile(d)
+    blob = buf.getvalue()
+    expected = [(m.name, m.offset_data, m.size) for m in tarfile.open(fileobj=io.BytesIO(blob)) if m.isfile()]
+    assert list(iter_members(blob)) == expected
+
+
+def test_truncated_shard(tmp_path, make_samples):
+    from trainhub.data import CorruptShardError
+
+    make_samples(str(tmp_path / "src"), 4, size=5000)
+    [shard] = pack(str(tmp_path / "src"), str(tmp_path / "out"), progress=False)
+    blob = open(shard, "rb").read()
+    open(shard, "wb").write(blob[:9000])
+    with pytest.raises(CorruptShardError, match="shard-000000.tar is truncated"):
+        list(ShardReader(str(tmp_path / "out")))
+
+
+def test_reader_pickles_and_repr(tmp_path, make_samples):
+    import pickle
+
+    make_samples(str(tmp_path / "src"), 4, size=10)
+    pack(str(tmp_path / "src"), str(tmp_path / "out"), progress=False)
+    reader = ShardReader(str(tmp_path / "out"), decode="basic", shuffle_buffer=2, seed=5)
+    clone = pickle.loads(pickle.dumps(reader))
+    assert [s["json"] for s in clone] == [s["json"] for s in reader]
+    assert "1 shards, samples=4" in repr(reader)
+
+
+def test_progress_without_tqdm(monkeypatch):
+    import sys
+
+    from trainhub.data.progress import Progress
+
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    out = io.StringIO()
+    with Progress(2 * 2**20, desc="packing", stream=out) as bar:
+        bar.update(2**20)
+        bar.update(2**20)
+    assert "packing: 100.0% (2.0/2.0 MiB" in out.getvalue()
+    assert out.getvalue().endswith("\n")

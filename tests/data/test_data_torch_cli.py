@@ -78,3 +78,25 @@ def test_torch_distributed_env_split(packed, monkeypatch):
         loader = DataLoader(TorchShardDataset(url), batch_size=None, num_workers=2, multiprocessing_context="fork")
         seen.append({s["__key__"] for s in loader})
     assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == set(expected)
+
+
+def test_works_without_torch(tmp_path, make_samples):
+    """With torch unimportable, the reader works and TorchShardDataset says what is missing."""
+    import subprocess
+    import sys
+
+    make_samples(str(tmp_path / "src"), 3, size=10)
+    pack(str(tmp_path / "src"), str(tmp_path / "out"), progress=False)
+    code = f"""
+import sys
+sys.modules["torch"] = None  # makes `import torch` raise ImportError
+import trainhub.data as d
+assert len(list(d.ShardReader({str(tmp_path / "out")!r}))) == 3
+try:
+    d.TorchShardDataset
+except ImportError as e:
+    assert "needs PyTorch" in str(e), e
+else:
+    raise SystemExit("TorchShardDataset imported without torch")
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -26,7 +26,7 @@ storage options:
 def build_parser(prog: str = "trainhub data") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Pack many small files into tar shards and inspect shard folders "
+        description="Pack many small files into tar shards and inspect shard folders\n"
                     "(local folders or fsspec URLs such as s3://bucket/prefix).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -36,8 +36,8 @@ def build_parser(prog: str = "trainhub data") -> argparse.ArgumentParser:
     p = sub.add_parser(
         "pack",
         help="pack a folder/prefix of files into WebDataset-style tar shards",
-        description="Pack every file under SRC into tar shards shard-000000.tar, ... under DST, "
-                    "grouping files that share a key (cat001.jpg + cat001.json -> one sample), "
+        description="Pack every file under SRC into tar shards shard-000000.tar, ... under DST,\n"
+                    "grouping files that share a key (cat001.jpg + cat001.json -> one sample),\n"
                     "and write DST/index.json. The same input always gives the same shards.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

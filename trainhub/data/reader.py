@@ -1,13 +1,15 @@
 """Reading packed shards: :class:`ShardReader`.
 
 The reader resolves its shard list once (from ``index.json``, so nothing is listed), picks
-this process's share (rank, then DataLoader worker), downloads whole shards on a small thread
-pool that stays ``prefetch`` shards ahead, unpacks them into sample dicts, and optionally
-shuffles within a buffer. Orders are deterministic for a given ``seed`` and epoch.
+this process's share (rank, then DataLoader worker), downloads whole shards ``prefetch`` at a
+time (as coroutines on the filesystem's event loop for s3fs and other async filesystems, on a
+thread pool otherwise), unpacks them into sample dicts, and optionally shuffles within a buffer.
+Orders are deterministic for a given ``seed`` and epoch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -22,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .exceptions import CorruptShardError, DataError, IndexNotFoundError, InvalidURLError, ShardNotFoundError
 from .packing import INDEX_FORMAT, INDEX_NAME
-from .storage import full_url, join, url_to_fs
+from .storage import full_url, is_async, join, url_to_fs
 from .tario import iter_samples
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,10 @@ Sample = dict
 
 def _utf8(b: bytes) -> str:
     return b.decode("utf-8")
+
+
+def _cls(b: bytes) -> int:
+    return int(b.decode("ascii").strip())
 
 
 def _npy(b: bytes):
@@ -45,7 +51,7 @@ def _npy(b: bytes):
 BASIC_DECODERS: dict[str, Callable[[bytes], Any]] = {
     "txt": _utf8,
     "text": _utf8,
-    "cls": lambda b: int(b.decode("ascii").strip()),
+    "cls": _cls,
     "json": json.loads,
     "npy": _npy,
 }
@@ -153,14 +159,7 @@ class ShardReader:
         if decode == "basic":
             decode = BASIC_DECODERS
         if isinstance(decode, Mapping):
-            table = dict(decode)
-
-            def apply(sample):
-                for ext, fn in table.items():
-                    if ext in sample:
-                        sample[ext] = fn(sample[ext])
-                return sample
-            return apply
+            return _FieldDecoder(decode)
         if callable(decode):
             return decode
         raise ValueError(f"decode must be None, 'basic', a mapping of ext -> function or a callable, got {decode!r}")
@@ -220,7 +219,7 @@ class ShardReader:
             rank = _env_int("RANK")
         if world is None:
             world = _env_int("WORLD_SIZE")
-        if rank is None and world is None and "torch" in sys.modules:
+        if rank is None and world is None and sys.modules.get("torch") is not None:
             dist = getattr(sys.modules["torch"], "distributed", None)
             if dist is not None and dist.is_available() and dist.is_initialized():
                 rank, world = dist.get_rank(), dist.get_world_size()
@@ -232,7 +231,7 @@ class ShardReader:
 
     def _worker(self) -> tuple[int, int]:
         info = self.worker_info
-        if info is None and "torch" in sys.modules:
+        if info is None and sys.modules.get("torch") is not None:
             from torch.utils.data import get_worker_info
 
             info = get_worker_info()
@@ -280,10 +279,25 @@ class ShardReader:
         fs, path = url_to_fs(url, self.storage_options)
         try:
             return fs.cat_file(path)
-        except FileNotFoundError:
-            raise ShardNotFoundError(f"shard {url} does not exist (was the folder re-packed or moved?)") from None
-        except IsADirectoryError:
-            raise ShardNotFoundError(f"shard {url} is a folder, not a tar file") from None
+        except (FileNotFoundError, IsADirectoryError) as e:
+            raise self._fetch_error(url, e) from None
+
+    @staticmethod
+    def _fetch_error(url: str, error: Exception) -> Exception:
+        if isinstance(error, IsADirectoryError):
+            return ShardNotFoundError(f"shard {url} is a folder, not a tar file")
+        return ShardNotFoundError(f"shard {url} does not exist (was the folder re-packed or moved?)")
+
+    def _submit(self, pool, url: str):
+        """Start downloading ``url``; returns a concurrent.futures.Future of its bytes.
+
+        Async filesystems (s3fs, ...) get the coroutine scheduled on their own event loop,
+        with no thread per download; others go through the thread pool.
+        """
+        fs, path = url_to_fs(url, self.storage_options)
+        if is_async(fs) and getattr(fs, "loop", None) is not None:
+            return asyncio.run_coroutine_threadsafe(fs._cat_file(path), fs.loop)
+        return pool.submit(self._fetch, url)
 
     def _fetch_all(self, urls: list[str]) -> Iterator[tuple[str, bytes]]:
         if self.prefetch == 0 or len(urls) <= 1:
@@ -295,13 +309,16 @@ class ShardReader:
         todo = iter(urls)
         try:
             for url in islice(todo, self.prefetch):
-                pending.append((url, pool.submit(self._fetch, url)))
+                pending.append((url, self._submit(pool, url)))
             while pending:
                 url, future = pending.popleft()
-                data = future.result()
+                try:
+                    data = future.result()
+                except (FileNotFoundError, IsADirectoryError) as e:
+                    raise self._fetch_error(url, e) from None
                 nxt = next(todo, None)
                 if nxt is not None:
-                    pending.append((nxt, pool.submit(self._fetch, nxt)))
+                    pending.append((nxt, self._submit(pool, nxt)))
                 yield url, data
                 del data
         finally:
@@ -327,6 +344,19 @@ class ShardReader:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.shards)} shards, samples={self.total_samples}, "
                 f"shuffle_buffer={self.shuffle_buffer}, seed={self.seed}, epoch={self.epoch})")
+
+
+class _FieldDecoder:
+    """Apply ``{ext: fn(bytes)}`` to the fields a sample has (a class, so readers pickle)."""
+
+    def __init__(self, table: Mapping[str, Callable[[bytes], Any]]):
+        self.table = dict(table)
+
+    def __call__(self, sample: Sample) -> Sample:
+        for ext, fn in self.table.items():
+            if ext in sample:
+                sample[ext] = fn(sample[ext])
+        return sample
 
 
 def _shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:

@@ -48,35 +48,104 @@ def write_tar(samples: list[tuple[str, Mapping[str, bytes]]]) -> bytes:
     return buf.getvalue()[:end]
 
 
+_BLOCK = 512
+_REGULAR = (b"0", b"\0", b"7")
+
+
+def _number(field: bytes, what: str, url: str) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for large values
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise CorruptShardError(f"{url or 'shard'} is not a readable tar file: bad {what} field {field!r}") from None
+
+
+def _pax_records(blob: bytes) -> dict[bytes, bytes]:
+    out, pos = {}, 0
+    while pos < len(blob):
+        space = blob.find(b" ", pos)
+        if space < 0:
+            break
+        length = int(blob[pos:space])
+        record = blob[space + 1:pos + length - 1]  # drop the trailing newline
+        key, _, value = record.partition(b"=")
+        out[key] = value
+        pos += length
+    return out
+
+
+def iter_members(data: bytes, url: str = "") -> Iterator[tuple[str, int, int]]:
+    """Yield ``(name, offset, size)`` for each regular file in a tar archive held in memory.
+
+    A small parser for what tar writers produce (ustar, PAX ``path``/``size`` records, GNU
+    long names); headers are checksummed, so random bytes are reported as corrupt. It is
+    several times faster than :mod:`tarfile` on shards of small members.
+    """
+    pos, end = 0, len(data)
+    long_name: bytes | None = None
+    pax: dict[bytes, bytes] = {}
+    where = url or "shard"
+    while pos + _BLOCK <= end:
+        header = data[pos:pos + _BLOCK]
+        if header.count(0) == _BLOCK:
+            return  # end-of-archive marker
+        stored = _number(header[148:156], "checksum", url)
+        if stored != sum(header) - sum(header[148:156]) + 8 * 32:
+            raise CorruptShardError(f"{where} is not a readable tar file: bad header checksum at byte {pos}")
+        size = _number(header[124:136], "size", url)
+        kind = header[156:157]
+        if b"size" in pax and kind in _REGULAR:
+            size = int(pax[b"size"])
+        start = pos + _BLOCK
+        if start + size > end:
+            raise CorruptShardError(f"{where} is truncated (a member needs {size} bytes at byte {start})")
+        pos = start + -(-size // _BLOCK) * _BLOCK
+        if kind == b"x":
+            pax = _pax_records(data[start:start + size])
+            continue
+        if kind == b"L":
+            long_name = data[start:start + size].rstrip(b"\0")
+            continue
+        if kind in _REGULAR:
+            if b"path" in pax:
+                raw = pax[b"path"]
+            elif long_name is not None:
+                raw = long_name
+            else:
+                raw = header[0:100].split(b"\0", 1)[0]
+                if header[257:262] == b"ustar":
+                    prefix = header[345:500].split(b"\0", 1)[0]
+                    if prefix:
+                        raw = prefix + b"/" + raw
+            yield raw.decode("utf-8", "surrogateescape"), start, size
+        long_name = None
+        if kind != b"g":
+            pax = {}
+    if pos < end and data[pos:].count(0) != end - pos:
+        raise CorruptShardError(f"{where} is not a readable tar file: {end - pos} stray bytes at the end")
+
+
 def iter_samples(data: bytes, url: str = "") -> Iterator[dict]:
-    """Yield ``{"__key__", "__url__", ext: bytes, ...}`` for each sample in a tar archive."""
+    """Yield ``{"__key__", "__url__", ext: bytes, ...}`` for each sample in a tar archive.
+
+    Consecutive members with the same key form one sample; names without a key and
+    extension are skipped, as WebDataset does.
+    """
     view = memoryview(data)
-    try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
-    except tarfile.TarError as e:
-        raise CorruptShardError(f"{url or 'shard'} is not a readable tar file: {e}") from None
     current: dict | None = None
-    try:
-        for member in tar:
-            if not member.isfile():
-                continue
-            parts = split_key(member.name)
-            if parts is None:
-                continue  # e.g. __index__ files or names without an extension, as WebDataset does
-            key, ext = parts
-            if current is None or current["__key__"] != key:
-                if current is not None:
-                    yield current
-                current = {"__key__": key, "__url__": url}
-            if ext in current:
-                raise CorruptShardError(f"{url or 'shard'}: sample {key!r} has two {ext!r} members")
-            start = member.offset_data
-            if start + member.size > len(data):
-                raise CorruptShardError(f"{url or 'shard'} is truncated inside member {member.name!r}")
-            current[ext] = bytes(view[start:start + member.size])
-    except tarfile.TarError as e:
-        raise CorruptShardError(f"{url or 'shard'} is not a readable tar file: {e}") from None
-    finally:
-        tar.close()
+    for name, start, size in iter_members(data, url):
+        parts = split_key(name)
+        if parts is None:
+            continue
+        key, ext = parts
+        if current is None or current["__key__"] != key:
+            if current is not None:
+                yield current
+            current = {"__key__": key, "__url__": url}
+        if ext in current:
+            raise CorruptShardError(f"{url or 'shard'}: sample {key!r} has two {ext!r} members")
+        current[ext] = bytes(view[start:start + size])
     if current is not None:
         yield current
