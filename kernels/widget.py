@@ -131,6 +131,30 @@ def render_chart(metrics: dict | None, max_charts: int = 6) -> str:
     return "<div style='display:flex;flex-wrap:wrap;gap:8px'>" + "".join(charts) + "</div>"
 
 
+def render_diagnosis(body: dict | None) -> str:
+    """The GPU efficiency advisor's line (API ``/jobs/{id}/diagnosis``): its findings and first remedies
+    in a coloured box, or a quiet grey line while samples are collected / nothing is wrong."""
+    if not body:
+        return ""
+    from trainhub.commands.usage import diagnosis_summary, measurement_line
+
+    found = body.get("diagnoses") or []
+    if not found:
+        return (f"<div style='color:#57606a;font-size:12px'>GPU efficiency: {html.escape(diagnosis_summary(body))}"
+                "</div>")
+    items = []
+    for d in found:
+        color = "#cf222e" if d.get("severity") == "warning" else "#8a6d00"
+        remedies = "".join(f"<li>{html.escape(r)}</li>" for r in (d.get("remedies") or [])[:3])
+        items.append(f"<div style='border-left:3px solid {color};padding:2px 8px;margin:2px 0'>"
+                     f"<b style='color:{color}'>{html.escape(d['code'])}</b> {html.escape(d.get('message', ''))}"
+                     + (f"<ul style='margin:2px 0 2px 16px;padding:0'>{remedies}</ul>" if remedies else "") + "</div>")
+    measured = "<br>".join(html.escape(measurement_line(w)) for w in body.get("workers") or [])
+    if measured:
+        items.append(f"<div style='color:#57606a;font-size:11px'>{measured}</div>")
+    return "<div style='font-size:12px'>" + "".join(items) + "</div>"
+
+
 class JobPanel:
     """Live view of one job. ``update(job, metrics, logs)`` sets the widgets from API dicts;
     ``start()`` runs a daemon thread that polls every ``poll`` seconds (metrics every
@@ -153,12 +177,13 @@ class JobPanel:
         self.chart = w.HTML()
         self.logs = w.HTML()
         self.message = w.HTML()
+        self.diagnosis = w.HTML()
         self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop",
                                       tooltip="cancel this job", layout=w.Layout(width="auto"))
         self.cancel_button.on_click(lambda _b: self.cancel())
         self.widget = w.VBox([w.HBox([self.header, self.cancel_button],
                                      layout=w.Layout(justify_content="space-between", align_items="flex-start")),
-                              self.chart, self.logs, self.message])
+                              self.diagnosis, self.chart, self.logs, self.message])
         self.update(job, logs="")
 
     # -- display ----------------------------------------------------------------------------------
@@ -195,7 +220,16 @@ class JobPanel:
         logs = self.client.logs(job_id, tail=self.log_lines * 4)
         metrics = self.client.metrics(job_id) if with_metrics or job.get("state") in TERMINAL_STATES else None
         self.update(job, metrics, logs)
+        if (with_metrics or job.get("state") in TERMINAL_STATES) and job.get("state") != "queued":
+            self.refresh_diagnosis(job_id)
         return job
+
+    def refresh_diagnosis(self, job_id: str) -> None:
+        """The advisor's line; a service without the usage plugin (404/error) leaves it empty."""
+        try:
+            self.diagnosis.value = render_diagnosis(self.client.diagnosis(job_id))
+        except Exception:
+            self.diagnosis.value = ""
 
     def start(self) -> "JobPanel":
         if self._thread is None:

@@ -188,6 +188,33 @@ class TrainhubClient:
         except (requests.RequestException, ValueError):
             return None
 
+    # -- usage accounting and the advisor (trainhub.services.usage) ------------------------------
+    def usage(self, *, since: str | None = None, until: str | None = None, by: str = "user",
+              user: str | None = None) -> dict:
+        """GET /usage: GPU-seconds allocated / used ``by`` user, group, profile, day, kind or holder
+        (``{"items": [...], "totals": {...}, ...}``); users get only their own figures."""
+        params = {k: v for k, v in (("since", since), ("until", until), ("by", by), ("user", user)) if v}
+        return self._json("GET", "/usage", params=params)
+
+    def usage_csv(self, *, since: str | None = None, until: str | None = None, by: str = "user",
+                  user: str | None = None) -> str:
+        """GET /usage?format=csv: the report's items as CSV text."""
+        params = {k: v for k, v in (("since", since), ("until", until), ("by", by), ("user", user)) if v}
+        params["format"] = "csv"
+        return self.request("GET", "/usage", params=params).text
+
+    def usage_metrics(self) -> str:
+        """GET /usage/metrics: Prometheus text of everyone's usage (admins)."""
+        return self.request("GET", "/usage/metrics").text
+
+    def diagnosis(self, job_id: str) -> dict:
+        """GET /jobs/{id}/diagnosis: the advisor's diagnoses of a job, with their measurements."""
+        return self._json("GET", f"/jobs/{_id(job_id)}/diagnosis")
+
+    def why(self, job_id: str) -> dict:
+        """GET /jobs/{id}/why: why a queued job waits (code, message, blocking job)."""
+        return self._json("GET", f"/jobs/{_id(job_id)}/why")
+
 
 def _id(job_id) -> str:
     job_id = str(job_id).strip()
@@ -234,3 +261,197 @@ def _short(e: Exception) -> str:
         reason = reason.reason
     text = str(reason)
     return text.split(": ", 1)[-1] if "Failed to establish" in text else text
+
+
+# -- sweeps (docs/sweeps.md) ------------------------------------------------------------------------
+SWEEP_TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
+
+
+def _sweep_id(sweep_id) -> str:
+    sweep_id = str(sweep_id).strip()
+    if not sweep_id or "/" in sweep_id:
+        raise ValueError(f"not a sweep id: {sweep_id!r}")
+    return sweep_id
+
+
+def _create_sweep(self, spec: dict) -> dict:
+    """POST /sweeps: a job spec (``script`` or ``command``, ``gpus``...) plus ``trials``, ``parallel``,
+    ``metric``, ``mode``, ``space`` ({name: "loguniform:1e-5:1e-1", ...}), ``sampler``, ``pruner``.
+    Returns the sweep; bad input raises :class:`TrainhubAPIError` (400) and nothing is submitted."""
+    return self._json("POST", "/sweeps", json={k: v for k, v in spec.items() if v is not None})
+
+
+def _list_sweeps(self, state=None, *, user: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+    """GET /sweeps: ``{"items": [...], "total", "limit", "offset"}``, newest first."""
+    params = {"limit": limit, "offset": offset}
+    if state:
+        params["state"] = state if isinstance(state, str) else ",".join(state)
+    if user:
+        params["user"] = user
+    return self._json("GET", "/sweeps", params=params)
+
+
+def _get_sweep(self, sweep_id: str) -> dict:
+    """GET /sweeps/{id}: state, progress, best trial, parameter importance."""
+    return self._json("GET", f"/sweeps/{_sweep_id(sweep_id)}")
+
+
+def _sweep_trials(self, sweep_id: str) -> list[dict]:
+    """GET /sweeps/{id}/trials: the trials (number, state, params, value, intermediate, job_id...)."""
+    return self._json("GET", f"/sweeps/{_sweep_id(sweep_id)}/trials")["items"]
+
+
+def _cancel_sweep(self, sweep_id: str) -> dict:
+    """DELETE /sweeps/{id}: no new trials; running trials' jobs are cancelled. Returns the sweep."""
+    return self._json("DELETE", f"/sweeps/{_sweep_id(sweep_id)}")
+
+
+def _wait_sweep(self, sweep_id: str, poll: float = 1.0, callback: Callable[[dict], None] | None = None,
+                timeout: float | None = None) -> dict:
+    """Poll until the sweep is completed, failed or cancelled and return it (``callback(sweep)`` after
+    every poll; ``timeout`` seconds raises TimeoutError)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        sweep = self.get_sweep(sweep_id)
+        if callback:
+            callback(sweep)
+        if sweep.get("state") in SWEEP_TERMINAL_STATES:
+            return sweep
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"sweep {sweep_id} still {sweep.get('state')} after {timeout}s")
+        time.sleep(poll)
+
+
+TrainhubClient.create_sweep = _create_sweep
+TrainhubClient.list_sweeps = _list_sweeps
+TrainhubClient.get_sweep = _get_sweep
+TrainhubClient.sweep_trials = _sweep_trials
+TrainhubClient.cancel_sweep = _cancel_sweep
+TrainhubClient.wait_sweep = _wait_sweep
+
+
+# -- dataset and model registries (docs/storage.md) -------------------------------------------------
+class DatasetVersion(dict):
+    """A dataset version as the API returns it, plus :meth:`filesystem` to read its files."""
+
+    def filesystem(self):
+        """``(fsspec filesystem, path)`` of the version's prefix, with this server's storage options."""
+        import json as _json
+
+        import fsspec
+
+        opts = _json.loads(os.environ.get("TRAINHUB_STORAGE_OPTIONS") or "{}")
+        return fsspec.core.url_to_fs(self["url"], **opts)
+
+
+def _name(name) -> str:
+    name = str(name).strip()
+    if not name or "/" in name:
+        raise ValueError(f"not a registry name: {name!r}")
+    return name
+
+
+def _version(version) -> str:
+    return "latest" if version in (None, "") else str(version)
+
+
+def _list_datasets(self, q: str = "", *, owner: str | None = None, limit: int = 100, offset: int = 0) -> dict:
+    """GET /datasets: ``{"items", "total"}``; ``q`` searches names and descriptions."""
+    params = {k: v for k, v in (("q", q), ("owner", owner), ("limit", limit), ("offset", offset)) if v not in (None, "")}
+    return self._json("GET", "/datasets", params=params)
+
+
+def _get_dataset(self, name: str) -> dict:
+    """GET /datasets/{name}: the dataset with every version under ``items``."""
+    return self._json("GET", f"/datasets/{_name(name)}")
+
+
+def _dataset(self, name: str, version="latest") -> DatasetVersion:
+    """GET /datasets/{name}/versions/{version}: one version (``url``, ``size``, ``file_count``...)."""
+    return DatasetVersion(self._json("GET", f"/datasets/{_name(name)}/versions/{_version(version)}"))
+
+
+def _register_dataset(self, name: str, path: str, *, format: str = "", description: str = "",
+                      metadata: dict | None = None, wait: bool | float = True, poll: float = 1.0,
+                      callback: Callable[[dict], None] | None = None) -> DatasetVersion:
+    """POST /datasets: register a new version of ``name`` pointing at storage ``path``
+    (``datasets/...`` or ``users/<you>/...``). With ``wait`` (True or seconds) poll until
+    the size/count scan ends, calling ``callback(version)`` with its progress."""
+    body = {"name": _name(name), "path": path, "format": format, "description": description,
+            "metadata": metadata or {}, "wait": 5}
+    v = self._json("POST", "/datasets", json=body)
+    deadline = None if wait is True else (time.monotonic() + float(wait) if wait else time.monotonic())
+    while v.get("status") == "pending" and (deadline is None or time.monotonic() < deadline):
+        if callback:
+            callback(v)
+        time.sleep(poll)
+        v = self._json("GET", f"/datasets/{_name(name)}/versions/{v['version']}")
+    return DatasetVersion(v)
+
+
+def _deprecate_dataset(self, name: str, version, message: str = "", deprecated: bool = True) -> dict:
+    """PATCH /datasets/{name}/versions/{v}: mark a version deprecated (owner or admin)."""
+    return self._json("PATCH", f"/datasets/{_name(name)}/versions/{_version(version)}",
+                      json={"deprecated": deprecated, "message": message})
+
+
+def _list_models(self, q: str = "", *, stage: str | None = None, limit: int = 100, offset: int = 0) -> dict:
+    """GET /models: ``{"items", "total"}``."""
+    params = {k: v for k, v in (("q", q), ("stage", stage), ("limit", limit), ("offset", offset)) if v not in (None, "")}
+    return self._json("GET", "/models", params=params)
+
+
+def _get_model(self, name: str) -> dict:
+    """GET /models/{name}: the model with every version under ``items``."""
+    return self._json("GET", f"/models/{_name(name)}")
+
+
+def _model_version(self, name: str, version="latest") -> dict:
+    """GET /models/{name}/versions/{version}: ``version`` is a number, ``latest`` or a stage name."""
+    return self._json("GET", f"/models/{_name(name)}/versions/{_version(version)}")
+
+
+def _register_model(self, name: str, job: str | None = None, *, path: str | None = None, description: str = "",
+                    metrics: dict | None = None, params: dict | None = None, datasets=(), stage: str | None = None) -> dict:
+    """POST /models: register the outputs of finished ``job`` (or ``path`` inside them; without a job,
+    a storage path in your area) as the next version of ``name``. Files are copied immutably;
+    ``metrics``/``params`` add to the job's own; ``datasets`` are ``"name:version"`` lineage refs."""
+    body = {"name": _name(name), "job": job, "path": path, "description": description, "metrics": metrics,
+            "params": params, "datasets": list(datasets) or None, "stage": stage}
+    return self._json("POST", "/models", json={k: v for k, v in body.items() if v not in (None, "")},
+                      timeout=max(self.timeout, 600))
+
+
+def _set_model_stage(self, name: str, version, stage: str, comment: str = "", exclusive: bool = False) -> dict:
+    """PATCH /models/{name}/versions/{v}: move a version to none/staging/production/archived (audited)."""
+    return self._json("PATCH", f"/models/{_name(name)}/versions/{_version(version)}",
+                      json={"stage": stage, "comment": comment, "exclusive": exclusive})
+
+
+def _export_model(self, name: str, version, dest) -> str:
+    """GET .../export: save the version's bundle (tar.gz: MANIFEST.json, metadata.json, files/) to ``dest``
+    (a file path, or a folder to put ``<name>-v<N>.tar.gz`` in). Returns the file's path."""
+    r = self.request("GET", f"/models/{_name(name)}/versions/{_version(version)}/export", stream=True,
+                     timeout=(self.timeout, None))
+    dest = os.fspath(dest)
+    if os.path.isdir(dest):
+        cd = r.headers.get("Content-Disposition", "")
+        fname = cd.split("filename=")[-1].strip('"') if "filename=" in cd else f"{name}-{version}.tar.gz"
+        dest = os.path.join(dest, fname)
+    with open(dest, "wb") as f:
+        for chunk in r.iter_content(1 << 20):
+            f.write(chunk)
+    return dest
+
+
+TrainhubClient.list_datasets = _list_datasets
+TrainhubClient.get_dataset = _get_dataset
+TrainhubClient.dataset = _dataset
+TrainhubClient.register_dataset = _register_dataset
+TrainhubClient.deprecate_dataset = _deprecate_dataset
+TrainhubClient.list_models = _list_models
+TrainhubClient.get_model = _get_model
+TrainhubClient.model_version = _model_version
+TrainhubClient.register_model = _register_model
+TrainhubClient.set_model_stage = _set_model_stage
+TrainhubClient.export_model = _export_model

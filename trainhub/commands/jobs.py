@@ -68,6 +68,15 @@ def add_parser(sub):
     _conn(sh)
     sh.set_defaults(func=cmd_show)
 
+    wy = jobs.add_parser("why", help="why a job waits, or what holds a running job back",
+                         description="A queued job: why it waits (quota, free GPUs, priority). A running or finished "
+                         "job: the GPU efficiency advisor's diagnoses (input-bound, stalled, memory-bound, straggler) "
+                         "with the measurements they were drawn from and the remedies that apply.")
+    wy.add_argument("id", metavar="ID", help="job id, e.g. j-000042")
+    wy.add_argument("--json", action="store_true", help="the API's answers as JSON ({'why': ..., 'diagnosis': ...})")
+    _conn(wy)
+    wy.set_defaults(func=cmd_why)
+
     lg = jobs.add_parser("logs", help="print a job's logs",
                          description="Print a job's logs: lines '<time> [<worker rank>] <text>'. "
                          "With --follow, keep printing until the job ends.")
@@ -355,6 +364,77 @@ def cmd_show(args):
         print(json.dumps(job, indent=2))
         return 0
     print(format_job(job))
+    diagnosis = _diagnosis_or_none(client, job)
+    if diagnosis is not None:
+        from trainhub.commands.usage import format_diagnosis
+
+        print(format_diagnosis(diagnosis, remedies=False, indent="  "))
+    return 0
+
+
+def _diagnosis_or_none(client, job: dict):
+    """The advisor's view of a job that ran, or None (queued, or no advisor on this service)."""
+    from trainhub.client import TrainhubAPIError
+
+    if job.get("state") == "queued":
+        return None
+    try:
+        return client.diagnosis(job["id"])
+    except (TrainhubAPIError, ValueError):
+        return None
+
+
+# what each scheduler wait code means (docs/scheduler.md), shown under the scheduler's message
+WAIT_CODES = {
+    "too-large": "the job can never fit the cluster",
+    "quota-user": "starting it would put you over your GPU quota; it starts when your other jobs or servers free GPUs",
+    "quota-group": "starting it would put one of your groups over its GPU quota",
+    "cpu-limit": "every CPU-only job slot is taken",
+    "no-gpus": "first in line, waiting for enough GPUs to be free at once",
+    "behind": "a job ahead of it in the queue is waiting for GPUs",
+    "fair-share": "a job of a user holding fewer GPUs goes first (fair share)",
+    "reserved": "GPUs are free but held for the job first in line",
+}
+
+
+def print_wait_reason(job: dict, why: dict, stream=None, now: float | None = None) -> None:
+    """Why a queued job waits, from ``GET /jobs/{id}/why``: the scheduler's message first (verbatim),
+    then its code, the job it waits behind and that job's reserved start."""
+    stream = stream or sys.stdout
+    print(f"{job['id']} is queued: {why.get('message') or job.get('reason') or 'waiting for the scheduler'}", file=stream)
+    code = why.get("code")
+    if code:
+        print(f"  code:        {code}" + (f" ({WAIT_CODES[code]})" if code in WAIT_CODES else ""), file=stream)
+    if why.get("blocking_job"):
+        print(f"  waiting for: {why['blocking_job']} (trainhub jobs show {why['blocking_job']})", file=stream)
+    start = why.get("reserved_start")
+    if isinstance(start, (int, float)):
+        at = datetime.fromtimestamp(start, timezone.utc)
+        wait = start - (time.time() if now is None else now)
+        print(f"  starts by:   {at.strftime('%Y-%m-%d %H:%M:%S UTC')}"
+              + (f" (in {fmt_duration(wait)})" if wait > 0 else " (due now)"), file=stream)
+    if not code:
+        print("  (no scheduling pass has explained it yet; the reason above is the job's last recorded one)", file=stream)
+
+
+def cmd_why(args):
+    client = client_from_args(args)
+    job = _api(client.get, args.id)
+    why = _api(client.why, args.id) if job.get("state") == "queued" else None
+    diagnosis = _diagnosis_or_none(client, job)
+    if args.json:
+        print(json.dumps({"id": job["id"], "state": job.get("state"), "why": why, "diagnosis": diagnosis}, indent=2))
+        return 0
+    if why is not None:
+        print_wait_reason(job, why)
+        return 0
+    print(f"{job['id']} {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""))
+    if diagnosis is None:
+        print("  no GPU efficiency diagnosis available (the usage advisor is not running on this service)")
+        return 0
+    from trainhub.commands.usage import format_diagnosis
+
+    print(format_diagnosis(diagnosis, remedies=True, indent="  "))
     return 0
 
 
