@@ -1,4 +1,4 @@
-"""trainhub's IPython extension: ``%load_ext trainhub.kernels`` adds ``%%train`` and ``%train``.
+"""trainhub's IPython extension: ``%load_ext trainhub.kernels`` adds ``%%train``, ``%train`` and ``%%sweep``.
 
 Loaded automatically in platform notebooks by the startup file that
 :func:`trainhub.kernels.startup.install_ipython_startup` writes. Importing this package does
@@ -11,8 +11,13 @@ def load_ipython_extension(ipython):
 
     ipython.register_magics(TrainMagics)
 
+    from trainhub.kernels.sweep import SweepMagics
+
+    ipython.register_magics(SweepMagics)
+
 
 def unload_ipython_extension(ipython):
     # IPython has no unregister: drop the names this extension added
     for kind in ("line", "cell"):
         ipython.magics_manager.magics[kind].pop("train", None)
+        ipython.magics_manager.magics[kind].pop("sweep", None)

@@ -8,6 +8,7 @@ lock up front (``BEGIN IMMEDIATE``) through :func:`write_session`.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 from sqlalchemy import create_engine, event
@@ -19,12 +20,13 @@ class Base(DeclarativeBase):
     pass
 
 
-_engines: dict[str, Engine] = {}
+_engines: dict[tuple[int, str], Engine] = {}
 
 
 def get_engine(url: str) -> Engine:
-    """One engine per URL per process (engines pool connections; make them once)."""
-    engine = _engines.get(url)
+    """One engine per URL per process (engines pool connections; a forked child makes its own)."""
+    key = (os.getpid(), url)
+    engine = _engines.get(key)
     if engine is None:
         if url.startswith("sqlite"):
             engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
@@ -45,7 +47,7 @@ def get_engine(url: str) -> Engine:
                 conn.exec_driver_sql(f"BEGIN {mode}")
         else:
             engine = create_engine(url, pool_pre_ping=True)
-        _engines[url] = engine
+        _engines[key] = engine
     return engine
 
 
@@ -54,7 +56,13 @@ def init_db(url: str) -> Engine:
     from trainhub import models  # noqa: F401  (registers tables)
 
     engine = get_engine(url)
-    Base.metadata.create_all(engine)
+    # several processes (hub, services, CLI) may create tables at the same moment: take the
+    # write lock first, so the check-then-create runs alone instead of failing with "locked"
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.info["begin_mode"] = "IMMEDIATE"
+        with conn.begin():
+            Base.metadata.create_all(conn)
     return engine
 
 

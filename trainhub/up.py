@@ -129,11 +129,25 @@ def prepare(args, out=sys.stdout) -> tuple[DataDir, Runtime, str | None]:
 
 
 def _enable_available_services(runtime: Runtime) -> None:
-    """Only start services whose code is installed (each arrives with its own issue)."""
+    """Only start services whose code is installed (each arrives with its own issue).
+
+    ``$TRAINHUB_SERVICES`` (comma-separated names, or ``none``) narrows the set, e.g.
+    ``TRAINHUB_SERVICES=trainhub`` runs the jobs API without the idle-GPU culler.
+    """
     import importlib.util
 
     modules = {"trainhub": "trainhub.services.jobs", "trainhub-culler": "trainhub.services.culler"}
+    wanted = os.environ.get("TRAINHUB_SERVICES")
+    if wanted is not None:
+        names = {n.strip() for n in wanted.split(",") if n.strip() and n.strip() != "none"}
+        unknown = names - set(modules)
+        if unknown:
+            raise UpError(f"TRAINHUB_SERVICES names unknown service(s) {sorted(unknown)}; known: {sorted(modules)}")
+        for name in set(modules) - names:
+            runtime.service_ports.pop(name, None)
     for name, module in modules.items():
+        if name not in runtime.service_ports:
+            continue
         try:
             found = importlib.util.find_spec(module + ".__main__") is not None
         except ModuleNotFoundError:

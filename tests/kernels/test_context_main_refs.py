@@ -1,6 +1,6 @@
 """Values that pickle by reference to the notebook (``__main__``) need their source carried."""
 
-import __main__
+import sys
 
 from trainhub.kernels.context import build_job_script
 
@@ -8,7 +8,7 @@ from trainhub.kernels.context import build_job_script
 def _notebook_function(monkeypatch):
     g = {"__name__": "__main__"}
     exec("def helper(x):\n    return x * 2\n", g)
-    monkeypatch.setattr(__main__, "helper", g["helper"], raising=False)
+    monkeypatch.setattr(sys.modules["__main__"], "helper", g["helper"], raising=False)
     return g["helper"]
 
 

@@ -1,0 +1,66 @@
+# trainhub: `make up` starts the platform, `make test` runs every test.
+# Prerequisites: Python >= 3.11, Node.js >= 18 with npm, make. As root on Debian/Ubuntu,
+# `make test` installs the missing system packages (nodejs, npm, chromium) with apt.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+NODE_PREFIX := $(VENV)/node
+PROXY  := $(NODE_PREFIX)/node_modules/.bin/configurable-http-proxy
+# `trainhub up` finds the proxy on PATH or here (<venv>/node), no global install needed
+
+UP_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install test-deps system-deps up test test-unit test-e2e bench clean
+
+$(PY):
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "trainhub needs Python >= 3.11"'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# the platform: virtualenv with trainhub installed (editable) and configurable-http-proxy
+install: $(PY)
+	$(PIP) install -q -e .
+	@if command -v configurable-http-proxy >/dev/null 2>&1; then \
+	    echo "configurable-http-proxy: $$(command -v configurable-http-proxy)"; \
+	elif [ ! -x $(PROXY) ]; then \
+	    command -v npm >/dev/null 2>&1 || { echo "npm is missing: install Node.js >= 18 and npm (Debian: apt-get install nodejs npm)"; exit 1; }; \
+	    npm install --no-audit --no-fund --prefix $(NODE_PREFIX) configurable-http-proxy@^5; \
+	fi
+
+# system packages for the browser tests (root + apt only; otherwise say what is missing)
+system-deps:
+	@missing=""; \
+	command -v node >/dev/null 2>&1 && node -e 'process.exit(parseInt(process.versions.node) >= 18 ? 0 : 1)' || missing="$$missing nodejs npm"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium chromium-driver"; \
+	if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	    else \
+	        echo "note: missing system packages:$$missing (browser tests are skipped without chromium)"; \
+	    fi; \
+	fi
+
+test-deps: system-deps install
+	$(PIP) install -q -e ".[test]"
+
+up: install
+	$(VENV)/bin/trainhub up $(UP_ARGS)
+
+test: test-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-unit: test-deps
+	$(PY) -m pytest -q -m "not e2e and not browser" $(PYTEST_ARGS)
+
+test-e2e: test-deps
+	$(PY) -m pytest -q -m "e2e or browser" $(PYTEST_ARGS)
+
+bench: test-deps
+	@set -e; for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b; done
+
+clean:
+	rm -rf test-artifacts .pytest_cache

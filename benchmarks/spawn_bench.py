@@ -1,0 +1,222 @@
+"""Spawn-to-ready: trainhub's LocalGPUSpawner against stock JupyterHub's SimpleLocalProcessSpawner.
+
+One run starts both, on this machine, with the same proxy and the same single-user
+command, and alternates spawns between them (so a neighbour's load hits both alike):
+
+* trainhub: a real `trainhub up --gpus 4` (simulated devices without a driver), each spawn
+  with ``{"profile": "gpu-1"}`` (so the ledger, quota and storage work are in the measure);
+* stock: a plain ``jupyterhub`` with ``SimpleLocalProcessSpawner`` and a minimal config.
+
+Each measure is the time from the spawn POST to the hub reporting the server ``ready``
+(polled every 50 ms through the REST API); the server is stopped between spawns. One
+untimed warm-up spawn runs on each first. Prints both medians and the ratio; PASS when
+trainhub's median is at most 1.10 x stock's. Exit status 0 on PASS, 1 on FAIL.
+
+    .venv/bin/python benchmarks/spawn_bench.py [--spawns N] [--target 1.10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode} while starting")
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{what} did not answer at {url} within {timeout} s")
+
+
+class Hub:
+    """A running hub: base URL, an admin-scoped token, and a process to stop."""
+
+    def __init__(self, name: str, url: str, token: str, proc: subprocess.Popen, body: dict):
+        self.name, self.url, self.token, self.proc, self.body = name, url, token, proc, body
+        self.s = requests.Session()
+        self.s.headers["Authorization"] = f"token {token}"
+
+    def api(self, method, path, **kw):
+        kw.setdefault("timeout", 60)
+        return self.s.request(method, f"{self.url}/hub/api{path}", **kw)
+
+    def ensure_user(self, user: str) -> None:
+        if self.api("GET", f"/users/{user}").status_code == 404:
+            r = self.api("POST", f"/users/{user}")
+            r.raise_for_status()
+
+    def spawn_to_ready(self, user: str, timeout: float = 180) -> float:
+        t0 = time.perf_counter()
+        r = self.api("POST", f"/users/{user}/server", json=self.body)
+        if r.status_code not in (201, 202):
+            raise SystemExit(f"{self.name}: spawn refused: {r.status_code} {r.text[:300]}")
+        while True:
+            server = (self.api("GET", f"/users/{user}").json().get("servers") or {}).get("")
+            if server and server.get("ready"):
+                return time.perf_counter() - t0
+            if time.perf_counter() - t0 > timeout:
+                raise SystemExit(f"{self.name}: server not ready within {timeout} s")
+            time.sleep(0.05)
+
+    def stop_server(self, user: str, timeout: float = 60) -> None:
+        self.api("DELETE", f"/users/{user}/server")
+        deadline = time.monotonic() + timeout
+        while (self.api("GET", f"/users/{user}").json().get("servers") or {}).get(""):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{self.name}: server did not stop within {timeout} s")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def env_with_venv() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
+    env.pop("TRAINHUB_DATA_DIR", None)
+    return env
+
+
+def start_trainhub(tmp: Path) -> Hub:
+    data = tmp / "trainhub"
+    port = free_port()
+    log = open(tmp / "trainhub-up.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainhub.cli", "up", "--data-dir", str(data), "--gpus", "4", "--port", str(port), "--quiet"],
+        stdout=log, stderr=subprocess.STDOUT, env=env_with_venv(), start_new_session=True, cwd=str(REPO),
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/hub/api/", proc, "trainhub up")
+    r = subprocess.run([sys.executable, "-m", "trainhub.cli", "token", "admin", "--admin", "--data-dir", str(data)],
+                       capture_output=True, text=True, env=env_with_venv(), check=True)
+    return Hub("trainhub LocalGPUSpawner", url, r.stdout.strip().splitlines()[-1], proc, {"profile": "gpu-1"})
+
+
+STOCK_CONFIG = """
+import sys
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_port}"
+c.ConfigurableHTTPProxy.command = [{proxy!r}]
+c.JupyterHub.db_url = "sqlite:///{root}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{root}/cookie_secret"
+c.JupyterHub.pid_file = "{root}/jupyterhub.pid"
+c.JupyterHub.cleanup_servers = True
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = "{root}/homes/{{username}}"
+c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]  # the same command trainhub uses
+c.Spawner.default_url = "/lab"
+c.Spawner.args = {args!r}
+c.JupyterHub.services = [{{"name": "bench", "api_token": {token!r}}}]
+c.JupyterHub.load_roles = [{{"name": "bench", "scopes": ["admin:users", "admin:servers"], "services": ["bench"]}}]
+"""
+
+
+def find_proxy() -> str:
+    found = os.environ.get("TRAINHUB_PROXY_CMD") or shutil.which("configurable-http-proxy", path=env_with_venv()["PATH"])
+    if not found:
+        raise SystemExit("configurable-http-proxy not found (make install, or npm install -g configurable-http-proxy)")
+    return found
+
+
+def start_stock(tmp: Path) -> Hub:
+    root = tmp / "stock"
+    (root / "homes").mkdir(parents=True)
+    port, token = free_port(), secrets.token_hex(16)
+    cfg = root / "jupyterhub_config.py"
+    cfg.write_text(STOCK_CONFIG.format(
+        port=port, hub_port=free_port(), proxy_port=free_port(), proxy=find_proxy(), root=root, token=token,
+        args=["--allow-root"] if os.geteuid() == 0 else [],
+    ))
+    log = open(tmp / "stock-jupyterhub.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
+                            env=env_with_venv(), cwd=str(root), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/hub/api/", proc, "stock jupyterhub")
+    return Hub("stock SimpleLocalProcessSpawner", url, token, proc, {})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spawns", type=int, default=9, help="timed spawns per spawner (default 9)")
+    ap.add_argument("--target", type=float, default=1.10, help="largest acceptable trainhub/stock ratio (default 1.10)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs) and print its path")
+    args = ap.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="spawn-bench-"))
+    hubs: list[Hub] = []
+    try:
+        print("starting trainhub up and a stock jupyterhub...", flush=True)
+        hubs = [start_trainhub(tmp), start_stock(tmp)]
+        for hub in hubs:
+            hub.ensure_user("bench")
+            hub.spawn_to_ready("bench")  # warm-up: imports, home folder, first proxy route
+            hub.stop_server("bench")
+        times: dict[str, list[float]] = {h.name: [] for h in hubs}
+        for i in range(args.spawns):
+            order = hubs if i % 2 == 0 else hubs[::-1]
+            for hub in order:
+                times[hub.name].append(hub.spawn_to_ready("bench"))
+                hub.stop_server("bench")
+            print(f"  round {i + 1}/{args.spawns}: " + ", ".join(f"{n.split()[0]} {t[-1]:.2f} s" for n, t in times.items()), flush=True)
+    finally:
+        for hub in hubs:
+            hub.close()
+        if args.keep:
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    medians = {n: statistics.median(t) for n, t in times.items()}
+    print()
+    print(f"{'spawner':34} {'median':>8} {'min':>7} {'max':>7}  (spawn POST -> ready, {args.spawns} spawns each)")
+    for n, t in times.items():
+        print(f"{n:34} {medians[n]:7.2f}s {min(t):6.2f}s {max(t):6.2f}s")
+    trainhub, stock = (medians[h.name] for h in hubs)
+    ratio = trainhub / stock
+    paired = statistics.median(a / b for a, b in zip(*(times[h.name] for h in hubs)))
+    print(f"(for information: median of the per-round ratios = {paired:.3f}; load from elsewhere on the machine "
+          "moves single spawns by seconds)")
+    verdict = "PASS" if ratio <= args.target else "FAIL"
+    print(f"ratio trainhub/stock = {ratio:.3f} (target <= {args.target:.2f}): {verdict}")
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Sweep throughput: N trials at parallelism P against the same N trials one after another.
+
+One run starts a real `trainhub up --gpus 4` (the `Platform` helper of tests/conftest.py, on free
+loopback ports, with a user GPU quota of 4) and runs two sweeps of the same trials through the
+sweeps API, the serial one first:
+
+* serial:   ``--trials N --parallel 1``
+* parallel: ``--trials N --parallel P``
+
+Each trial is a job on 1 simulated GPU that sleeps ``--work`` seconds (reporting its metric each
+step), so what the trials themselves cost does not depend on the 2 shared cores; what is left is
+the platform's work: Optuna ask/tell, the job submission, the scheduler, the process start, metric
+ingestion and the controller noticing the end.
+
+Prints a table: wall time of each sweep, the speed-up (serial / parallel) against the ideal P,
+and the platform overhead per trial (serial wall / N - work), split into the job's own run
+overhead (started -> finished minus work: process start, Python and trainhub import, exit) and the
+gap between one trial's job ending and the next one starting (controller + scheduler). PASS when
+the speed-up is at least ``--target`` x P. Exit status 0 on PASS, 1 on FAIL.
+
+    .venv/bin/python benchmarks/sweep_bench.py [--trials 8] [--parallel 4] [--work 2.0] [--target 0.75]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from conftest import Platform  # noqa: E402  (the e2e tests' `trainhub up` driver)
+
+CONFIG = """
+c.QuotaPolicy.user_gpu_limit = 4
+"""
+
+TRIAL = """
+import time
+import trainhub
+
+x = trainhub.params()["x"]
+steps = 4
+for step in range(steps):
+    time.sleep({work} / steps)
+    trainhub.report(step=step, val_loss=(x - 0.5) ** 2 + 1.0 / (step + 1))
+"""
+
+
+def ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def run_sweep(api: str, headers: dict, *, trials: int, parallel: int, work: float, name: str) -> dict:
+    body = {"name": name, "script": TRIAL.format(work=work), "gpus": 1, "trials": trials, "parallel": parallel,
+            "metric": "val_loss", "mode": "min", "sampler": "random", "seed": 0, "pruner": "none",
+            "space": {"x": "uniform:0:1"}}
+    t0 = time.monotonic()
+    r = requests.post(api + "/sweeps", json=body, headers=headers, timeout=60)
+    if r.status_code != 201:
+        raise SystemExit(f"sweep not created: {r.status_code} {r.text}")
+    sid = r.json()["id"]
+    peak = 0
+    while True:
+        s = requests.get(f"{api}/sweeps/{sid}", headers=headers, timeout=30).json()
+        peak = max(peak, s["progress"]["running"] + s["progress"]["pending"])
+        if s["state"] in ("completed", "failed", "cancelled"):
+            break
+        time.sleep(0.1)
+    wall = time.monotonic() - t0
+    if s["state"] != "completed" or s["progress"]["complete"] != trials:
+        raise SystemExit(f"sweep {sid} ended {s['state']}: {s['reason']}")
+    items = requests.get(f"{api}/sweeps/{sid}/trials", headers=headers, timeout=30).json()["items"]
+    jobs = [requests.get(f"{api}/jobs/{t['job_id']}", headers=headers, timeout=30).json() for t in items]
+    jobs.sort(key=lambda j: ts(j["started"]))
+    run_over = [ts(j["finished"]) - ts(j["started"]) - work for j in jobs]
+    gaps = [ts(b["started"]) - ts(a["finished"]) for a, b in zip(jobs, jobs[1:])]
+    return {"id": sid, "wall": wall, "peak": peak, "run_overhead": statistics.median(run_over),
+            "gap": statistics.median(gaps) if gaps else 0.0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=8, help="trials per sweep (default 8)")
+    ap.add_argument("--parallel", type=int, default=4, help="parallelism of the parallel sweep (default 4, <= 4 GPUs)")
+    ap.add_argument("--work", type=float, default=2.0, help="seconds each trial works (sleeps) (default 2.0)")
+    ap.add_argument("--target", type=float, default=0.75, help="PASS when speed-up >= target x parallel (default 0.75)")
+    ap.add_argument("--keep", action="store_true", help="keep the platform's data dir (logs)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.parallel <= 4:
+        raise SystemExit("--parallel must be 1..4 (the platform has 4 simulated GPUs)")
+
+    tmp = Path(tempfile.mkdtemp(prefix="sweep-bench-"))
+    platform = Platform("sweep-bench", tmp / "data", gpus=4, config=CONFIG)
+    print(f"starting trainhub up in {tmp} ...", file=sys.stderr)
+    platform.start()
+    try:
+        api = platform.url + "/services/trainhub/api"
+        headers = {"Authorization": f"token {platform.token('bench')}"}
+        # warm-up: the first trial pays for cold caches (imports, Optuna's tables)
+        run_sweep(api, headers, trials=1, parallel=1, work=0.2, name="warmup")
+        serial = run_sweep(api, headers, trials=args.trials, parallel=1, work=args.work, name="serial")
+        par = run_sweep(api, headers, trials=args.trials, parallel=args.parallel, work=args.work, name="parallel")
+    finally:
+        platform.stop()
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}", file=sys.stderr)
+
+    n, p, w = args.trials, args.parallel, args.work
+    speedup = serial["wall"] / par["wall"]
+    overhead = serial["wall"] / n - w
+    ideal_par = -(-n // p) * w
+    rows = [
+        ("sweep", "trials", "parallel", "wall s", "ideal s", "peak unfinished"),
+        (f"serial {serial['id']}", str(n), "1", f"{serial['wall']:.1f}", f"{n * w:.1f}", str(serial["peak"])),
+        (f"parallel {par['id']}", str(n), str(p), f"{par['wall']:.1f}", f"{ideal_par:.1f}", str(par["peak"])),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print()
+    for r in rows:
+        print("  ".join(c.ljust(wd) for c, wd in zip(r, widths)))
+    print()
+    print(f"speed-up (serial / parallel): {speedup:.2f}x  (ideal {p}x, efficiency {speedup / p:.0%})")
+    print(f"platform overhead per trial (serial wall / N - work): {overhead:.2f} s")
+    print(f"  job run overhead (started -> finished - work, median): {serial['run_overhead']:.2f} s")
+    print(f"  between trials (previous job end -> next job start, median): {serial['gap']:.2f} s")
+    ok = speedup >= args.target * p and par["peak"] <= p
+    print(f"target: speed-up >= {args.target} x {p} = {args.target * p:.2f}x and never more than {p} unfinished: "
+          f"{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,563 @@
+"""The ``%%sweep`` cell magic: a hyperparameter sweep whose trials run the cell as jobs.
+
+``%%sweep --trials N --parallel P --metric NAME --mode min|max [--param lr=loguniform:1e-5:1e-1 ...]``
+sends the cell, with the notebook context ``%%train`` carries (:mod:`trainhub.kernels.context`),
+as the trial code of a sweep of the jobs service. Each trial reads ``trainhub.params()`` and reports
+``trainhub.report(step=..., NAME=...)``. The search space comes from ``--param`` flags and/or a
+literal ``search_space = {...}`` dict in the cell. Bad input (unknown distribution, empty range, no
+mode, a metric the cell never reports...) is a ``UsageError`` and nothing is submitted.
+
+Under the cell a :class:`SweepPanel` shows progress, the best value, a table of trials and plots
+(optimisation history, intermediate values per trial, parameter importance). ``--as VAR`` binds a
+:class:`SweepHandle`. The ``render_*`` / ``svg_*`` functions are pure (dicts in, HTML out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import math
+import sys
+import threading
+
+from IPython.core.error import UsageError
+from IPython.core.magic import cell_magic, magics_class
+
+from trainhub.commands.jobs import add_spec_options, spec_from_args
+from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
+from trainhub.kernels.magics import TrainMagics, _UsageParser, parse_line
+from trainhub.services.sweeps.space import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
+                                            space_from_source)
+
+SWEEP_TERMINAL = frozenset({"completed", "failed", "cancelled"})
+SWEEP_COLORS = {"running": "#1f6feb", "completed": "#1a7f37", "failed": "#cf222e", "cancelled": "#6e7781"}
+TRIAL_COLORS = {"pending": "#8a6d00", "running": "#1f6feb", "complete": "#1a7f37", "pruned": "#bc4c00",
+                "failed": "#cf222e", "cancelled": "#6e7781"}
+
+CELL_HELP = f"""\
+Run a hyperparameter sweep: each trial runs this cell as a batch job with its own parameters.
+
+In the cell read the trial's parameters with trainhub.params() and report the metric with
+trainhub.report(step=..., NAME=value) (intermediate values let the pruner stop bad trials early;
+the last value reported is the trial's result). Declare the search space with --param flags or a
+literal dict in the cell, e.g.  {SPACE_VARIABLE} = {{"lr": "loguniform:1e-5:1e-1", "opt": ["adam", "sgd"]}}.
+Distributions: uniform:LOW:HIGH[:STEP], loguniform:LOW:HIGH, int:LOW:HIGH[:STEP], logint:LOW:HIGH,
+choice:A,B,...  Notebook context (imports, functions, small values) is sent as with %%train.
+"""
+
+
+class _SweepParser(_UsageParser):
+    def error(self, message):
+        raise UsageError(f"{message}\n{self.format_usage().rstrip()}\nRun '%%sweep --help' for details; nothing was submitted.")
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    p = _SweepParser(prog="%%sweep", description=CELL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     allow_abbrev=False)
+    g = p.add_argument_group("sweep")
+    g.add_argument("--trials", type=_pos_int, metavar="N", help="trials to run in all (required)")
+    g.add_argument("--parallel", type=_pos_int, default=1, metavar="P", help="trials running at once (default 1; "
+                   "your GPU quota may hold fewer)")
+    g.add_argument("--metric", metavar="NAME", help="the metric the cell reports with trainhub.report(NAME=...) (required)")
+    g.add_argument("--mode", metavar="min|max", help="minimise or maximise the metric (required)")
+    g.add_argument("--param", action="append", default=[], metavar="NAME=KIND:ARGS",
+                   help="a parameter, e.g. lr=loguniform:1e-5:1e-1, layers=int:2:8, opt=choice:adam,sgd (repeatable)")
+    g.add_argument("--sampler", choices=("tpe", "random", "grid", "cmaes"), default="tpe", help="Optuna sampler (default tpe)")
+    g.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median",
+                   help="Optuna pruner stopping bad trials early from their intermediate values (default median)")
+    g.add_argument("--seed", type=int, metavar="S", help="sampler seed (reproducible suggestions)")
+    g.add_argument("--startup-trials", type=_nonneg_int, metavar="K",
+                   help="finished trials before TPE models and the median pruner compares (default trials/4, 1..5)")
+    g.add_argument("--prune-after", type=_nonneg_int, default=0, metavar="STEPS",
+                   help="steps a trial reports before it may be pruned (default 0)")
+    g.add_argument("--no-metric-check", action="store_true",
+                   help="start even if the cell has no report(..., NAME=...) call (a helper module reports it)")
+    add_spec_options(p)
+    p.add_argument("--wait", action="store_true", help="block until the sweep ends")
+    p.add_argument("--as", dest="as_var", metavar="VAR", help="bind the SweepHandle to VAR (it is also the cell's result)")
+    p.add_argument("--ignore-missing", action="store_true",
+                   help="start even if some variables the cell uses cannot be sent (too big / not picklable)")
+    p.add_argument("--dry-run", action="store_true", help="print the sweep spec and the trial script, submit nothing")
+    return p
+
+
+def _nonneg_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _pos_int(text):
+    v = _nonneg_int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def sweep_body(args, cell: str, script_source: str) -> dict:
+    """The POST /sweeps body from parsed flags; raises UsageError for mistakes (nothing submitted)."""
+    if args.trials is None:
+        raise UsageError("--trials N is required: how many trials to run; nothing was submitted.")
+    if not args.metric:
+        raise UsageError("--metric NAME is required: the value the cell reports with trainhub.report(step=..., NAME=...); "
+                         "nothing was submitted.")
+    if not args.mode:
+        raise UsageError(f"--mode is required: min or max (does a smaller or a larger {args.metric} win?); "
+                         "nothing was submitted.")
+    if args.mode not in ("min", "max"):
+        raise UsageError(f"--mode must be min or max, not {args.mode!r}; nothing was submitted.")
+    try:
+        flags = parse_space(args.param) if args.param else {}
+        in_cell = space_from_source(cell)
+        from_cell = parse_space(in_cell) if in_cell else {}
+        space = merge_spaces(flags, from_cell)
+        if not space:
+            parse_space({})  # raises the "empty search space" message
+    except SpaceError as e:
+        raise UsageError(f"{e}; nothing was submitted.") from None
+    if not args.no_metric_check and reports_metric(script_source, args.metric) is False:
+        raise UsageError(f"the cell never reports {args.metric!r}: call trainhub.report(step=..., {args.metric}=...) "
+                         "in it (or pass --no-metric-check if a helper module reports it); nothing was submitted.")
+    body = spec_from_args(args, script=script_source)
+    body.update(trials=args.trials, parallel=args.parallel, metric=args.metric, mode=args.mode, space=space,
+                sampler=args.sampler, pruner=args.pruner, prune_after=args.prune_after)
+    if args.seed is not None:
+        body["seed"] = args.seed
+    if args.startup_trials is not None:
+        body["startup_trials"] = args.startup_trials
+    if args.no_metric_check:
+        body["check_metric"] = False
+    return body
+
+
+@magics_class
+class SweepMagics(TrainMagics):
+    """``%%sweep`` (configured like ``%%train``: ``TrainMagics.api_url``, ``max_value_bytes``...)."""
+
+    @cell_magic
+    def sweep(self, line: str, cell: str):
+        """%%sweep --trials N --parallel P --metric NAME --mode min|max [--param NAME=KIND:ARGS ...]
+        [--sampler tpe|random|grid|cmaes] [--pruner median|hyperband|none] [--gpus G --workers W ...]
+        [--name NAME] [--as VAR] [--wait]: run a hyperparameter sweep of this cell."""
+        __tracebackhide__ = True
+        args = parse_line(sweep_parser(), line)  # None when --help was shown
+        if args is None:
+            return None
+        if args.as_var is not None and not args.as_var.isidentifier():
+            raise UsageError(f"--as {args.as_var!r}: not a Python variable name; nothing was submitted.")
+        if not cell.strip():
+            raise UsageError("the %%sweep cell is empty: put the trial code below the %%sweep line.")
+        history = list(self.shell.history_manager.input_hist_raw) if self.shell is not None else []
+        try:
+            script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
+                                      transform=self.shell.transform_cell, line_offset=1)
+        except CellSyntaxError as e:
+            where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
+            pointer = f"\n    {e.line.strip()}" if e.line else ""
+            raise UsageError(f"syntax error in {where}: {e.msg}{pointer}\nNothing was submitted.") from None
+        if script.left_out and not args.ignore_missing:
+            raise UsageError(left_out_message(script, self.max_value_bytes).replace("%%train", "%%sweep"))
+        body = sweep_body(args, cell, script.source.replace("%%train", "%%sweep"))
+        body.setdefault("name", f"notebook-sweep-{getattr(self.shell, 'execution_count', 0)}")
+        if args.dry_run:
+            import json
+
+            print(json.dumps({k: v for k, v in body.items() if k != "script"}, indent=2))
+            print(body["script"])
+            return None
+        sweep = self._call("the sweep was not started", self.client.create_sweep, body)
+        self._report_context(script)
+        handle = SweepHandle(self.client, sweep)
+        if args.as_var:
+            self.shell.user_ns[args.as_var] = handle
+        if self._widgets():
+            from IPython.display import display
+
+            handle.panel = SweepPanel(self.client, sweep, poll=self.poll_interval).start()
+            display(handle.panel)
+        else:
+            print(f"started sweep {sweep['id']}: {sweep['trials']} trials, {sweep['parallel']} at a time, "
+                  f"{sweep['mode']}imising {sweep['metric']}")
+        if args.wait:
+            try:
+                sweep = handle.wait(poll=self.poll_interval)
+            except KeyboardInterrupt:
+                print(f"stopped waiting; sweep {handle.id} keeps running (cancel it with the Cancel button or "
+                      f"{args.as_var or 'the handle'}.cancel())", file=sys.stderr)
+                raise
+            if handle.panel is None:
+                print(summary_line(sweep))
+        return handle
+
+
+# -- the handle -------------------------------------------------------------------------------------
+class BestTrial(dict):
+    """The best trial: a dict (number, value, params, job_id, outputs_url, outputs_path) with attributes."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self):
+        return (f"<BestTrial {self.get('number')}: value {self.get('value')!r}, params {self.get('params')}, "
+                f"job {self.get('job_id')}, outputs {self.get('outputs_url') or self.get('outputs_path')}>")
+
+
+class SweepHandle:
+    """One sweep: ``status``, ``sweep`` (last seen), ``trials`` (table), ``best_trial``, ``importance``,
+    ``register_best(name)`` (model registry), ``cancel()``, ``wait()``, ``show()``."""
+
+    def __init__(self, client, sweep: dict, panel=None):
+        self.client = client
+        self.id = sweep["id"]
+        self.sweep = sweep
+        self.panel = panel
+
+    def refresh(self) -> dict:
+        self.sweep = self.client.get_sweep(self.id)
+        return self.sweep
+
+    @property
+    def status(self) -> str:
+        return self.refresh()["state"]
+
+    @property
+    def done(self) -> bool:
+        return self.status in SWEEP_TERMINAL
+
+    @property
+    def trials(self):
+        """The trials as a DataFrame (pandas) or a Table: number, state, value, one column per parameter, job, reason."""
+        from trainhub.kernels.handle import Table
+
+        rows = trial_rows(self.client.sweep_trials(self.id))
+        try:
+            import pandas as pd
+        except ImportError:
+            return Table(rows)
+        return pd.DataFrame(rows)
+
+    @property
+    def best_trial(self) -> BestTrial | None:
+        """The best completed trial so far (params, value, job_id, outputs_url / outputs_path), or None."""
+        best = self.refresh().get("best")
+        return BestTrial(best) if best else None
+
+    @property
+    def importance(self) -> dict | None:
+        return self.refresh().get("importance")
+
+    def register_best(self, name: str, *, path: str | None = None, description: str = "", stage: str | None = None) -> dict:
+        """Register the best trial's job outputs as the next version of model ``name`` in the model
+        registry (its params and final metrics come along); returns the model version."""
+        best = self.best_trial
+        if best is None:
+            raise RuntimeError(f"sweep {self.id} has no completed trial yet ({progress_text(self.sweep)})")
+        register = getattr(self.client, "register_model", None)
+        if register is None:
+            raise RuntimeError("this platform has no model registry; the best trial's outputs are at "
+                               f"{best.get('outputs_url') or best.get('outputs_path')}")
+        return register(name, job=best["job_id"], path=path, description=description or
+                        f"best trial {best['number']} of sweep {self.id} ({self.sweep.get('metric')} = {best['value']:.6g})",
+                        stage=stage)
+
+    def cancel(self) -> dict:
+        self.sweep = self.client.cancel_sweep(self.id)
+        return self.sweep
+
+    def wait(self, poll: float = 1.0, timeout: float | None = None) -> dict:
+        """Block until the sweep is completed, failed or cancelled; returns the sweep."""
+        self.sweep = self.client.wait_sweep(self.id, poll=poll, timeout=timeout)
+        return self.sweep
+
+    def show(self):
+        from IPython.display import display
+
+        if self.panel is None:
+            self.panel = SweepPanel(self.client, self.sweep).start()
+        display(self.panel)
+
+    def __repr__(self):
+        s = self.sweep
+        best = s.get("best")
+        return (f"<SweepHandle {self.id} {s.get('state')} (when last seen), {progress_text(s)}"
+                + (f", best {s.get('metric')} {best['value']:.6g}" if best else "")
+                + ": .status .trials .best_trial .cancel() .wait()>")
+
+
+# -- pure rendering -----------------------------------------------------------------------------------
+def progress_text(sweep: dict) -> str:
+    p = sweep.get("progress") or {}
+    n = sweep.get("trials", "?")
+    parts = [f"{p.get('done', 0)}/{n} trials done"]
+    for key, label in (("complete", "complete"), ("pruned", "pruned"), ("failed", "failed"), ("cancelled", "cancelled")):
+        if p.get(key):
+            parts.append(f"{p[key]} {label}")
+    running = p.get("running", 0) + p.get("pending", 0)
+    parts.append(f"{running} running")
+    return ", ".join(parts)
+
+
+def summary_line(sweep: dict) -> str:
+    best = sweep.get("best")
+    text = f"sweep {sweep['id']} {sweep.get('state')}: {progress_text(sweep)}"
+    if best:
+        text += (f"; best {sweep.get('metric')} = {best['value']:.6g} (trial {best['number']}, {best.get('job_id')}, "
+                 f"params {best.get('params')})")
+    elif sweep.get("reason"):
+        text += f" ({sweep['reason']})"
+    return text
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def trial_rows(trials: list[dict]) -> list[dict]:
+    names = list(dict.fromkeys(k for t in trials for k in (t.get("params") or {})))
+    rows = []
+    for t in trials:
+        row = {"number": t.get("number"), "state": t.get("state"), "value": t.get("value")}
+        for k in names:
+            row[k] = (t.get("params") or {}).get(k)
+        row.update(steps=len(t.get("intermediate") or []), job_id=t.get("job_id"), reason=t.get("reason") or "")
+        rows.append(row)
+    return rows
+
+
+def render_header(sweep: dict) -> str:
+    state = sweep.get("state", "?")
+    color = SWEEP_COLORS.get(state, "#6e7781")
+    name = html.escape(sweep.get("name") or "")
+    parts = [f"<b>{html.escape(sweep.get('id', '?'))}</b>" + (f" {name}" if name else ""),
+             f"<span style='color:#fff;background:{color};border-radius:3px;padding:0 6px'>{html.escape(state)}</span>",
+             html.escape(progress_text(sweep)),
+             html.escape(f"{sweep.get('mode', '?')} {sweep.get('metric', '?')}, {sweep.get('sampler')}/{sweep.get('pruner')}, "
+                         f"{sweep.get('parallel')} at a time")]
+    out = " &middot; ".join(parts)
+    best = sweep.get("best")
+    if best:
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in (best.get("params") or {}).items())
+        out += (f"<br>best <b>{html.escape(sweep.get('metric', ''))} = {best['value']:.6g}</b> "
+                f"(trial {best['number']}, {html.escape(str(best.get('job_id')))}: {html.escape(params)})")
+        if state in SWEEP_TERMINAL and (best.get("outputs_url") or best.get("outputs_path")):
+            out += f"<br><span style='color:#57606a'>best outputs: <code>{html.escape(best.get('outputs_url') or best.get('outputs_path'))}</code></span>"
+    if sweep.get("reason") and state != "running" or (sweep.get("reason") or "").startswith(("cancelling", "stopping")):
+        out += f"<br><span style='color:#57606a'>{html.escape(sweep['reason'])}</span>"
+    return f"<div style='font-family:var(--jp-ui-font-family,sans-serif);line-height:1.6'>{out}</div>"
+
+
+def render_trials_table(trials: list[dict], max_rows: int = 50) -> str:
+    if not trials:
+        return "<div style='color:#57606a'>(no trials yet)</div>"
+    rows = trial_rows(trials)[-max_rows:]
+    cols = [c for c in rows[0] if c != "reason"] + ["reason"]
+    head = "".join(f"<th style='text-align:left;padding:0 6px'>{html.escape(c)}</th>" for c in cols)
+    body = []
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            text = html.escape(_fmt(v) if c != "reason" else str(v)[:80])
+            if c == "state":
+                text = f"<span style='color:{TRIAL_COLORS.get(v, '#57606a')}'>{text}</span>"
+            cells.append(f"<td style='padding:0 6px'>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f"<div style='max-height:16em;overflow:auto'><table style='font-size:12px;border-collapse:collapse'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _axes(xs, ys, width, height, pad=(44, 8, 18, 18)):
+    pad_l, pad_r, pad_t, pad_b = pad
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 == y0:
+        y0, y1 = y0 - (abs(y0) or 1) * 0.1, y1 + (abs(y1) or 1) * 0.1
+    w, h = width - pad_l - pad_r, height - pad_t - pad_b
+
+    def sx(x):
+        return pad_l + (x - x0) / (x1 - x0) * w
+
+    def sy(y):
+        return pad_t + (1 - (y - y0) / (y1 - y0)) * h
+
+    frame = (f"<line x1='{pad_l}' y1='{pad_t + h}' x2='{pad_l + w}' y2='{pad_t + h}' stroke='#d0d7de'/>"
+             f"<line x1='{pad_l}' y1='{pad_t}' x2='{pad_l}' y2='{pad_t + h}' stroke='#d0d7de'/>"
+             f"<text x='{pad_l - 4}' y='{pad_t + 4}' font-size='9' text-anchor='end' font-family='sans-serif'>{y1:.3g}</text>"
+             f"<text x='{pad_l - 4}' y='{pad_t + h}' font-size='9' text-anchor='end' font-family='sans-serif'>{y0:.3g}</text>")
+    return sx, sy, frame, (x0, x1)
+
+
+def svg_history(trials: list[dict], mode: str = "min", width: int = 300, height: int = 150) -> str:
+    """Optimisation history: each completed trial's value (dots) and the best so far (line)."""
+    pts = [(t["number"], t["value"]) for t in trials if t.get("state") == "complete" and isinstance(t.get("value"), (int, float))
+           and math.isfinite(t["value"])]
+    if not pts:
+        return ""
+    pts.sort()
+    best, line = None, []
+    for x, y in pts:
+        best = y if best is None else (min(best, y) if mode == "min" else max(best, y))
+        line.append((x, best))
+    sx, sy, frame, (x0, x1) = _axes([p[0] for p in pts], [p[1] for p in pts], width, height)
+    dots = "".join(f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='2.5' fill='#1f6feb'/>" for x, y in pts)
+    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
+    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='optimisation history'>"
+            f"<text x='44' y='12' font-size='11' font-family='sans-serif'>optimisation history (best {line[-1][1]:.4g})</text>"
+            f"{frame}<polyline fill='none' stroke='#1a7f37' stroke-width='1.5' points='{path}'/>{dots}"
+            f"<text x='44' y='{height - 4}' font-size='9' font-family='sans-serif'>trial {x0:g}</text>"
+            f"<text x='{width - 8}' y='{height - 4}' font-size='9' text-anchor='end' font-family='sans-serif'>{x1:g}</text></svg>")
+
+
+def svg_intermediate(trials: list[dict], width: int = 300, height: int = 150, max_trials: int = 40) -> str:
+    """Intermediate values per trial (one line each; pruned trials in orange)."""
+    series = [(t, [(float(s), float(v)) for s, v in (t.get("intermediate") or []) if isinstance(v, (int, float)) and math.isfinite(v)])
+              for t in trials[-max_trials:]]
+    series = [(t, pts) for t, pts in series if pts]
+    if not series:
+        return ""
+    xs = [p[0] for _, pts in series for p in pts]
+    ys = [p[1] for _, pts in series for p in pts]
+    sx, sy, frame, (x0, x1) = _axes(xs, ys, width, height)
+    lines = []
+    for t, pts in series:
+        color = TRIAL_COLORS.get(t.get("state"), "#1f6feb")
+        if len(pts) == 1:
+            lines.append(f"<circle cx='{sx(pts[0][0]):.1f}' cy='{sy(pts[0][1]):.1f}' r='2' fill='{color}'/>")
+        else:
+            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+            lines.append(f"<polyline fill='none' stroke='{color}' stroke-opacity='0.8' stroke-width='1.2' points='{path}'>"
+                         f"<title>trial {t.get('number')} ({html.escape(str(t.get('state')))})</title></polyline>")
+    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='intermediate values'>"
+            f"<text x='44' y='12' font-size='11' font-family='sans-serif'>intermediate values per trial</text>{frame}{''.join(lines)}"
+            f"<text x='44' y='{height - 4}' font-size='9' font-family='sans-serif'>step {x0:g}</text>"
+            f"<text x='{width - 8}' y='{height - 4}' font-size='9' text-anchor='end' font-family='sans-serif'>{x1:g}</text></svg>")
+
+
+def svg_importance(importance: dict | None, width: int = 300) -> str:
+    """Parameter importance as horizontal bars (largest first)."""
+    if not importance:
+        return ""
+    items = sorted(importance.items(), key=lambda kv: -kv[1])[:12]
+    bar_h, pad_l, top = 16, 90, 18
+    height = top + bar_h * len(items) + 4
+    top_value = max(v for _, v in items) or 1.0
+    bars = []
+    for i, (name, v) in enumerate(items):
+        y = top + i * bar_h
+        w = max(1.0, (width - pad_l - 40) * v / top_value)
+        bars.append(f"<text x='{pad_l - 4}' y='{y + 11}' font-size='10' text-anchor='end' font-family='sans-serif'>{html.escape(name[:14])}</text>"
+                    f"<rect x='{pad_l}' y='{y + 2}' width='{w:.1f}' height='{bar_h - 5}' fill='#8250df'/>"
+                    f"<text x='{pad_l + w + 3:.1f}' y='{y + 11}' font-size='9' font-family='sans-serif'>{v:.2f}</text>")
+    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='parameter importance'>"
+            f"<text x='4' y='12' font-size='11' font-family='sans-serif'>parameter importance</text>{''.join(bars)}</svg>")
+
+
+def render_plots(sweep: dict, trials: list[dict]) -> str:
+    charts = [svg_history(trials, sweep.get("mode", "min")), svg_intermediate(trials), svg_importance(sweep.get("importance"))]
+    charts = [c for c in charts if c]
+    if not charts:
+        return ""
+    return "<div style='display:flex;flex-wrap:wrap;gap:10px'>" + "".join(charts) + "</div>"
+
+
+# -- the live panel --------------------------------------------------------------------------------
+class SweepPanel:
+    """Live view of one sweep: ``update(sweep, trials)`` sets the widgets from API dicts; ``start()``
+    polls every ``poll`` seconds on a daemon thread until the sweep ends or ``stop()``."""
+
+    def __init__(self, client, sweep: dict, *, poll: float = 1.0):
+        import ipywidgets as w
+
+        self.client = client
+        self.sweep = sweep
+        self.trials: list[dict] = []
+        self.poll = poll
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.header = w.HTML()
+        self.bar = w.IntProgress(value=0, min=0, max=max(1, int(sweep.get("trials") or 1)), bar_style="info",
+                                 layout=w.Layout(width="300px"))
+        self.table = w.HTML()
+        self.plots = w.HTML()
+        self.message = w.HTML()
+        self.cancel_button = w.Button(description="Cancel sweep", button_style="danger", icon="stop",
+                                      tooltip="cancel this sweep and its running trials", layout=w.Layout(width="auto"))
+        self.cancel_button.on_click(lambda _b: self.cancel())
+        self.widget = w.VBox([w.HBox([self.header, self.cancel_button],
+                                     layout=w.Layout(justify_content="space-between", align_items="flex-start")),
+                              self.bar, self.plots, self.table, self.message])
+        self.update(sweep, [])
+
+    def _repr_mimebundle_(self, **kw):
+        return self.widget._repr_mimebundle_(**kw)
+
+    def update(self, sweep: dict | None = None, trials: list[dict] | None = None) -> None:
+        if sweep is not None:
+            self.sweep = sweep
+            self.header.value = render_header(sweep)
+            self.bar.value = int((sweep.get("progress") or {}).get("done", 0))
+            terminal = sweep.get("state") in SWEEP_TERMINAL
+            self.bar.bar_style = {"completed": "success", "failed": "danger", "cancelled": "warning"}.get(sweep.get("state"), "info")
+            self.cancel_button.disabled = terminal
+            self.cancel_button.layout.display = "none" if terminal else None
+        if trials is not None:
+            self.trials = trials
+            self.table.value = render_trials_table(trials)
+            self.plots.value = render_plots(self.sweep, trials)
+
+    def cancel(self) -> None:
+        try:
+            self.update(self.client.cancel_sweep(self.sweep["id"]))
+            self.message.value = "<span style='color:#57606a'>cancel requested: running trials are being stopped</span>"
+        except Exception as e:
+            self.message.value = f"<span style='color:#cf222e'>cancel failed: {html.escape(str(e))}</span>"
+
+    def refresh(self) -> dict:
+        sweep = self.client.get_sweep(self.sweep["id"])
+        trials = self.client.sweep_trials(self.sweep["id"])
+        self.update(sweep, trials)
+        return sweep
+
+    def start(self) -> "SweepPanel":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"trainhub-sweep-panel-{self.sweep['id']}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        errors = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    sweep = self.refresh()
+                    if errors:
+                        self.message.value = ""
+                    errors = 0
+                    if sweep.get("state") in SWEEP_TERMINAL:
+                        break
+                except Exception as e:
+                    errors += 1
+                    self.message.value = f"<span style='color:#8a6d00'>cannot refresh ({html.escape(str(e))}); retrying</span>"
+                self._stop.wait(min(self.poll * (2 ** min(errors, 5)), 30.0))
+        finally:
+            self.done.set()
+
+
+__all__ = ["SweepMagics", "SweepHandle", "SweepPanel", "BestTrial", "sweep_parser", "sweep_body"]

@@ -1,0 +1,516 @@
+"""The sweep controller: Optuna asks, jobs run, metrics come back, Optuna prunes and learns.
+
+One loop in the jobs service, woken when a sweep is created or cancelled and otherwise every
+``tick`` seconds. Per running sweep (each in its own try/except, so one broken sweep never stops
+the others):
+
+1. every trial whose job is unfinished: new values of the sweep's metric (from the job metrics
+   table the engine fills) are reported to Optuna as intermediate values; if the pruner says so,
+   the job is cancelled at once (its GPUs go back to the pool when it stops) and the trial is
+   recorded as pruned;
+2. every trial whose job ended: Optuna is told the outcome: the last reported value of the metric
+   when the job succeeded; failed (with the reason) when the job failed or never reported it;
+3. new trials are asked from Optuna and submitted as jobs (through ``service.submit``, so the
+   scheduler holds them to the user's quota) until ``parallel`` are unfinished or all ``trials``
+   were started; the sweep completes when every trial is done.
+
+All state lives in SQL (``sweeps``, ``sweep_trials``, the jobs) and in Optuna's RDB storage in the
+platform database, so a restarted service carries on: trials whose jobs ran meanwhile are
+reconciled, a trial asked but not yet submitted is submitted again under the same ``submit_key``
+(never twice). Optuna calls block on SQLite: they run on one dedicated thread, never on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+
+from traitlets import Float, Integer
+from traitlets.config import LoggingConfigurable
+
+from trainhub.exceptions import TrainhubError
+from trainhub.services.jobs.models import TERMINAL, job_key
+
+from .models import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, TRIAL_CANCELLED, TRIAL_FAILED,
+                     TRIAL_FINAL, TRIAL_RUNNING, Sweep, SweepTrial, study_name)
+from .space import grid_points, to_distributions
+from .store import SweepStore, best_trial, now_utc
+
+
+# -- pure decisions (tests feed them plain values) ----------------------------------------------------
+def metric_points(records: list[dict], metric: str) -> list[tuple[int, float]]:
+    """``[(step, value), ...]`` of ``metric`` from the API's metrics records, lead worker only
+    (rank 0 when present); a record without a step gets its position among the metric's records."""
+    workers = {r.get("worker", 0) for r in records}
+    lead = 0 if 0 in workers or not workers else min(workers)
+    points = []
+    for rec in records:
+        if rec.get("worker", 0) != lead:
+            continue
+        v = (rec.get("values") or {}).get(metric)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            continue
+        step = rec.get("step")
+        points.append((int(step) if step is not None else len(points), float(v)))
+    return points
+
+
+def never_reported(metric: str) -> str:
+    return (f"metric {metric!r} was never reported (the trial must call "
+            f"trainhub.report(step=..., {metric}=...))")
+
+
+def trial_outcome(job_state: str, job_reason: str, job_id: str, points: list, metric: str,
+                  sweep_cancelled: bool = False) -> tuple[str, float | None, str]:
+    """(trial state, value, reason) for a trial whose job ended in ``job_state``."""
+    if job_state == "succeeded":
+        if not points:
+            return TRIAL_FAILED, None, never_reported(metric)
+        value = points[-1][1]
+        return COMPLETE, value, f"{metric} = {value:.6g} (job {job_id} succeeded)"
+    if job_state == "cancelled":
+        why = "the sweep was cancelled" if sweep_cancelled else f"its job {job_id} was cancelled: {job_reason}"
+        return TRIAL_CANCELLED, None, why
+    return TRIAL_FAILED, None, f"job {job_id} {job_state}: {job_reason}"
+
+
+def trials_to_start(n_trials: int, parallel: int, started: int, unfinished: int) -> int:
+    """How many new trials to ask for: fill the free slots, never beyond ``n_trials`` in all."""
+    return max(0, min(parallel - unfinished, n_trials - started))
+
+
+def failing_fast(trials: list, limit: int) -> str | None:
+    """A reason to stop the sweep when its first ``limit`` finished trials all failed (the trial code
+    is broken: running the rest would only burn GPU time); None otherwise."""
+    if limit <= 0:
+        return None
+    finished = [t for t in trials if t.state in TRIAL_FINAL]
+    if any(t.state in (COMPLETE, PRUNED) for t in finished):
+        return None
+    failed = [t for t in finished if t.state == TRIAL_FAILED]
+    if len(failed) >= limit:
+        last = max(failed, key=lambda t: t.number)
+        return f"the first {len(failed)} trials failed and none completed (trial {last.number}: {last.reason})"
+    return None
+
+
+def default_startup(n_trials: int) -> int:
+    """Trials finished before TPE models and before the median pruner compares: Optuna's defaults
+    (10 and 5) would leave a small sweep purely random and unpruned."""
+    return max(1, min(5, n_trials // 4))
+
+
+def make_sampler(settings: dict, space: dict, n_trials: int):
+    import optuna
+
+    seed = settings.get("seed")
+    startup = settings.get("startup_trials")
+    kind = settings.get("sampler") or "tpe"
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":
+        return optuna.samplers.GridSampler(grid_points(space), seed=seed)
+    if kind == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup if startup is not None else default_startup(n_trials))
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True,
+                                      n_startup_trials=startup if startup is not None else max(2, default_startup(n_trials)))
+
+
+def make_pruner(settings: dict, n_trials: int):
+    import optuna
+
+    kind = settings.get("pruner") or "median"
+    warmup = int(settings.get("prune_after") or 0)
+    if kind == "none":
+        return optuna.pruners.NopPruner()
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup))
+    startup = settings.get("startup_trials")
+    return optuna.pruners.MedianPruner(n_startup_trials=startup if startup is not None else default_startup(n_trials),
+                                       n_warmup_steps=warmup)
+
+
+class SweepCaller:
+    """Who submits a sweep's trials: its creator (name, groups, admin flag as at creation)."""
+
+    def __init__(self, sweep: Sweep):
+        self.name = sweep.user
+        self.groups = tuple(sweep.groups or ())
+        self.admin = bool(sweep.admin)
+        self.kind = "user"
+        self.scopes: set = set()
+
+
+class SweepController(LoggingConfigurable):
+    tick = Float(0.5, help="Seconds between controller passes when nothing wakes it (creates and cancels wake it at once); "
+                 "also the delay before a finished trial's slot is refilled, at most.").tag(config=True)
+    fail_fast = Integer(3, help="Stop a sweep when its first N finished trials all failed (broken trial code). 0 = never.").tag(config=True)
+    importance_min_trials = Integer(5, help="Completed trials needed before parameter importance is computed "
+                                    "(optuna.importance, PED-ANOVA). 0 = never compute it.").tag(config=True)
+
+    def __init__(self, service, **kw):
+        super().__init__(**kw)
+        self.service = service
+        self.store = SweepStore(service.db_url)
+        self._optuna = ThreadPoolExecutor(1, thread_name_prefix="trainhub-optuna")
+        self._storage = None
+        self._studies: dict[int, object] = {}
+        self._creating: set[int] = set()  # sweeps whose study is being made: the loop leaves them alone
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.passes = 0
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    async def optuna(self, fn, *a, **kw):
+        """Run a blocking Optuna call on the controller's own thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._optuna, lambda: fn(*a, **kw))
+
+    async def read(self, fn, *a, **kw):
+        return await self.service.store.read(fn, *a, **kw)
+
+    async def write(self, fn, *a, **kw):
+        return await self.service.store.write(fn, *a, **kw)
+
+    def storage(self):
+        """Optuna's RDB storage on the platform database (sync; optuna thread)."""
+        if self._storage is None:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            kwargs = {"connect_args": {"timeout": 30}} if self.service.db_url.startswith("sqlite") else {"pool_pre_ping": True}
+            self._storage = optuna.storages.RDBStorage(self.service.db_url, engine_kwargs=kwargs)
+        return self._storage
+
+    def _create_study(self, sweep: Sweep):
+        import optuna
+
+        study = optuna.create_study(storage=self.storage(), study_name=study_name(sweep.id), load_if_exists=True,
+                                    direction="minimize" if sweep.mode == "min" else "maximize",
+                                    sampler=make_sampler(sweep.settings or {}, sweep.space, sweep.n_trials),
+                                    pruner=make_pruner(sweep.settings or {}, sweep.n_trials))
+        study.set_user_attr("trainhub_sweep", sweep.key)
+        self._studies[sweep.id] = study
+        return study
+
+    def _study(self, sweep: Sweep):
+        study = self._studies.get(sweep.id)
+        if study is None:
+            import optuna
+
+            study = optuna.load_study(study_name=study_name(sweep.id), storage=self.storage(),
+                                      sampler=make_sampler(sweep.settings or {}, sweep.space, sweep.n_trials),
+                                      pruner=make_pruner(sweep.settings or {}, sweep.n_trials))
+            self._studies[sweep.id] = study
+        return study
+
+    async def create(self, caller, spec) -> Sweep:
+        """Record a validated sweep and its Optuna study; the loop starts its trials."""
+        sweep = await self.write(self.store.create, name=spec.name, user=caller.name, groups=list(caller.groups),
+                                 admin=bool(caller.admin), state=RUNNING, reason="starting its first trials",
+                                 n_trials=spec.trials, parallel=spec.parallel, metric=spec.metric, mode=spec.mode,
+                                 space=spec.space, settings=spec.settings(), job=job_template(spec.job))
+        self._creating.add(sweep.id)
+        try:
+            await self.optuna(self._create_study, sweep)
+        except BaseException:
+            await self.write(self.store.delete, sweep.id)
+            raise
+        finally:
+            self._creating.discard(sweep.id)
+        self.log.info("sweep %s created by %s: %d trials, %d at a time, %s %s over %s", sweep.key, caller.name,
+                      spec.trials, spec.parallel, spec.mode, spec.metric, ", ".join(spec.space))
+        self.wake()
+        return sweep
+
+    async def cancel(self, sweep: Sweep, by: str) -> Sweep:
+        """Stop a sweep: no new trials; its unfinished jobs are cancelled now (the loop ends the sweep
+        once they have stopped)."""
+        await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), cancel_requested=True,
+                         reason=f"cancelling (requested by {by})")
+        trials = await self.read(self.store.trials, sweep.id)
+        jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
+        for job in jobs.values():
+            if job.state not in TERMINAL:
+                await self.write(self.service.store.request_cancel, job.id, by)
+        self.service.engine.wake()
+        self.wake()
+        return await self.read(self.store.get, sweep.id)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await self.optuna(self.storage)
+            await self.reconcile_orphans()
+        except Exception:  # the jobs API must come up anyway; the loop retries Optuna on every pass
+            self.log.exception("sweeps: Optuna storage on %s not ready; retrying in the loop", self.service.db_url)
+        self._task = asyncio.create_task(self._run(), name="trainhub-sweep-controller")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._optuna.shutdown(wait=False, cancel_futures=True)  # never block the loop on a busy database
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        await asyncio.sleep(random.uniform(0, 0.1))
+        while True:
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("sweep controller pass failed; retrying next tick")
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def run_once(self) -> None:
+        self.passes += 1
+        for sweep in await self.read(self.store.in_states, RUNNING):
+            if sweep.id in self._creating:
+                continue
+            try:
+                await self.step(sweep)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("sweep %s: controller step failed; retrying next tick", sweep.key)
+
+    # -- one sweep ----------------------------------------------------------------------------------
+    async def step(self, sweep: Sweep) -> None:
+        trials = await self.read(self.store.trials, sweep.id)
+        jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
+        completed_before = sum(t.state == COMPLETE for t in trials)
+        for t in trials:
+            job = jobs.get(t.job_id) if t.job_id else None
+            try:
+                await self._follow(sweep, t, job)
+            except TrainhubError as e:
+                self.log.info("sweep %s trial %d: %s", sweep.key, t.number, e.message)
+        trials = await self.read(self.store.trials, sweep.id)
+        jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
+        unfinished = [t for t in trials if t.state not in TRIAL_FINAL
+                      or (t.job_id and jobs.get(t.job_id) is not None and jobs[t.job_id].state not in TERMINAL)]
+        if sum(t.state == COMPLETE for t in trials) != completed_before:
+            await self._update_importance(sweep, trials)
+        if sweep.cancel_requested:
+            await self._wind_down(sweep, trials, jobs, unfinished)
+            return
+        stop = failing_fast(trials, min(self.fail_fast, sweep.n_trials))
+        if stop:
+            await self.write(self.store.update, sweep.id, cancel_requested=True, reason=f"stopping: {stop}")
+            sweep.cancel_requested, sweep.reason = True, f"stopping: {stop}"
+            await self._wind_down(sweep, trials, jobs, unfinished, final_state=FAILED, final_reason=stop)
+            return
+        if len(trials) >= sweep.n_trials and not unfinished:
+            await self._finish(sweep, trials)
+            return
+        for _ in range(trials_to_start(sweep.n_trials, sweep.parallel, len(trials), len(unfinished))):
+            if not await self._start_trial(sweep):
+                break
+
+    async def _follow(self, sweep: Sweep, t: SweepTrial, job) -> None:
+        """Bring one trial up to date with its job."""
+        if t.state == PENDING:
+            if sweep.cancel_requested:
+                await self._close(sweep, t, TRIAL_CANCELLED, None, "the sweep was cancelled before it started")
+            else:
+                await self._submit(sweep, t)
+            return
+        if t.state in TRIAL_FINAL:
+            if job is not None and job.state != t.job_state:
+                await self.write(self.store.update_trial, t.id, job_state=job.state)
+            return
+        if job is None:
+            await self._close(sweep, t, TRIAL_FAILED, None, f"its job {job_key(t.job_id) if t.job_id else '?'} is gone")
+            return
+        points = metric_points(await self.read(self.store.metric_records, job.id), sweep.metric)
+        known = {int(s) for s, _ in (t.intermediate or [])}
+        new = [(s, v) for s, v in points if s not in known]
+        # dedupe steps reported twice: the first value of a step is the one Optuna keeps
+        seen, fresh = set(), []
+        for s, v in new:
+            if s not in seen:
+                seen.add(s)
+                fresh.append((s, v))
+        prune = False
+        if fresh:
+            may_prune = job.state == "running" and not sweep.cancel_requested and not job.cancel_requested
+            prune = await self.optuna(self._report, sweep, t, fresh, may_prune)
+            t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
+            await self.write(self.store.update_trial, t.id, intermediate=t.intermediate, job_state=job.state)
+        if prune:
+            stopped = await self.write(self.service.store.request_cancel, job.id, f"sweep {sweep.key} (pruned)")
+            self.service.engine.wake()
+            if stopped.state not in TERMINAL or stopped.state == "cancelled":
+                step, value = fresh[-1]
+                await self._close(sweep, t, PRUNED, value,
+                                  f"pruned at step {step}: {sweep.metric} = {value:.6g} was worse than the median of "
+                                  f"earlier trials at that step; its job {job.key} was stopped", job_state=stopped.state)
+                self.log.info("sweep %s: trial %d pruned at step %s (%s=%.6g); cancelling %s", sweep.key, t.number,
+                              step, sweep.metric, value, job.key)
+                return
+            job = stopped
+        if job.state in TERMINAL:
+            state, value, reason = trial_outcome(job.state, job.reason, job.key, points, sweep.metric,
+                                                 sweep.cancel_requested)
+            await self._close(sweep, t, state, value, reason, job_state=job.state)
+        elif job.state != t.job_state:
+            await self.write(self.store.update_trial, t.id, job_state=job.state)
+
+    def _report(self, sweep: Sweep, t: SweepTrial, points: list, may_prune: bool) -> bool:
+        """Report intermediate values to Optuna; True when the trial should be pruned (optuna thread)."""
+        import optuna
+
+        study = self._study(sweep)
+        trial = optuna.trial.Trial(study, t.optuna_id)
+        if trial._cached_frozen_trial.state.is_finished():
+            return False
+        for step, value in points:
+            trial.report(value, step)
+        return may_prune and trial.should_prune()
+
+    def _tell(self, sweep: Sweep, number: int, state: str, value: float | None) -> None:
+        from optuna.trial import TrialState
+
+        study = self._study(sweep)
+        if state == COMPLETE:
+            study.tell(number, value, skip_if_finished=True)
+        elif state == PRUNED:
+            study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
+        else:
+            study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+
+    async def _close(self, sweep: Sweep, t: SweepTrial, state: str, value, reason: str, job_state: str | None = None) -> None:
+        await self.optuna(self._tell, sweep, t.number, state, value)
+        fields = dict(state=state, value=value, reason=reason, finished=now_utc())
+        if job_state is not None:
+            fields["job_state"] = job_state
+        await self.write(self.store.update_trial, t.id, **fields)
+        t.state = state
+        self.log.info("sweep %s: trial %d %s: %s", sweep.key, t.number, state, reason)
+
+    def _ask(self, sweep: Sweep) -> tuple[int, int, dict]:
+        study = self._study(sweep)
+        trial = study.ask(to_distributions(sweep.space))
+        return trial.number, trial._trial_id, dict(trial.params)
+
+    async def _start_trial(self, sweep: Sweep) -> bool:
+        number, optuna_id, params = await self.optuna(self._ask, sweep)
+        t = await self.write(self.store.add_trial, sweep_id=sweep.id, number=number, optuna_id=optuna_id,
+                             params=params, state=PENDING, reason="submitting its job")
+        return await self._submit(sweep, t)
+
+    async def _submit(self, sweep: Sweep, t: SweepTrial) -> bool:
+        """Submit a trial's job (idempotent: the same submit_key returns the job already made)."""
+        from trainhub.services.jobs.spec import JobSpec
+
+        template = dict(sweep.job or {})
+        env = dict(template.pop("env", None) or {})
+        env.update(TRAINHUB_SWEEP_ID=sweep.key, TRAINHUB_TRIAL_NUMBER=str(t.number))
+        spec = JobSpec(**{**template, "name": f"{sweep.name}-t{t.number}"[:128], "env": env, "sweep_id": sweep.id,
+                          "params": dict(t.params or {}), "submit_key": f"sweep-{sweep.id}-trial-{t.number}"})
+        try:
+            job = await self.service.submit(SweepCaller(sweep), spec)
+        except TrainhubError as e:
+            await self._close(sweep, t, TRIAL_FAILED, None, f"its job could not be submitted: {e.message}")
+            await self.write(self.store.update, sweep.id, cancel_requested=True,
+                             reason=f"stopping: trial {t.number} could not be submitted: {e.message}")
+            sweep.cancel_requested = True
+            return False
+        await self.write(self.store.update_trial, t.id, job_id=job.id, job_state=job.state, state=TRIAL_RUNNING,
+                         reason=f"job {job.key} {job.state}")
+        self.log.info("sweep %s: trial %d submitted as %s with %s", sweep.key, t.number, job.key, t.params)
+        return True
+
+    async def _wind_down(self, sweep: Sweep, trials, jobs, unfinished, final_state: str = CANCELLED,
+                         final_reason: str | None = None) -> None:
+        """A cancelled (or failing) sweep: stop its unfinished jobs, end when all have stopped."""
+        for t in unfinished:
+            job = jobs.get(t.job_id) if t.job_id else None
+            if job is not None and job.state not in TERMINAL and not job.cancel_requested:
+                await self.write(self.service.store.request_cancel, job.id, f"sweep {sweep.key}")
+                self.service.engine.wake()
+        if unfinished:
+            return
+        if final_reason is None:
+            final_reason = sweep.reason.removeprefix("cancelling ").strip("()") if sweep.reason.startswith("cancelling") else "cancelled"
+            final_reason = final_reason.replace("requested by", "cancelled by")
+        if sweep.reason.startswith("stopping: "):
+            final_state, final_reason = FAILED, sweep.reason.removeprefix("stopping: ")
+        await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=final_state,
+                         reason=final_reason, finished=now_utc())
+        self._studies.pop(sweep.id, None)
+        self.log.info("sweep %s %s: %s", sweep.key, final_state, final_reason)
+
+    async def _finish(self, sweep: Sweep, trials) -> None:
+        best = best_trial(trials, sweep.mode)
+        counts = {s: sum(t.state == s for t in trials) for s in (COMPLETE, PRUNED, TRIAL_FAILED, TRIAL_CANCELLED)}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        if best is None:
+            state, reason = FAILED, f"no trial completed ({summary})"
+        else:
+            state = COMPLETED
+            reason = f"best {sweep.metric} = {best.value:.6g} (trial {best.number}, {job_key(best.job_id)}); {summary}"
+        await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=state, reason=reason, finished=now_utc())
+        self._studies.pop(sweep.id, None)
+        self.log.info("sweep %s %s: %s", sweep.key, state, reason)
+
+    async def _update_importance(self, sweep: Sweep, trials) -> None:
+        n = sum(t.state == COMPLETE for t in trials)
+        if not self.importance_min_trials or n < self.importance_min_trials:
+            return
+        try:
+            importance = await self.optuna(self._importance, sweep)
+        except Exception as e:  # too few distinct values, a single-valued parameter...
+            self.log.info("sweep %s: no parameter importance yet: %s", sweep.key, e)
+            return
+        await self.write(self.store.update, sweep.id, importance=importance)
+
+    def _importance(self, sweep: Sweep) -> dict:
+        import optuna
+
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+        values = optuna.importance.get_param_importances(self._study(sweep), evaluator=evaluator)
+        return {k: round(float(v), 6) for k, v in values.items()}
+
+    async def reconcile_orphans(self) -> None:
+        """Optuna trials left RUNNING without a trial row (the service died between ask and record) are failed."""
+        for sweep in await self.read(self.store.in_states, RUNNING):
+            try:
+                known = {t.number for t in await self.read(self.store.trials, sweep.id)}
+                n = await self.optuna(self._fail_orphans, sweep, known)
+                if n:
+                    self.log.info("sweep %s: %d Optuna trial(s) asked before a crash and never submitted marked failed", sweep.key, n)
+            except Exception:
+                self.log.exception("sweep %s: reconciling after restart failed", sweep.key)
+
+    def _fail_orphans(self, sweep: Sweep, known: set) -> int:
+        from optuna.trial import TrialState
+
+        study = self._study(sweep)
+        n = 0
+        for ft in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+            if ft.number not in known:
+                study.tell(ft.number, state=TrialState.FAIL, skip_if_finished=True)
+                n += 1
+        return n
+
+
+def job_template(spec) -> dict:
+    """The trial job template stored with a sweep (a JobSpec as a dict, without per-trial fields)."""
+    d = asdict(spec)
+    for k in ("sweep_id", "params", "submit_key"):
+        d.pop(k, None)
+    return d

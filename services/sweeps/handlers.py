@@ -1,0 +1,148 @@
+"""REST handlers of the sweeps API (see openapi.json beside this file).
+
+Same rules as jobs: ``custom:trainhub:jobs:read`` / ``:write`` with the owner as the ``!user=``
+filter; another user's sweep answers 404; errors are JSON ``{"status", "message"}``.
+"""
+
+from __future__ import annotations
+
+from tornado import web
+
+from trainhub.exceptions import InvalidRequest, NotFound, QuotaExceeded
+from trainhub.services.jobs.auth import APIHandler
+from trainhub.services.jobs.handlers import READ, WRITE
+
+from .models import SWEEP_STATES, SWEEP_TERMINAL, parse_sweep_key
+from .spec import validate_sweep
+from .store import sweep_to_dict, trial_to_dict
+
+SWEEP_ID = r"(?P<id>s-\d+|\d+)"
+
+
+def check_fits(service, caller, spec) -> None:
+    """Refuse, before anything is submitted, a trial that could never run (the checks of
+    ``service.submit``: profile, pool size, the caller's and their groups' GPU quotas)."""
+    profile = None
+    if spec.profile:
+        profile = service.catalog.resolve(spec.profile, caller.groups, caller.admin)
+    gpus = spec.gpus if spec.gpus is not None else (profile.gpus if profile else 0)
+    total = gpus * spec.workers
+    pool = service.allocator.devices()
+    if profile and profile.gpu_model:
+        pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
+    if total > len(pool):
+        raise InvalidRequest(f"each trial needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only "
+                             f"{len(pool)}; ask for fewer workers or GPUs per worker")
+    limit = service.quota.limit_for(caller.name)
+    if total and limit is not None and total > limit:
+        raise QuotaExceeded(f"GPU quota exceeded: each trial needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but "
+                            f"your quota is {limit}; ask for fewer GPUs or ask an admin to raise your quota",
+                            needed=total, limit=limit)
+    for g in caller.groups:
+        cap = service.quota.group_gpu_limits.get(g)
+        if total and cap is not None and total > int(cap):
+            raise QuotaExceeded(f"Group GPU quota exceeded: each trial needs {total} GPUs but group {g!r} may hold at most {cap}.")
+
+
+class SweepAccessMixin:
+    @property
+    def controller(self):
+        return self.service.sweeps
+
+    async def load_sweep(self, key: str, write: bool = False):
+        sweep_id = parse_sweep_key(key)
+        if sweep_id is None:
+            raise NotFound(f"no sweep {key!r}")
+        store = self.controller.store
+        try:
+            sweep = await self.service.store.read(store.get, sweep_id)
+        except NotFound:
+            raise NotFound(f"sweep {key} not found") from None
+        caller = self.caller
+        if not caller.may(READ, sweep.user):
+            raise NotFound(f"sweep {key} not found")  # not revealed
+        if write and not caller.may(WRITE, sweep.user):
+            raise web.HTTPError(403, f"you may read sweep {key} but not change it")
+        return sweep
+
+    async def sweep_json(self, sweep) -> dict:
+        store = self.controller.store
+        trials = await self.service.store.read(store.trials, sweep.id)
+        best_ids = [t.job_id for t in trials if t.job_id]
+        jobs = await self.service.store.read(store.jobs, best_ids)
+        return sweep_to_dict(sweep, trials, jobs, self.service.api_prefix.rstrip("/"), importance=sweep.importance)
+
+
+class SweepsHandler(SweepAccessMixin, APIHandler):
+    async def get(self):
+        caller = self.caller
+        states = [s for v in self.get_arguments("state") for s in v.split(",") if s]
+        bad = [s for s in states if s not in SWEEP_STATES]
+        if bad:
+            raise InvalidRequest(f"unknown state(s) {bad}; sweep states are {list(SWEEP_STATES)}")
+        try:
+            limit = int(self.get_argument("limit", "50"))
+            offset = int(self.get_argument("offset", "0"))
+        except ValueError:
+            raise InvalidRequest("limit and offset must be whole numbers") from None
+        if not 1 <= limit <= 500 or offset < 0:
+            raise InvalidRequest("limit must be 1-500 and offset 0 or more")
+        user = self.get_argument("user", None)
+        if caller.may_all(READ):
+            who = user
+        else:
+            if user not in (None, caller.name):
+                raise web.HTTPError(403, "you may only list your own sweeps")
+            if not caller.may(READ, caller.name):
+                raise web.HTTPError(403, f"missing scope {READ}")
+            who = caller.name
+        store = self.controller.store
+        items, total = await self.service.store.read(store.list, who, states or None, limit, offset)
+        trials = await self.service.store.read(store.trials_of, [s.id for s in items])
+        jobs = await self.service.store.read(store.jobs, [t.job_id for ts in trials.values() for t in ts if t.job_id])
+        base = self.service.api_prefix.rstrip("/")
+        self.write_json({"items": [sweep_to_dict(s, trials[s.id], jobs, base, importance=s.importance) for s in items],
+                         "total": total, "limit": limit, "offset": offset})
+
+    async def post(self):
+        caller = self.caller
+        if not caller.may(WRITE, caller.name):
+            raise web.HTTPError(403, f"missing scope {WRITE} to start sweeps")
+        spec = validate_sweep(self.json_body())
+        check_fits(self.service, caller, spec.job)
+        sweep = await self.controller.create(caller, spec)
+        self.write_json(await self.sweep_json(sweep), status=201)
+
+
+class SweepHandler(SweepAccessMixin, APIHandler):
+    async def get(self, id):
+        sweep = await self.load_sweep(id)
+        self.write_json(await self.sweep_json(sweep))
+
+    async def delete(self, id):
+        sweep = await self.load_sweep(id, write=True)
+        if sweep.state not in SWEEP_TERMINAL:
+            sweep = await self.controller.cancel(sweep, self.caller.name)
+        self.write_json(await self.sweep_json(sweep), status=202)
+
+
+class SweepTrialsHandler(SweepAccessMixin, APIHandler):
+    async def get(self, id):
+        sweep = await self.load_sweep(id)
+        store = self.controller.store
+        trials = await self.service.store.read(store.trials, sweep.id)
+        jobs = await self.service.store.read(store.jobs, [t.job_id for t in trials if t.job_id])
+        base = self.service.api_prefix.rstrip("/")
+        self.write_json({"sweep": sweep.key, "metric": sweep.metric, "mode": sweep.mode,
+                         "items": [trial_to_dict(t, jobs.get(t.job_id), base) for t in trials]})
+
+
+def default_handlers(prefix: str, service) -> list:
+    api = prefix.rstrip("/") + "/api"
+    kw = {"service": service}
+    return [
+        (api + r"/sweeps/?", SweepsHandler, kw),
+        (api + rf"/sweeps/{SWEEP_ID}/?", SweepHandler, kw),
+        (api + rf"/sweeps/{SWEEP_ID}/trials/?", SweepTrialsHandler, kw),
+    ]
+

@@ -1,0 +1,128 @@
+"""Validating a sweep spec (POST /sweeps): every mistake is refused before anything is submitted.
+
+A sweep spec is a job spec (``command`` or ``script``, ``gpus``, ``workers``, ``env``,
+``time_limit``, ``profile``...: see docs/jobs-api.md), used as the template of every trial,
+plus the sweep's own fields (:data:`SWEEP_FIELDS`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass, field
+
+from trainhub.exceptions import InvalidRequest
+from trainhub.services.jobs.spec import JobSpec, validate_spec
+
+from .space import SpaceError, grid_points, grid_size, parse_space, reports_metric
+
+SAMPLERS = ("tpe", "random", "grid", "cmaes")
+PRUNERS = ("median", "hyperband", "none")
+MODES = ("min", "max")
+SWEEP_FIELDS = {"name", "trials", "parallel", "metric", "mode", "sampler", "pruner", "space", "seed",
+                "check_metric", "prune_after", "startup_trials"}
+METRIC_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,127}$")
+MAX_TRIALS = 10_000
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    trials: int
+    parallel: int
+    metric: str
+    mode: str
+    sampler: str
+    pruner: str
+    space: dict
+    job: JobSpec
+    seed: int | None = None
+    startup_trials: int | None = None  # trials finished before pruning/TPE start (None = derived)
+    prune_after: int = 0  # steps a trial reports before it may be pruned
+    options: dict = field(default_factory=dict)
+
+    def settings(self) -> dict:
+        """The sweep-level settings stored with the sweep (what the controller needs besides the job)."""
+        return {"sampler": self.sampler, "pruner": self.pruner, "seed": self.seed,
+                "startup_trials": self.startup_trials, "prune_after": self.prune_after}
+
+
+def _whole(body: dict, key: str, default, lo: int, hi: int | None = None):
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)
+        else:
+            raise InvalidRequest(f"{key} must be a whole number, not {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        raise InvalidRequest(f"{key} must be {'between ' + str(lo) + ' and ' + str(hi) if hi is not None else 'at least ' + str(lo)}, not {v}")
+    return v
+
+
+def validate_sweep(body) -> SweepSpec:
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object describing the sweep (see GET /openapi.json)")
+    job_body = {k: v for k, v in body.items() if k not in SWEEP_FIELDS}
+    for k in ("sweep_id", "params", "submit_key"):
+        if k in job_body:
+            raise InvalidRequest(f"{k} is set by the sweep for each trial and cannot be given")
+    metric = body.get("metric")
+    if not metric or not isinstance(metric, str):
+        raise InvalidRequest("metric is required: the name the trials report, e.g. --metric val_loss with "
+                             "trainhub.report(step=..., val_loss=...) in the trial")
+    if not METRIC_RE.match(metric):
+        raise InvalidRequest(f"metric {metric!r} is not a metric name (letters, digits, _ . / -)")
+    mode = body.get("mode")
+    if mode is None or mode == "":
+        raise InvalidRequest(f"mode is required: 'min' or 'max' (does a smaller or a larger {metric} win?)")
+    if mode not in MODES:
+        raise InvalidRequest(f"mode must be 'min' or 'max', not {mode!r}")
+    sampler = body.get("sampler") or "tpe"
+    if sampler not in SAMPLERS:
+        raise InvalidRequest(f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}")
+    if sampler == "cmaes" and importlib.util.find_spec("cmaes") is None:
+        raise InvalidRequest("the cmaes sampler needs the 'cmaes' package, which this platform does not have; "
+                             "use --sampler tpe (or ask an admin to install cmaes)")
+    pruner = body.get("pruner") or "median"
+    if pruner not in PRUNERS:
+        raise InvalidRequest(f"unknown pruner {pruner!r}; use one of {', '.join(PRUNERS)}")
+    trials = body.get("trials")
+    if trials is None:
+        raise InvalidRequest("trials is required: how many trials to run (e.g. --trials 20)")
+    trials = _whole(body, "trials", None, 1, MAX_TRIALS)
+    parallel = _whole(body, "parallel", 1, 1, 256)
+    try:
+        space = parse_space(body.get("space"))
+    except SpaceError as e:
+        raise InvalidRequest(str(e)) from None
+    if sampler == "grid":
+        grid = grid_points(space)
+        if grid is None:
+            cont = [n for n, d in space.items() if d["type"] in ("loguniform", "logint")
+                    or (d["type"] == "uniform" and "step" not in d)]
+            raise InvalidRequest(f"the grid sampler needs discrete parameters: {', '.join(cont)} "
+                                 "is continuous; use choice:..., int:LOW:HIGH or uniform:LOW:HIGH:STEP")
+        if trials > grid_size(grid):
+            raise InvalidRequest(f"the grid has {grid_size(grid)} points but trials is {trials}; "
+                                 f"use --trials {grid_size(grid)} or fewer")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise InvalidRequest(f"seed must be a whole number, not {seed!r}")
+    startup = body.get("startup_trials")
+    startup = None if startup is None else _whole(body, "startup_trials", None, 0, MAX_TRIALS)
+    prune_after = _whole(body, "prune_after", 0, 0, 1_000_000)
+    check = body.get("check_metric", True)
+    if not isinstance(check, bool):
+        raise InvalidRequest("check_metric must be true or false")
+    name = body.get("name") or "sweep"
+    job = validate_spec({**job_body, "name": f"{str(name)[:110]}-t0"})
+    job.name = job.name[:-3]
+    if check and job.script is not None and reports_metric(job.script, metric) is False:
+        raise InvalidRequest(f"metric {metric!r} is never reported by the trial code: call "
+                             f"trainhub.report(step=..., {metric}=...) in it (or pass check_metric: false / "
+                             "--no-metric-check if a helper reports it)")
+    return SweepSpec(name=job.name, trials=trials, parallel=min(parallel, trials), metric=metric, mode=mode,
+                     sampler=sampler, pruner=pruner, space=space, job=job, seed=seed, startup_trials=startup,
+                     prune_after=prune_after)

@@ -1,0 +1,212 @@
+"""The sweep controller: its pure decisions (tables) and its loop in process, on a real SQLite
+platform database and real Optuna storage, with a stand-in for the jobs service whose jobs the
+tests finish by hand (state + reported metrics), as the engine would."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from trainhub.db import write_session
+from trainhub.services.jobs.models import JobMetric
+from trainhub.services.jobs.store import JobStore
+from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, trial_outcome,
+                                                 trials_to_start)
+from trainhub.services.sweeps.spec import validate_sweep
+
+
+@pytest.mark.parametrize("records, expected", [
+    ([], []),
+    ([{"step": 0, "worker": 0, "values": {"val_loss": 1.0}}, {"step": 1, "worker": 0, "values": {"loss": 2.0}},
+      {"step": 2, "worker": 0, "values": {"val_loss": 0.5}}], [(0, 1.0), (2, 0.5)]),
+    ([{"step": None, "worker": 0, "values": {"val_loss": 3}}, {"step": None, "worker": 0, "values": {"val_loss": 2}}],
+     [(0, 3.0), (1, 2.0)]),
+    ([{"step": 0, "worker": 1, "values": {"val_loss": 9.0}}, {"step": 0, "worker": 0, "values": {"val_loss": 1.0}}],
+     [(0, 1.0)]),  # the lead worker only
+    ([{"step": 0, "worker": 0, "values": {"val_loss": True}}, {"step": 1, "worker": 0, "values": {"val_loss": float("nan")}}], []),
+])
+def test_metric_points(records, expected):
+    assert metric_points(records, "val_loss") == expected
+
+
+@pytest.mark.parametrize("job_state, points, cancelled, expected", [
+    ("succeeded", [(0, 2.0), (1, 1.5)], False, ("complete", 1.5, "val_loss = 1.5 (job j-000001 succeeded)")),
+    ("succeeded", [], False, ("failed", None, "metric 'val_loss' was never reported (the trial must call trainhub.report(step=..., val_loss=...))")),
+    ("failed", [(0, 1.0)], False, ("failed", None, "job j-000001 failed: worker 0 exited with code 1")),
+    ("lost", [], False, ("failed", None, "job j-000001 lost: worker 0 exited with code 1")),
+    ("cancelled", [], True, ("cancelled", None, "the sweep was cancelled")),
+    ("cancelled", [], False, ("cancelled", None, "its job j-000001 was cancelled: worker 0 exited with code 1")),
+])
+def test_trial_outcome(job_state, points, cancelled, expected):
+    assert trial_outcome(job_state, "worker 0 exited with code 1", "j-000001", points, "val_loss", cancelled) == expected
+
+
+@pytest.mark.parametrize("n, parallel, started, unfinished, expected", [
+    (8, 2, 0, 0, 2), (8, 2, 2, 2, 0), (8, 2, 3, 1, 1), (8, 4, 7, 1, 1), (8, 4, 8, 2, 0), (3, 5, 0, 0, 3), (8, 2, 2, 3, 0),
+])
+def test_trials_to_start(n, parallel, started, unfinished, expected):
+    assert trials_to_start(n, parallel, started, unfinished) == expected
+
+
+def T(number, state, reason=""):
+    return SimpleNamespace(number=number, state=state, reason=reason)
+
+
+@pytest.mark.parametrize("trials, limit, stops", [
+    ([T(0, "failed", "boom"), T(1, "failed", "boom"), T(2, "failed", "boom")], 3, "the first 3 trials failed and none completed (trial 2: boom)"),
+    ([T(0, "failed"), T(1, "failed"), T(2, "running")], 3, None),
+    ([T(0, "complete"), T(1, "failed"), T(2, "failed"), T(3, "failed")], 3, None),
+    ([T(0, "failed", "x")], 1, "the first 1 trials failed and none completed (trial 0: x)"),
+    ([T(0, "failed"), T(1, "failed"), T(2, "failed")], 0, None),
+])
+def test_failing_fast(trials, limit, stops):
+    assert failing_fast(trials, limit) == stops
+
+
+# -- the loop, in process ----------------------------------------------------------------------------
+class FakeService:
+    """What the controller uses of JobsService: db_url, store, engine.wake(), submit()."""
+
+    def __init__(self, db_url):
+        self.db_url = db_url
+        self.store = JobStore(db_url)
+        self.engine = SimpleNamespace(wake=lambda: None)
+        self.submits = 0
+
+    async def submit(self, caller, spec):
+        self.submits += 1
+        return await self.store.write(
+            self.store.create, name=spec.name, user=caller.name, groups=list(caller.groups), command=spec.command,
+            script=spec.script, gpus=spec.gpus or 0, workers=spec.workers, env=spec.env, time_limit=spec.time_limit,
+            retries=spec.retries, profile=None, priority=0, preemptible=False,
+            submit_key=f"{caller.name}:{spec.submit_key}", sweep_id=spec.sweep_id, params=spec.params, reason="queued")
+
+
+def finish(service, job_id, state="succeeded", values=(), reason="done"):
+    """Play the engine: record metrics (step, value) of 'val_loss' and end (or just run) the job."""
+    with write_session(service.db_url) as s:
+        for step, v in values:
+            s.add(JobMetric(job_id=job_id, worker=0, time=time.time(), step=step, values={"val_loss": v}))
+        s.commit()
+    service.store.update(job_id, state=state, reason=reason)
+
+
+@pytest.fixture
+def env(tmp_path):
+    service = FakeService(f"sqlite:///{tmp_path}/platform.db")
+    caller = SimpleNamespace(name="alice", groups=(), admin=False)
+    return service, caller
+
+
+def spec(**kw):
+    body = {"script": "import trainhub\ntrainhub.report(step=0, val_loss=1)\n", "trials": 4, "parallel": 2,
+            "metric": "val_loss", "mode": "min", "space": {"x": "uniform:0:1"}, "sampler": "random", "seed": 1,
+            "pruner": "none"}
+    body.update(kw)
+    return validate_sweep(body)
+
+
+async def test_controller_runs_trials_at_most_parallel_and_completes(env):
+    service, caller = env
+    c = SweepController(service)
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec())
+    await c.run_once()
+    trials = c.store.trials(sweep.id)
+    assert [t.state for t in trials] == ["running", "running"] and service.submits == 2
+    jobs = [service.store.get(t.job_id) for t in trials]
+    assert [j.params for j in jobs] == [t.params for t in trials]
+    assert all(j.env["TRAINHUB_SWEEP_ID"] == sweep.key and j.sweep_id == sweep.id for j in jobs)
+    assert [j.submit_key for j in jobs] == [f"alice:sweep-{sweep.id}-trial-0", f"alice:sweep-{sweep.id}-trial-1"]
+    await c.run_once()
+    assert service.submits == 2  # both slots busy
+    finish(service, trials[0].job_id, values=[(0, 0.9), (1, 0.4)])
+    finish(service, trials[1].job_id, values=[])  # never reported
+    await c.run_once()
+    trials = c.store.trials(sweep.id)
+    assert [(t.state, t.value) for t in trials[:2]] == [("complete", 0.4), ("failed", None)]
+    assert trials[1].reason.startswith("metric 'val_loss' was never reported")
+    assert trials[0].intermediate == [[0, 0.9], [1, 0.4]]
+    assert len(trials) == 4 and service.submits == 4
+    for t in trials[2:]:
+        finish(service, t.job_id, values=[(0, 0.2 + t.number)])
+    await c.run_once()
+    await c.run_once()
+    s = c.store.get(sweep.id)
+    assert s.state == "completed" and s.reason.startswith("best val_loss = 0.4 (trial 0, j-000001); 3 complete, 1 failed")
+    study = await c.optuna(c._study, sweep)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
+    await c.stop()
+
+
+async def test_controller_prunes_a_trial_worse_than_the_median(env):
+    service, caller = env
+    c = SweepController(service)
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(pruner="median", startup_trials=1, trials=3))
+    await c.run_once()
+    a, b = c.store.trials(sweep.id)
+    finish(service, a.job_id, values=[(0, 0.1), (1, 0.1), (2, 0.1)])
+    finish(service, b.job_id, state="running", values=[(0, 5.0)])
+    await c.run_once()
+    a, b, third = c.store.trials(sweep.id)
+    assert a.state == "complete" and b.state == "pruned" and b.reason.startswith("pruned at step 0: val_loss = 5")
+    job = service.store.get(b.job_id)
+    assert job.cancel_requested  # the engine stops it and frees its GPUs
+    assert third.state == "running"
+    await c.stop()
+
+
+async def test_a_restarted_controller_resumes_without_resubmitting(env):
+    service, caller = env
+    c = SweepController(service)
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(trials=3))
+    await c.run_once()
+    first = c.store.trials(sweep.id)
+    finish(service, first[0].job_id, values=[(0, 0.3)])
+    # the service dies after asking Optuna and recording a trial, before submitting its job ...
+    number, optuna_id, params = await c.optuna(c._ask, sweep)
+    c.store.add_trial(sweep_id=sweep.id, number=number, optuna_id=optuna_id, params=params, state="pending")
+    # ... and after asking Optuna once more without recording anything
+    await c.optuna(c._ask, sweep)
+    await c.stop()
+    c2 = SweepController(service)  # what start() does, without its loop: passes are driven by hand
+    await c2.optuna(c2.storage)
+    await c2.reconcile_orphans()
+    await c2.run_once()
+    trials = c2.store.trials(sweep.id)
+    assert [t.number for t in trials] == [0, 1, 2] and trials[0].state == "complete"
+    assert trials[2].state == "running" and trials[2].job_id  # the pending one was submitted
+    assert service.submits == 3
+    study = await c2.optuna(c2._study, sweep)
+    assert study.trials[3].state.name == "FAIL"  # the orphan asked before the crash
+    # submitting again under the same key returns the same job: a trial never runs twice
+    await c2._submit(c2.store.get(sweep.id), trials[2])
+    assert len(service.store.list("alice", None, 50, 0)[0]) == 3
+    await c2.stop()
+
+
+async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
+    service, caller = env
+    c = SweepController(service)
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(trials=5))
+    await c.run_once()
+    trials = c.store.trials(sweep.id)
+    for t in trials:
+        service.store.update(t.job_id, state="running")
+    await c.cancel(c.store.get(sweep.id), "alice")
+    assert all(service.store.get(t.job_id).cancel_requested for t in trials)
+    await c.run_once()
+    assert c.store.get(sweep.id).state == "running"  # its jobs are still stopping
+    for t in trials:
+        finish(service, t.job_id, state="cancelled", reason="cancelled by alice while running")
+    await c.run_once()
+    await c.run_once()
+    s = c.store.get(sweep.id)
+    assert (s.state, s.reason) == ("cancelled", "cancelled by alice")
+    assert [t.state for t in c.store.trials(sweep.id)] == ["cancelled", "cancelled"] and service.submits == 2
+    await c.stop()
