@@ -12,6 +12,7 @@ from pathlib import Path
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import httpclient, web
+from tornado.log import access_log
 from traitlets import Dict, Instance, Integer, Type, Unicode, default
 from traitlets.config import Application
 
@@ -73,6 +74,19 @@ def merged_openapi(plugins) -> dict:
     return doc
 
 
+def log_request(handler: web.RequestHandler) -> None:
+    """Access log as JupyterHub writes it: successful calls at debug (notebook panels poll every second,
+    and an INFO line per call costs the event loop more than the call itself), 4xx warning, 5xx error."""
+    status = handler.get_status()
+    if status < 400:
+        log = access_log.debug
+    elif status < 500:
+        log = access_log.warning
+    else:
+        log = access_log.error
+    log("%d %s %.2fms", status, handler._request_summary(), 1000.0 * handler.request.request_time())
+
+
 class GroupDirectory:
     """Users' JupyterHub groups, refreshed from the hub API (for group quotas and priorities)."""
 
@@ -128,6 +142,11 @@ class JobsService(Application):
             raise SystemExit("trainhub service: set TRAINHUB_DATA_DIR or --data-dir")
         self.dd = DataDir(Path(self.data_dir))
         self.update_config(load_platform_config(self.dd.root))
+        chart = os.environ.get("TRAINHUB_K8S_CONFIG")
+        if chart:  # the Helm chart's values (profiles, quotas, the Kubernetes launcher, DCGM metrics)
+            from .kubernetes import config_from_chart
+
+            self.update_config(config_from_chart(json.loads(Path(chart).read_text())))
         self.log.setLevel(self.log_level)
         self.db_url = self.db_url or self.config.LocalGPUAllocator.get("db_url") or self.dd.platform_db_url
         self.store = JobStore(self.db_url)
@@ -137,8 +156,9 @@ class JobsService(Application):
         self.storage = StorageConfig(parent=self)
         self.syncer = OutputSyncer(self.storage, parent=self)
         launcher = self.launcher_class(parent=self)
+        if hasattr(launcher, "jobs_dir") and not launcher.jobs_dir:
+            launcher.jobs_dir = str(self.dd.root / "jobs")
         if isinstance(launcher, LocalLauncher):
-            launcher.jobs_dir = launcher.jobs_dir or str(self.dd.root / "jobs")
             launcher.home_dir_template = launcher.home_dir_template or str(self.dd.homes / "{username}")
         self.launcher = launcher
         self.groups = GroupDirectory(self.log)
@@ -160,7 +180,11 @@ class JobsService(Application):
                 return None
             cls = default_metrics_class(self.allocator.devices())
         try:
-            return cls(parent=self)
+            source = cls(parent=self)
+            if getattr(source, "resolver", "absent") is None and hasattr(self.launcher, "gpu_targets"):
+                # DCGM reports per pod: map ledger devices to the pods holding them
+                source.resolver = self.launcher.gpu_targets
+            return source
         except Exception as e:
             self.log.warning("no GPU metrics source: %s", e)
             return None
@@ -216,7 +240,7 @@ class JobsService(Application):
             if hasattr(mod, "handlers"):
                 handlers += mod.handlers(self.service_prefix, self)
         handlers.append((url_path_join(self.service_prefix, "oauth_callback"), HubOAuthCallbackHandler))
-        return web.Application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False)
+        return web.Application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False, log_function=log_request)
 
     async def start_async(self):
         await self.engine.start()

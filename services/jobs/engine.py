@@ -29,7 +29,7 @@ from trainhub.services.scheduler import Allocation, JobRequest, Quotas, Schedule
 from trainhub.storage import StorageConfig
 
 from .launcher import JobView, Launcher
-from .models import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED, Job
+from .models import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED, Job, parse_job_key
 from .outputs import OutputSyncer
 from .store import JobStore
 
@@ -91,6 +91,7 @@ class JobEngine(LoggingConfigurable):
         self._wake = asyncio.Event()
         self._stopping: dict[int, asyncio.Task] = {}  # job id -> terminate task
         self._why: dict[int, object] = {}  # job id -> last WaitReason
+        self._metrics_size: dict[tuple, int] = {}  # (job id, attempt, rank) -> metrics file size last ingested
         self._last_gpu_sample = 0.0
         self._task: asyncio.Task | None = None
         self.passes = 0
@@ -107,6 +108,9 @@ class JobEngine(LoggingConfigurable):
                 await self._task
             except asyncio.CancelledError:
                 pass
+        close = getattr(self.launcher, "close", None)
+        if close is not None:  # watch caches, HTTP sessions (Kubernetes launcher)
+            await close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -230,6 +234,8 @@ class JobEngine(LoggingConfigurable):
         else:
             fields.update(state=state, reason=reason, finished=now_utc())
         await self.store.write(self.store.update, job.id, event=(state, reason), **fields)
+        for key in [k for k in self._metrics_size if k[0] == job.id]:
+            del self._metrics_size[key]
         self.log.info("job %s (%s): %s — %s", job.key, job.user, state, reason)
         self.wake()
 
@@ -240,12 +246,22 @@ class JobEngine(LoggingConfigurable):
             return
         for w in state.get("workers", []):
             path = os.path.join(adir, f"metrics-{w['rank']}.jsonl")
+            # only when the file grew: a write transaction per worker per pass would queue API submissions
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue
+            key = (job.id, job.attempt, w["rank"])
+            if self._metrics_size.get(key) == size:
+                continue
             await self.store.write(self.store.ingest_metrics, job.id, job.attempt, w["rank"], path)
+            self._metrics_size[key] = size
 
     # -- scheduling ------------------------------------------------------------------
     async def _schedule(self) -> None:
         queued = [j for j in await self.store.read(self.store.in_states, QUEUED) if not j.cancel_requested]
         if not queued:
+            self._why = {}
             return
         holdings = await asyncio.to_thread(self.allocator.holdings)
         running_jobs = {j.id: j for j in await self.store.read(self.store.in_states, RUNNING)}
@@ -258,7 +274,7 @@ class JobEngine(LoggingConfigurable):
             job = running_jobs.get(int(holder.split(":", 1)[1])) if kind == "job" and holder.split(":", 1)[1].isdigit() else None
             if job is not None:
                 placement = tuple((NODE, job.gpus) for _ in range(job.workers))
-                allocations.append(Allocation(id=str(job.id), user=job.user, groups=tuple(job.groups or ()), placement=placement,
+                allocations.append(Allocation(id=job.key, user=job.user, groups=tuple(job.groups or ()), placement=placement,
                                               kind="job", priority=job.priority, started_at=_ts(job.started),
                                               time_limit=job.time_limit, preemptible=job.preemptible, submitted_at=_ts(job.created)))
             else:
@@ -267,34 +283,38 @@ class JobEngine(LoggingConfigurable):
                                               started_at=_ts(hs[0].since)))
         for job in running_jobs.values():
             if not job.gpus:
-                allocations.append(Allocation(id=str(job.id), user=job.user, groups=tuple(job.groups or ()),
+                allocations.append(Allocation(id=job.key, user=job.user, groups=tuple(job.groups or ()),
                                               placement=tuple(("", 0) for _ in range(job.workers)), started_at=_ts(job.started)))
-        pending = [JobRequest(id=str(j.id), user=j.user, groups=tuple(j.groups or ()), workers=j.workers, gpus_per_worker=j.gpus,
+        # scheduler ids are the job keys users see (j-000042), so its messages name jobs as the API does
+        pending = [JobRequest(id=j.key, user=j.user, groups=tuple(j.groups or ()), workers=j.workers, gpus_per_worker=j.gpus,
                               priority=j.priority, submitted_at=_ts(j.created), time_limit=j.time_limit,
                               preemptible=j.preemptible, restarts=max(j.attempt - 1, 0)) for j in queued]
         quotas = Quotas(user_default=self.quota.user_gpu_limit, users=dict(self.quota.user_gpu_limits),
                         groups={k: int(v) for k, v in self.quota.group_gpu_limits.items()})
         capacity = {NODE: len(self.allocator.devices())}
         plan = self.scheduler.schedule(time.time(), pending, allocations, capacity, quotas)
-        by_id = {j.id: j for j in queued}
+        by_key = {j.key: j for j in queued}
         for start in plan.starts:
-            job = by_id.get(int(start.job_id))
+            job = by_key.get(start.job_id)
             if job is not None:
                 await self._launch(job)
-        for job_id in plan.preempt:
-            await self._preempt(running_jobs.get(int(job_id)), plan)
+        for job_key_ in plan.preempt:
+            await self._preempt(running_jobs.get(parse_job_key(job_key_)), plan)
         # keep each waiting job's reason current (written only when it changes)
-        for job_id, why in plan.waiting.items():
-            job = by_id.get(int(job_id))
-            self._why[int(job_id)] = why
+        why_now, changed = {}, {}
+        for job_key_, why in plan.waiting.items():
+            job = by_key.get(job_key_)
+            why_now[parse_job_key(job_key_)] = why
             if job is not None and job.reason != why.message:
-                await self.store.write(self.store.update, job.id, only_if_state=(QUEUED,), reason=why.message)
+                changed[job.id] = why.message
+        if changed:  # one transaction for all, not one per job (a burst of submissions changes hundreds)
+            await self.store.write(_set_queued_reasons, self.store, changed)
+        self._why = why_now  # this pass's reasons only: started or cancelled jobs drop out
 
     async def _preempt(self, job: Job | None, plan) -> None:
         if job is None or (job.launch_state or {}).get("preempting"):
             return
-        head = plan.head or "a higher-priority job"
-        reason = f"job j-{int(head):06d} (higher priority) needed its GPUs" if str(head).isdigit() else f"{head} needed its GPUs"
+        reason = f"job {plan.head} (higher priority) needed its GPUs" if plan.head else "a higher-priority job needed its GPUs"
         await self.store.write(self.store.update, job.id, launch_state={**(job.launch_state or {}), "preempting": True, "preempt_reason": reason},
                                event=("preempt", f"preempting: {reason}; SIGTERM with {fmt_seconds(self.grace_period)} grace"))
 
@@ -390,6 +410,18 @@ class JobEngine(LoggingConfigurable):
                                          memory_used_mb=float(s.memory_used_mb), simulated=bool(getattr(s, "simulated", False))))
         if rows:
             await self.store.write(self.store.add_gpu_samples, rows)
+
+
+def _set_queued_reasons(store: JobStore, reasons: dict[int, str]) -> None:
+    """Set the ``reason`` of each job id that is still queued, in one write transaction."""
+    from sqlalchemy import update
+
+    from trainhub.db import write_session
+
+    with write_session(store.db_url) as s:
+        for job_id, reason in reasons.items():
+            s.execute(update(Job).where(Job.id == job_id, Job.state == QUEUED).values(reason=reason))
+        s.commit()
 
 
 def _aware(dt: datetime) -> datetime:

@@ -50,6 +50,7 @@ from kmock._internal import enums, rendering
 
 PODS = kmock.resource(group="", version="v1", plural="pods")
 NODES = kmock.resource(group="", version="v1", plural="nodes")
+JOBS = kmock.resource(group="batch", version="v1", plural="jobs")
 
 _NO_NAMESPACE = object()
 
@@ -215,6 +216,9 @@ class KubeStandin(kmock.KubernetesEmulator):
     _log: list = attrs.field(factory=list, init=False)  # (rv, resource, event)
     _watchers: list = attrs.field(factory=list, init=False)  # (resource, queue)
     _pod_ips: Any = attrs.field(factory=lambda: iter(ipaddress.ip_network("10.42.0.0/16").hosts()), init=False)
+    # pod logs served at pods/<name>/log: {(namespace, pod): [(RFC 3339 nano timestamp, text), ...]}
+    pod_logs: dict = attrs.field(factory=dict, init=False)
+    _job_failures_seen: set = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -320,6 +324,8 @@ class KubeStandin(kmock.KubernetesEmulator):
             # fix: kubernetes-asyncio sends watch=True, kmock matches only watch=true
             return await self._stream_watch(attrs.evolve(request, action=enums.action.WATCH))
 
+        if method == "GET" and request.subresource == "log" and request.resource == PODS:
+            return self._serve_pod_log(request)  # added for the job launcher's tests
         if method == "PUT" and request.name and not request.subresource:
             return await self._serve_replace(request)
         if method == "PUT" and request.subresource == "status":
@@ -575,16 +581,211 @@ class KubeStandin(kmock.KubernetesEmulator):
         })
 
 
+    # -- additions for the job launcher: pod logs, finishing pods, a Job controller -----------------
+
+    def add_log_line(self, namespace: str, pod: str, text: str, ts: str | None = None) -> str:
+        """Append a line to a pod's log (served at pods/<name>/log); returns its timestamp."""
+        ts = ts or datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"
+        self.pod_logs.setdefault((namespace, pod), []).append((ts, text))
+        return ts
+
+    def _serve_pod_log(self, request) -> aiohttp.web.StreamResponse:
+        """GET pods/<name>/log with ``timestamps`` and ``sinceSeconds`` (400 while the container waits)."""
+        pod = self.get(PODS, request.namespace, request.name)
+        if pod is None:
+            return self._status(404, "NotFound", f"pods {request.name!r} not found")
+        if not (pod.get("status") or {}).get("containerStatuses"):
+            return self._status(400, "BadRequest", f"container in pod {request.name!r} is waiting to start")
+        lines = self.pod_logs.get((request.namespace, request.name), [])
+        since = request.params.get("sinceSeconds")
+        if since:
+            cutoff = (datetime.datetime.now(tz=datetime.UTC) - datetime.timedelta(seconds=int(since)))
+            cutoff_s = cutoff.strftime("%Y-%m-%dT%H:%M:%S")
+            lines = [(ts, t) for ts, t in lines if ts[:19] >= cutoff_s]
+        stamps = str(request.params.get("timestamps", "")).lower() in ("true", "1")
+        body = "".join(f"{ts} {t}\n" if stamps else f"{t}\n" for ts, t in lines)
+        return aiohttp.web.Response(text=body, content_type="text/plain")
+
+    async def finish_pod(self, namespace: str, name: str, exit_code: int = 0, *, reason: str | None = None,
+                         disruption: bool = False) -> dict:
+        """Play the kubelet when the worker container exits: phase Succeeded (0) or Failed."""
+        pod = self.get(PODS, namespace, name)
+        now = _now()
+        term = {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+                "startedAt": now, "finishedAt": now}
+        statuses = [{**cs, "ready": False, "started": False, "state": {"terminated": term}}
+                    for cs in (pod.get("status") or {}).get("containerStatuses") or []]
+        conditions = [{"type": "Ready", "status": "False", "lastTransitionTime": now}]
+        if disruption:
+            conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                               "lastTransitionTime": now})
+        return await self.mutate(PODS, namespace, name, {"status": {
+            "phase": "Succeeded" if exit_code == 0 and not disruption else "Failed",
+            "containerStatuses": statuses, "conditions": conditions,
+        }})
+
+    async def remove(self, resource, namespace: str | None, name: str) -> None:
+        """Delete an object server-side (as a controller would), with garbage collection."""
+        async with self._lock:
+            key = (resource, namespace, name)
+            if key not in self._objects or self._objects[key].deleted:
+                return
+            obj = self._objects[key]
+            raw = obj.raw
+            obj.delete()
+            self._record(resource, {"type": "DELETED", "object": raw})
+        await self._collect_garbage(raw["metadata"]["uid"])
+
+    async def job_controller(self) -> None:
+        """A small batch/v1 Job controller for Indexed Jobs; runs until cancelled.
+
+        Creates one pod per missing index (hostname <job>-<index>, the completion-index
+        annotation and label, an ownerReference), none while ``spec.suspend`` (Kueue not yet
+        admitted; suspending deletes active pods), applies ``podFailurePolicy`` (Ignore on
+        DisruptionTarget → replacement; FailJob on exit codes; otherwise counts against
+        ``backoffLimit``), deletes the remaining pods of a failed Job, and keeps ``status``
+        (active, succeeded, failed, completedIndexes, Complete/Failed conditions) current.
+        Not modelled: activeDeadlineSeconds, podReplacementPolicy, backoffLimitPerIndex.
+        """
+        queue: asyncio.Queue = asyncio.Queue()
+        entries = [(JOBS, queue), (PODS, queue)]
+        self._watchers.extend(entries)
+        try:
+            queue.put_nowait(None)
+            while True:
+                await queue.get()
+                while not queue.empty():
+                    queue.get_nowait()
+                for (ns, name), job in list(self.store(JOBS).items()):
+                    try:
+                        await self._reconcile_job(ns, name)
+                    except KeyError:
+                        pass  # deleted meanwhile
+        finally:
+            for entry in entries:
+                with contextlib.suppress(ValueError):
+                    self._watchers.remove(entry)
+
+    def _job_pods(self, uid: str) -> list[dict]:
+        return [p for p in self.store(PODS).values()
+                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
+
+    @staticmethod
+    def _failure_action(job: dict, pod: dict) -> str:
+        policy = (job["spec"].get("podFailurePolicy") or {}).get("rules") or []
+        conditions = {c["type"] for c in (pod.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+        for rule in policy:
+            for cond in rule.get("onPodConditions") or []:
+                if cond["type"] in conditions:
+                    return rule["action"]
+            codes = rule.get("onExitCodes")
+            if codes:
+                for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                    if codes.get("containerName") and cs["name"] != codes["containerName"]:
+                        continue
+                    term = (cs.get("state") or {}).get("terminated")
+                    if not term:
+                        continue
+                    inside = term.get("exitCode") in codes["values"]
+                    if inside == (codes["operator"] == "In"):
+                        return rule["action"]
+        return "Count"
+
+    async def _reconcile_job(self, ns: str, name: str) -> None:
+        job = self.get(JOBS, ns, name)
+        if job is None:
+            return
+        spec, status = job["spec"], job.get("status") or {}
+        conds = {c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"}
+        uid = job["metadata"]["uid"]
+        pods = self._job_pods(uid)
+        active = [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")]
+        if conds & {"Complete", "Failed"}:
+            for p in active:
+                if conds & {"Failed"}:
+                    await self.remove(PODS, ns, p["metadata"]["name"])
+            return
+        if spec.get("suspend"):
+            for p in active:
+                await self.remove(PODS, ns, p["metadata"]["name"])
+            if status.get("active"):
+                await self.mutate(JOBS, ns, name, {"status": {"active": 0}})
+            return
+        completions = int(spec.get("completions") or 1)
+        failed = int(status.get("failed") or 0)
+        fail_reason = None
+        for p in pods:
+            if p["status"].get("phase") != "Failed" or p["metadata"]["uid"] in self._job_failures_seen:
+                continue
+            self._job_failures_seen.add(p["metadata"]["uid"])
+            action = self._failure_action(job, p)
+            if action == "FailJob":
+                fail_reason = ("PodFailurePolicy", f"Container worker for pod {ns}/{p['metadata']['name']} failed")
+            elif action == "Count":
+                failed += 1
+                if failed > int(spec.get("backoffLimit", 6)):
+                    fail_reason = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+        succeeded_idx = set()
+        by_index: dict[int, list] = {}
+        for p in pods:
+            idx = int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
+            by_index.setdefault(idx, []).append(p)
+            if p["status"].get("phase") == "Succeeded":
+                succeeded_idx.add(idx)
+        now = _now()
+        new_status = {"active": len(active), "succeeded": len(succeeded_idx), "failed": failed,
+                      "completedIndexes": ",".join(str(i) for i in sorted(succeeded_idx)) or None,
+                      "startTime": status.get("startTime") or now}
+        if fail_reason:
+            for p in active:
+                await self.remove(PODS, ns, p["metadata"]["name"])
+            new_status.update(active=0, conditions=[
+                {"type": "FailureTarget", "status": "True", "reason": fail_reason[0], "message": fail_reason[1], "lastTransitionTime": now},
+                {"type": "Failed", "status": "True", "reason": fail_reason[0], "message": fail_reason[1], "lastTransitionTime": now}])
+        elif len(succeeded_idx) >= completions:
+            new_status.update(completionTime=now, conditions=[
+                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
+                {"type": "Complete", "status": "True", "lastTransitionTime": now}])
+        else:
+            for idx in range(completions):
+                if idx in succeeded_idx or any(p["status"].get("phase") not in ("Succeeded", "Failed") for p in by_index.get(idx, [])):
+                    continue
+                await self._create_job_pod(job, idx)
+                new_status["active"] += 1
+        if any(status.get(k) != v for k, v in new_status.items()):
+            await self.mutate(JOBS, ns, name, {"status": new_status})
+
+    async def _create_job_pod(self, job: dict, idx: int) -> None:
+        tmpl = copy.deepcopy(job["spec"]["template"])
+        meta, spec = tmpl.setdefault("metadata", {}), tmpl["spec"]
+        jname, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+        meta["name"] = f"{jname}-{idx}-{uuid.uuid4().hex[:5]}"
+        meta["namespace"] = ns
+        meta.setdefault("labels", {}).update({
+            "batch.kubernetes.io/job-completion-index": str(idx), "batch.kubernetes.io/job-name": jname,
+            "job-name": jname, "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
+        })
+        meta.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = str(idx)
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": jname,
+                                    "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+        if spec.get("subdomain"):
+            spec["hostname"] = f"{jname}-{idx}"
+        await self.put_object(PODS, tmpl)
+
+
 @contextlib.asynccontextmanager
-async def standin_server(*, kubelet: bool = True) -> AsyncIterator[KubeStandin]:
-    """Run a ``KubeStandin`` on a random loopback port (``str(kube.url)``), with the kubelet task."""
+async def standin_server(*, kubelet: bool = True, jobs: bool = False) -> AsyncIterator[KubeStandin]:
+    """Run a ``KubeStandin`` on a random loopback port (``str(kube.url)``), with the kubelet task
+    and, with ``jobs=True``, the Job controller task."""
     kube = KubeStandin()
     async with kube, kmock.Server(kube):
-        task = asyncio.create_task(kube.kubelet()) if kubelet else None
+        tasks = [asyncio.create_task(kube.kubelet())] if kubelet else []
+        if jobs:
+            tasks.append(asyncio.create_task(kube.job_controller()))
         try:
             yield kube
         finally:
-            if task:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

@@ -56,7 +56,7 @@ def config_json(values: dict) -> dict:
     """What templates/_helpers.tpl's trainhub.configJson puts in the ConfigMap."""
     t = values["trainhub"]
     drop = {"jobs": ("resources", "nodeSelector", "tolerations", "persistence"), "culler": ("resources",)}
-    out = {k: t.get(k) for k in ("profiles", "defaultProfile", "cpuProfile", "quotas", "spawner", "storage", "kueue", "publicUrl")}
+    out = {k: t.get(k) for k in ("profiles", "defaultProfile", "cpuProfile", "quotas", "spawner", "storage", "kueue", "metrics", "publicUrl")}
     for k, omit in drop.items():
         out[k] = {kk: vv for kk, vv in t[k].items() if kk not in omit}
     out["jobNamespace"] = t["jobs"].get("jobNamespace") or "trainhub"

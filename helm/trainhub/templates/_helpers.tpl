@@ -26,7 +26,7 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The settings the hub and the services read from /etc/trainhub/trainhub.json. */}}
 {{- define "trainhub.configJson" -}}
 {{- $t := .Values.trainhub -}}
-{{- dict "profiles" $t.profiles "defaultProfile" $t.defaultProfile "cpuProfile" $t.cpuProfile "quotas" $t.quotas "spawner" $t.spawner "storage" $t.storage "jobs" (omit $t.jobs "resources" "nodeSelector" "tolerations" "persistence") "culler" (omit $t.culler "resources") "kueue" $t.kueue "publicUrl" $t.publicUrl "jobNamespace" (include "trainhub.jobNamespace" .) | toPrettyJson }}
+{{- dict "profiles" $t.profiles "defaultProfile" $t.defaultProfile "cpuProfile" $t.cpuProfile "quotas" $t.quotas "spawner" $t.spawner "storage" $t.storage "jobs" (omit $t.jobs "resources" "nodeSelector" "tolerations" "persistence") "culler" (omit $t.culler "resources") "kueue" $t.kueue "metrics" $t.metrics "publicUrl" $t.publicUrl "jobNamespace" (include "trainhub.jobNamespace" .) | toPrettyJson }}
 {{- end }}
 
 {{/* Environment every trainhub service gets (hub API, its token, the config file). */}}

@@ -1,0 +1,689 @@
+"""The Kubernetes launcher: each job attempt is an Indexed ``batch/v1`` Job plus a headless Service.
+
+Select it with ``c.TrainhubService.launcher_class = "trainhub.services.jobs.kubernetes.KubernetesLauncher"``
+(see docs/kubernetes.md). What it does, against the contract in ``launcher.py``:
+
+* ``launch``: one Job per attempt (``k8s_job_manifests.make_job``): ``completions = parallelism =
+  workers``, ``completionMode: Indexed``, one pod per worker with ``RANK`` from its completion
+  index, ``MASTER_ADDR=<job>-0.<job>`` through the headless Service (``make_headless_service``,
+  owned by the Job), GPU limits under the profile's resource name, the profile's node selector,
+  tolerations, image, CPU and memory, ``activeDeadlineSeconds`` from the time limit (a backstop:
+  the engine stops overdue jobs itself), ``backoffLimit`` and a ``podFailurePolicy``. Pods carry
+  the ``trainhub.io/username`` annotation, so the hub's quota check counts their GPUs. With
+  ``kueue_queue`` set, the Job is created suspended with Kueue's queue label and Kueue admits
+  the whole gang; otherwise the engine's own admission (scheduler + ledger) decided already.
+* ``poll``: from two list-and-watch caches (this launcher's Jobs and their pods, selected by the
+  ``app.kubernetes.io/managed-by=trainhub-jobs`` label) — no API call per poll, except a direct
+  read when a Job is missing from the cache (just created, or gone). Worker logs are read from
+  the pods API (``timestamps=true``, ``sinceSeconds``, rate-limited per pod, and once more when a
+  pod ends) and appended to ``<job_dir>/attempt-N/worker-R.log`` in the local launcher's format;
+  the metrics lines the in-pod wrapper forwards go to ``metrics-R.jsonl``. The engine's log,
+  metrics and output-sync code therefore works unchanged.
+* ``terminate``: delete the Job with ``propagationPolicy: Foreground`` and
+  ``gracePeriodSeconds = grace`` (pods get SIGTERM, SIGKILL after the grace period).
+* ``adopt``: after a restart, find the attempt's Job again (by name, from the cache).
+* ``cleanup``: delete the Job (background propagation); the Service goes with it.
+
+Outputs: each pod copies ``$TRAINHUB_OUTPUTS_DIR`` to ``<outputs_url>/outputs/`` with fsspec when
+its command ends (see ``WORKER_SH``); logs and metrics reach storage through the engine's usual
+output sync of the local job folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from traitlets import Any, Dict, Float, Instance, Integer, List, Unicode, default
+from traitlets.config import Config
+
+from trainhub.exceptions import TrainhubError
+from trainhub.profiles import ProfileCatalog
+
+from . import k8s_job_manifests as jm
+from .launcher import JobView, Launcher, WorkerStatus
+
+_NS_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+@dataclass
+class _Cursor:
+    after: tuple | None = None  # ts_key of the last line taken
+    skip: int = 0  # lines taken at exactly that key
+    fetched: float = 0.0  # time.time() of the last read
+
+
+@dataclass
+class _Run:
+    """What this process knows about one attempt (rebuilt by ``adopt`` after a restart)."""
+
+    terminating: bool = False
+    last: list = field(default_factory=list)
+    cursors: dict = field(default_factory=dict)  # pod uid -> _Cursor
+    resume: dict = field(default_factory=dict)  # rank -> ts_key: lines up to it are in the log already
+    done: set = field(default_factory=set)  # pod uids whose final log was read
+    next_read: dict = field(default_factory=dict)  # pod uid -> monotonic time of the next read
+
+
+@dataclass(frozen=True)
+class GPUTarget:
+    """Where a ledger device lives on Kubernetes: the ``slot``-th GPU of a pod (for the DCGM source)."""
+
+    namespace: str
+    pod: str
+    slot: int = 0
+
+
+class ObjectCache:
+    """One list-and-watch cache of a namespaced kind, selected by label ({name: object dict}).
+
+    Lists once, then watches from the list's resourceVersion; on an error or a 410 it lists
+    again after a capped, jittered backoff. ``ready`` is set after the first list.
+    """
+
+    def __init__(self, list_fn, namespace: str, label_selector: str, log, request_timeout: float,
+                 watch_timeout: int = 300, max_backoff: float = 30.0):
+        self.list_fn, self.namespace, self.label_selector = list_fn, namespace, label_selector
+        self.log, self.request_timeout, self.watch_timeout, self.max_backoff = log, request_timeout, watch_timeout, max_backoff
+        self.objects: dict[str, dict] = {}
+        self.ready = asyncio.Event()
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"trainhub-k8s-cache-{self.list_fn.__name__}")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _list(self) -> str | None:
+        resp = await asyncio.wait_for(
+            self.list_fn(namespace=self.namespace, label_selector=self.label_selector, _preload_content=False),
+            self.request_timeout,
+        )
+        data = json.loads(await resp.read())
+        if resp.status >= 400 or data.get("kind") == "Status":
+            raise RuntimeError(f"list failed ({resp.status}): {data.get('message')}")
+        self.objects = {o["metadata"]["name"]: o for o in data.get("items") or []}
+        self.ready.set()
+        self.changed.set()
+        return (data.get("metadata") or {}).get("resourceVersion")
+
+    async def _run(self) -> None:
+        from kubernetes_asyncio import watch
+
+        delay, rv = 0.2, None
+        while True:
+            w = watch.Watch()
+            try:
+                if rv is None:
+                    rv = await self._list()
+                async with w.stream(self.list_fn, namespace=self.namespace, label_selector=self.label_selector,
+                                    resource_version=rv, timeout_seconds=self.watch_timeout,
+                                    _request_timeout=self.watch_timeout + 30) as stream:
+                    async for event in stream:
+                        obj = event["raw_object"]
+                        if event["type"] == "ERROR":
+                            rv = None  # 410 Gone: too old, list again
+                            break
+                        name = obj["metadata"]["name"]
+                        if event["type"] == "DELETED":
+                            self.objects.pop(name, None)
+                        else:
+                            self.objects[name] = obj
+                        rv = obj["metadata"].get("resourceVersion", rv)
+                        self.changed.set()
+                        delay = 0.2
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                rv = None
+                self.log.warning("watching %s failed (%s); listing again in %.1fs", self.list_fn.__name__, e, delay)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.max_backoff)
+            finally:
+                w.stop()
+                await w.close()
+
+
+class KubernetesLauncher(Launcher):
+    """Runs each job attempt as an Indexed Job (see the module docstring)."""
+
+    namespace = Unicode(
+        help="""Namespace of the training Jobs. Default: $TRAINHUB_JOB_NAMESPACE (the Helm chart sets it),
+        else this pod's own namespace, else "default".""",
+    ).tag(config=True)
+
+    @default("namespace")
+    def _namespace_default(self):
+        if os.environ.get("TRAINHUB_JOB_NAMESPACE"):
+            return os.environ["TRAINHUB_JOB_NAMESPACE"]
+        try:
+            with open(_NS_FILE) as f:
+                return f.read().strip()
+        except OSError:
+            return "default"
+
+    kubeconfig = Unicode(
+        "",
+        help="""kubeconfig file to use. Empty: the in-cluster ServiceAccount when running in a pod
+        ($KUBERNETES_SERVICE_HOST set), else $KUBECONFIG / ~/.kube/config.""",
+    ).tag(config=True)
+
+    jobs_dir = Unicode(help="Local folder holding one sub-folder per job (logs and metrics copied from the pods). Default: <data-dir>/jobs.").tag(config=True)
+
+    @default("jobs_dir")
+    def _jobs_dir_default(self):
+        return os.path.join(os.environ.get("TRAINHUB_DATA_DIR", "/var/lib/trainhub"), "jobs")
+
+    image = Unicode(help="Image of job pods when the job's profile names none (needs sh; python3 for script jobs, fsspec to copy outputs). Default: $TRAINHUB_JOB_IMAGE (the Helm chart sets it).").tag(config=True)
+
+    @default("image")
+    def _image_default(self):
+        return os.environ.get("TRAINHUB_JOB_IMAGE", "")
+    image_pull_secrets = List(Unicode(), help="Names of image pull Secrets for job pods.").tag(config=True)
+    service_account = Unicode("", help="ServiceAccount of job pods; empty = the namespace's default. Its token is not mounted.").tag(config=True)
+    python = Unicode("python3", help="Python interpreter in the job image, for `script` jobs and the outputs copy.").tag(config=True)
+    kueue_queue = Unicode(
+        "",
+        help="""Kueue LocalQueue for job Jobs, e.g. "trainhub". Set: Jobs are created suspended with the
+        kueue.x-k8s.io/queue-name label and Kueue admits each gang by unsuspending it. Empty: no Kueue;
+        the jobs service's own admission (scheduler and GPU ledger) decides.""",
+    ).tag(config=True)
+    node_selector = Dict(help="Node selector for every job pod; the profile's node_selector is merged over it.").tag(config=True)
+    tolerations = List(Dict(), help="Tolerations for every job pod; the profile's are appended.").tag(config=True)
+    master_port = Integer(29500, help="Rendezvous port (MASTER_PORT) on rank 0, published by the headless Service.").tag(config=True)
+    backoff_limit = Integer(
+        0,
+        help="""Job backoffLimit: failed pods Kubernetes retries inside one attempt. 0 (default): a failure
+        ends the attempt and the engine's retries (the job's `retries`) start a new Job. Disruptions
+        (eviction, node drain) never count; their pods are replaced.""",
+    ).tag(config=True)
+    deadline_margin = Float(
+        60.0,
+        help="""Seconds added to a job's time limit for activeDeadlineSeconds. The engine stops overdue jobs
+        gracefully itself; the deadline is the cluster's backstop when the service is down.""",
+    ).tag(config=True)
+    ttl_seconds_after_finished = Integer(
+        86400, allow_none=True,
+        help="Finished Jobs the service has not cleaned up are deleted by Kubernetes after this many seconds (None = never).",
+    ).tag(config=True)
+    termination_grace = Integer(30, help="terminationGracePeriodSeconds of job pods when Kubernetes itself stops them.").tag(config=True)
+    shm_size = Unicode("1Gi", help="Size of the memory-backed /dev/shm of job pods; empty = the runtime's 64 MiB.").tag(config=True)
+    credentials_secret_template = Unicode(
+        "trainhub-storage-{username}",
+        help="""Secret holding the user's AWS_* storage credentials (the hub's managed Secret; {username} is
+        KubeSpawner's safe slug of the user name). Job pods read them with optional secretKeyRef, so no
+        credential appears in the Job. Empty: credentials go into the Job as plain values.""",
+    ).tag(config=True)
+    modify_job_hook = Any(
+        None,
+        help="""Callable (sync or async) `hook(launcher, job_view, manifest) -> manifest` to change a Job
+        before it is created (extra volumes, a priority class, Kueue's priority label...).""",
+    ).tag(config=True)
+    request_timeout = Float(10.0, help="Seconds one API request may take.").tag(config=True)
+    retry_timeout = Float(30.0, help="Seconds a failing request (5xx, 429, timeout) is retried, with capped exponential backoff.").tag(config=True)
+    log_interval = Float(2.0, help="Seconds between reads of a running pod's log (a pod's final log is read as soon as it ends).").tag(config=True)
+    log_overlap = Float(5.0, help="Seconds of overlap between log reads (clock skew margin; repeated lines are dropped by timestamp).").tag(config=True)
+
+    catalog = Instance(ProfileCatalog, help="Profiles (c.ProfileCatalog): GPU resource, node selector, tolerations, image, CPU and memory of a job.")
+
+    @default("catalog")
+    def _catalog_default(self):
+        return ProfileCatalog(parent=self)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._api_client = None
+        self._core = self._batch = None
+        self._jobs_cache: ObjectCache | None = None
+        self._pods_cache: ObjectCache | None = None
+        self._runs: dict[str, _Run] = {}
+        self._devices: dict[int, tuple[str, int, int]] = {}  # ledger device -> (job name, rank, slot)
+        self._lock = asyncio.Lock()
+
+    # -- API plumbing -------------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        if self._api_client is not None:
+            return
+        async with self._lock:
+            if self._api_client is not None:
+                return
+            from kubernetes_asyncio import client, config
+
+            cfg = client.Configuration()
+            if not self.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config(client_configuration=cfg)
+            else:
+                await config.load_kube_config(config_file=self.kubeconfig or None, client_configuration=cfg)
+            api_client = client.ApiClient(configuration=cfg)
+            self._core, self._batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+            selector = f"{jm.MANAGED_BY_LABEL}={jm.MANAGED_BY}"
+            self._jobs_cache = ObjectCache(self._batch.list_namespaced_job, self.namespace, selector, self.log, self.request_timeout)
+            self._pods_cache = ObjectCache(self._core.list_namespaced_pod, self.namespace, selector, self.log, self.request_timeout)
+            self._jobs_cache.start()
+            self._pods_cache.start()
+            self._api_client = api_client
+
+    async def _ready(self) -> None:
+        await self._connect()
+        await asyncio.wait_for(asyncio.gather(self._jobs_cache.ready.wait(), self._pods_cache.ready.wait()),
+                               self.retry_timeout)
+
+    async def close(self) -> None:
+        """Stop the watch caches and close the HTTP session (call when the service stops)."""
+        for cache in (self._jobs_cache, self._pods_cache):
+            if cache:
+                await cache.stop()
+        if self._api_client is not None:
+            await self._api_client.close()
+        self._api_client = None
+
+    async def _request(self, what: str, call, *args, **kwargs):
+        """One API call with a timeout, retried with capped exponential backoff on 5xx, 429 and timeouts.
+
+        Other errors (404, 409, 4xx) are raised at once for the caller to handle on purpose.
+        """
+        from kubernetes_asyncio.client.rest import ApiException
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_timeout
+        delay = 0.2
+        while True:
+            try:
+                return await asyncio.wait_for(call(*args, **kwargs), self.request_timeout)
+            except ApiException as e:
+                if e.status < 500 and e.status != 429:
+                    raise
+                err: Exception = e
+            except (asyncio.TimeoutError, OSError) as e:
+                err = e
+            if loop.time() + delay > deadline:
+                self.log.error("kubernetes: %s failed after retries: %s", what, err)
+                raise err
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 5.0)
+
+    async def _read_job(self, name: str) -> dict | None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        try:
+            job = await self._request(f"read job {name}", self._batch.read_namespaced_job, name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            self.log.exception("kubernetes: reading job %s failed", name)
+            raise
+        return self._api_client.sanitize_for_serialization(job)
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    def job_dir(self, job: JobView) -> str:
+        return str(Path(self.jobs_dir) / job.key)
+
+    def _profile(self, job: JobView):
+        if not job.profile:
+            return None
+        try:
+            return self.catalog.get(job.profile)
+        except TrainhubError as e:
+            self.log.warning("job %s: %s; using the launcher's defaults", job.key, e.message)
+            return None
+
+    def _secret_name(self, user: str) -> str | None:
+        if not self.credentials_secret_template:
+            return None
+        try:
+            from kubespawner.slugs import safe_slug
+
+            slug = safe_slug(user)
+        except ImportError:  # pragma: no cover - kubespawner is in the kubernetes extra
+            from trainhub.spawner.k8s_manifests import k8s_name
+
+            slug = k8s_name(user)
+        return self.credentials_secret_template.format(username=slug)
+
+    def build_manifests(self, job: JobView, devices: list[list[int]], env: dict, outputs_url: str | None = None) -> tuple[dict, dict]:
+        """(Job, Service) for this attempt; the Service gets its owner reference once the Job exists."""
+        profile = self._profile(job)
+        name = jm.job_name(job.key, job.attempt)
+        gpus = len(devices[0]) if devices and devices[0] else job.gpus
+        image = (profile.image if profile and profile.image else None) or self.image
+        if not image:
+            raise TrainhubError("no image for the job's pods: set KubernetesLauncher.image or the profile's image")
+        labels = jm.job_labels(job.id, job.key, job.attempt, name, job.profile)
+        if not outputs_url:
+            # the engine's OutputSyncer.target_url: <user storage URL>/jobs/<key>
+            outputs_url = env.get("TRAINHUB_OUTPUTS_URL") or (
+                f"{env['TRAINHUB_STORAGE_URL'].rstrip('/')}/jobs/{job.key}" if env.get("TRAINHUB_STORAGE_URL") else None)
+        wenv = jm.worker_env(
+            name=name, workers=job.workers, master_port=self.master_port, base_env=env, user_env=job.env,
+            command=job.command, script=job.script, outputs_url=outputs_url,
+            gpus=gpus, python=self.python, secret_name=self._secret_name(job.user),
+        )
+        node_selector = {**self.node_selector, **(profile.node_selector if profile else {})}
+        tolerations = list(self.tolerations) + [dict(t) for t in (profile.tolerations if profile else ()) if dict(t) not in self.tolerations]
+        manifest = jm.make_job(
+            name=name, namespace=self.namespace, labels=labels, user=job.user, workers=job.workers, image=image,
+            env=wenv, gpus=gpus, gpu_resource=profile.gpu_resource if profile else "nvidia.com/gpu",
+            cpu_limit=profile.cpu_limit if profile else None, mem_limit=profile.mem_limit if profile else None,
+            node_selector=node_selector, tolerations=tolerations, time_limit=job.time_limit,
+            deadline_margin=self.deadline_margin, backoff_limit=self.backoff_limit, grace=self.termination_grace,
+            service_account=self.service_account, queue_name=self.kueue_queue,
+            ttl_after_finished=self.ttl_seconds_after_finished, image_pull_secrets=self.image_pull_secrets,
+            shm_size=self.shm_size or None,
+        )
+        service = jm.make_headless_service(name=name, namespace=self.namespace, labels=labels, port=self.master_port)
+        return manifest, service
+
+    async def launch(self, job: JobView, devices: list[list[int]], env: dict) -> dict:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        await self._connect()
+        jdir = Path(self.job_dir(job))
+        adir = jdir / f"attempt-{job.attempt}"
+        await asyncio.to_thread(_prepare_dir, jdir, adir, job)
+        manifest, service = self.build_manifests(job, devices, env)
+        if self.modify_job_hook is not None:
+            out = self.modify_job_hook(self, job, manifest)
+            manifest = (await out) if asyncio.iscoroutine(out) else (out or manifest)
+        name = manifest["metadata"]["name"]
+        try:
+            created = await self._request(f"create job {name}", self._batch.create_namespaced_job, self.namespace, manifest)
+            created = self._api_client.sanitize_for_serialization(created)
+        except ApiException as e:
+            if e.status != 409:
+                self.log.exception("kubernetes: creating job %s failed", name)
+                raise
+            # a launch interrupted by a restart left it behind: it is this attempt's Job
+            self.log.info("kubernetes: job %s exists already; adopting it", name)
+            created = await self._read_job(name)
+            if created is None:
+                raise
+        service = jm.make_headless_service(name=name, namespace=self.namespace, labels=service["metadata"]["labels"],
+                                           port=self.master_port, owner=created)
+        try:
+            await self._request(f"create service {name}", self._core.create_namespaced_service, self.namespace, service)
+        except ApiException as e:
+            if e.status != 409:
+                self.log.exception("kubernetes: creating service %s failed; deleting job %s", name, name)
+                await self._delete_job(name, "Background", None)  # gang: all or nothing
+                raise
+        self._runs[name] = _Run()
+        self._remember_devices(name, devices)
+        self.log.info("kubernetes: job %s: Job %s/%s created (%d worker(s)%s)", job.key, self.namespace, name, job.workers,
+                      f", queued in Kueue queue {self.kueue_queue}" if self.kueue_queue else "")
+        return {
+            "kind": "kubernetes", "name": name, "namespace": self.namespace, "uid": created["metadata"].get("uid"),
+            "attempt": job.attempt, "dir": str(adir), "kueue_queue": self.kueue_queue or None,
+            "workers": [{"rank": r, "devices": list(devices[r]) if devices else []} for r in range(job.workers)],
+        }
+
+    def _name(self, job: JobView, state: dict) -> str:
+        return state.get("name") or jm.job_name(job.key, state.get("attempt") or job.attempt)
+
+    def _job_pods(self, name: str) -> list[dict]:
+        return [p for p in self._pods_cache.objects.values()
+                if ((p.get("metadata") or {}).get("labels") or {}).get(jm.JOB_NAME_LABEL) == name]
+
+    async def _current(self, name: str) -> dict | None:
+        obj = self._jobs_cache.objects.get(name)
+        if obj is None:
+            obj = await self._read_job(name)  # just created (cache behind) or gone
+        return obj
+
+    async def poll(self, job: JobView, state: dict) -> list[WorkerStatus]:
+        await self._ready()
+        name = self._name(job, state)
+        run = self._runs.setdefault(name, _Run())
+        obj = await self._current(name)
+        pods = self._job_pods(name)
+        await self._collect_logs(job, state, pods, run)
+        if obj is None and not pods and run.last:
+            # gone after we saw it: deleted by terminate (SIGTERM), by hand or by the TTL controller
+            code = -15 if run.terminating else -9
+            return [s if not s.running else WorkerStatus(s.rank, running=False, exit_code=code, lost=not run.terminating)
+                    for s in run.last]
+        statuses = jm.worker_statuses(obj, pods, job.workers)
+        if obj is not None:
+            run.last = statuses
+        return statuses
+
+    async def terminate(self, job: JobView, state: dict, grace: float) -> None:
+        await self._ready()
+        name = self._name(job, state)
+        run = self._runs.setdefault(name, _Run())
+        run.terminating = True
+        await self._collect_logs(job, state, self._job_pods(name), run, force=True)
+        await self._delete_job(name, "Foreground", int(math.ceil(grace)))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace + 30
+        while loop.time() < deadline:
+            pods = self._job_pods(name)
+            await self._collect_logs(job, state, pods, run)
+            if not pods and name not in self._jobs_cache.objects:
+                break
+            await asyncio.sleep(min(self.log_interval, 0.5))
+
+    async def _delete_job(self, name: str, propagation: str, grace: int | None) -> bool:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
+        try:
+            await self._request(f"delete job {name}", self._batch.delete_namespaced_job, name, self.namespace, body=body)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            self.log.exception("kubernetes: deleting job %s failed", name)
+            raise
+        return True
+
+    async def adopt(self, job: JobView, state: dict) -> bool:
+        await self._ready()
+        name = self._name(job, state)
+        obj = await self._current(name)
+        if obj is None:
+            self.log.warning("kubernetes: job %s: Job %s/%s is gone", job.key, self.namespace, name)
+            return False
+        run = self._runs.setdefault(name, _Run())
+        adir = state.get("dir")
+        if adir:
+            run.resume = await asyncio.to_thread(_log_resume_points, Path(adir), job.workers)
+        self._remember_devices(name, [w.get("devices") or [] for w in state.get("workers") or []])
+        return True
+
+    async def cleanup(self, job: JobView, state: dict) -> None:
+        name = state.get("name")
+        if not name:
+            return
+        await self._connect()
+        await self._delete_job(name, "Background", None)
+        self._runs.pop(name, None)
+        self._devices = {d: t for d, t in self._devices.items() if t[0] != name}
+
+    # -- GPU targets for the DCGM metrics source --------------------------------------------------
+
+    def _remember_devices(self, name: str, devices: list[list[int]]) -> None:
+        for rank, devs in enumerate(devices or []):
+            for slot, d in enumerate(devs or []):
+                self._devices[d] = (name, rank, slot)
+
+    def gpu_targets(self, devices: list[int]) -> dict[int, GPUTarget]:
+        """Ledger devices of running jobs → the pod and GPU slot holding them (from the pod cache).
+
+        Give it to ``PrometheusDCGMSource.resolver`` so the engine's GPU samples come from DCGM.
+        """
+        out = {}
+        if self._pods_cache is None:
+            return out
+        for d in devices:
+            where = self._devices.get(d)
+            if not where:
+                continue
+            name, rank, slot = where
+            pods = [p for p in self._job_pods(name) if jm.pod_index(p) == rank
+                    and (p.get("status") or {}).get("phase") == "Running"]
+            if pods:
+                out[d] = GPUTarget(self.namespace, pods[0]["metadata"]["name"], slot)
+        return out
+
+    # -- logs ------------------------------------------------------------------------------------
+
+    async def _collect_logs(self, job: JobView, state: dict, pods: list[dict], run: _Run, force: bool = False) -> None:
+        adir = state.get("dir")
+        if not adir:
+            return
+        now = time.monotonic()
+        for pod in pods:
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            uid, rank = meta.get("uid"), jm.pod_index(pod)
+            if rank is None or uid in run.done:
+                continue
+            ended = status.get("phase") in ("Succeeded", "Failed")
+            started = any(cs.get("name") == jm.CONTAINER and ((cs.get("state") or {}).get("running") or (cs.get("state") or {}).get("terminated"))
+                          for cs in status.get("containerStatuses") or [])
+            if not started:
+                continue
+            if not (ended or force) and now < run.next_read.get(uid, 0):
+                continue
+            run.next_read[uid] = now + self.log_interval
+            try:
+                await self._read_log(meta["name"], rank, Path(adir), run, uid)
+            except Exception as e:  # a log read must never stop the status poll
+                self.log.warning("kubernetes: reading the log of pod %s failed: %s", meta["name"], e)
+                continue
+            if ended:
+                run.done.add(uid)
+
+    async def _read_log(self, pod: str, rank: int, adir: Path, run: _Run, uid: str) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        cursor = run.cursors.get(uid)
+        if cursor is None:
+            cursor = run.cursors[uid] = _Cursor(after=run.resume.get(rank), skip=0)
+        kwargs = {"container": jm.CONTAINER, "timestamps": True, "_preload_content": False}
+        if cursor.fetched:
+            kwargs["since_seconds"] = max(1, int(math.ceil(time.time() - cursor.fetched + self.log_overlap)))
+        fetched = time.time()
+        try:
+            resp = await self._request(f"read log of pod {pod}", self._core.read_namespaced_pod_log, pod, self.namespace, **kwargs)
+        except ApiException as e:
+            if e.status in (400, 404):  # container not started yet, or the pod is gone
+                return
+            raise
+        body = await resp.read()
+        if resp.status >= 400:  # _preload_content=False: errors come back as responses
+            if resp.status in (400, 404):
+                return
+            raise ApiException(status=resp.status, reason=resp.reason)
+        text = body.decode("utf-8", errors="replace")
+        lines, metrics, cursor.after, cursor.skip = jm.split_pod_log(text, rank, cursor.after, cursor.skip)
+        cursor.fetched = fetched
+        if lines or metrics:
+            await asyncio.to_thread(_append, adir, rank, lines, metrics)
+
+
+def _prepare_dir(jdir: Path, adir: Path, job: JobView) -> None:
+    adir.mkdir(parents=True, exist_ok=True)
+    (jdir / "outputs").mkdir(exist_ok=True)
+    if job.script is not None:
+        (jdir / "script.py").write_text(job.script)
+
+
+def _append(adir: Path, rank: int, lines: list[str], metrics: list[str]) -> None:
+    if lines:
+        with open(adir / f"worker-{rank}.log", "a", encoding="utf-8") as f:
+            f.writelines(lines)
+    if metrics:
+        with open(adir / f"metrics-{rank}.jsonl", "a", encoding="utf-8") as f:
+            f.writelines(metrics)
+
+
+def _log_resume_points(adir: Path, workers: int) -> dict[int, tuple]:
+    """After a restart: per rank, the end of the millisecond of the last line already in its log."""
+    out = {}
+    for rank in range(workers):
+        path = adir / f"worker-{rank}.log"
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 4096))
+                tail = f.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(tail):
+            ts = line.split(" ", 1)[0]
+            key = jm.ts_key(ts)
+            if key[0]:
+                out[rank] = (key[0], key[1] + 999_999)  # the whole millisecond was read
+                break
+    return out
+
+
+def config_from_chart(data: dict) -> Config:
+    """Traitlets config for the jobs service (and the culler) from the Helm chart's ``trainhub.json``.
+
+    ``data`` is the ConfigMap's JSON (``$TRAINHUB_K8S_CONFIG``, rendered from the ``trainhub:``
+    values). Sets the profiles and quotas, the launcher (``jobs.launcher``: ``kubernetes`` selects
+    this module's ``KubernetesLauncher``) with its pod settings and Kueue queue, and, when
+    ``metrics.prometheusUrl`` is set, ``PrometheusDCGMSource`` as the GPU metrics source.
+    """
+    c = Config()
+    c.ProfileCatalog.profiles = data.get("profiles") or []
+    c.ProfileCatalog.default_profile = data.get("defaultProfile") or ""
+    c.ProfileCatalog.cpu_profile = data.get("cpuProfile") or ""
+    quotas = data.get("quotas") or {}
+    c.QuotaPolicy.user_gpu_limit = quotas.get("userGpuLimit")
+    c.QuotaPolicy.user_gpu_limits = quotas.get("userGpuLimits") or {}
+    c.QuotaPolicy.group_gpu_limits = quotas.get("groupGpuLimits") or {}
+    jobs = data.get("jobs") or {}
+    if jobs.get("launcher", "kubernetes") == "kubernetes":
+        c.JobsService.launcher_class = "trainhub.services.jobs.kubernetes.KubernetesLauncher"
+        k = c.KubernetesLauncher
+        if data.get("jobNamespace"):
+            k.namespace = data["jobNamespace"]
+        pod = jobs.get("pod") or {}
+        if pod.get("image"):
+            k.image = pod["image"]
+        k.service_account = pod.get("serviceAccount") or ""
+        k.master_port = int(pod.get("masterPort") or 29500)
+        k.backoff_limit = int(pod.get("backoffLimit") or 0)
+        k.shm_size = pod.get("shmSize") or ""
+        if "ttlSecondsAfterFinished" in pod:
+            k.ttl_seconds_after_finished = pod["ttlSecondsAfterFinished"]
+        kueue = data.get("kueue") or {}
+        k.kueue_queue = (kueue.get("localQueue") or "") if kueue.get("enabled") else ""
+        storage = data.get("storage") or {}
+        if storage.get("secret") == "none":
+            k.credentials_secret_template = ""
+        elif storage.get("secretNameTemplate"):
+            k.credentials_secret_template = storage["secretNameTemplate"]
+    metrics = data.get("metrics") or {}
+    if metrics.get("prometheusUrl"):
+        source = "trainhub.metrics.prometheus.PrometheusDCGMSource"
+        c.JobsService.metrics_source_class = source
+        c.GPUCuller.metrics_class = source
+        p = c.PrometheusDCGMSource
+        p.url = metrics["prometheusUrl"]
+        p.selector = metrics.get("selector") or ""
+        p.namespace_label = metrics.get("namespaceLabel") or "namespace"
+        p.pod_label = metrics.get("podLabel") or "pod"
+        p.util_metric = metrics.get("utilMetric") or "DCGM_FI_DEV_GPU_UTIL"
+        p.util_scale = float(metrics.get("utilScale") or 1)
+        p.max_age = float(metrics.get("maxAge") or 120)
+    return c
