@@ -12,6 +12,7 @@ import sys
 from trainhub.config import load_platform_config
 from trainhub.hub_config import scopes
 from trainhub.ledger import LocalGPUAllocator, pid_alive
+from trainhub.metrics.scripted import DEFAULT_SCRIPT_NAME, ENV_SCRIPT
 from trainhub.procs import INSTANCE_VAR
 from trainhub.settings import DataDir, Runtime, read_or_create_secret
 
@@ -35,12 +36,16 @@ def managed_services(runtime: Runtime, dd: DataDir) -> list[dict]:
         port = runtime.service_ports.get(name)
         if not port:
             continue
+        env = dict(env_common)
+        if name == "trainhub-culler":
+            # simulated devices: the scripted utilisation file (tests and demos edit it; absent = all idle)
+            env[ENV_SCRIPT] = os.environ.get(ENV_SCRIPT) or str(dd.root / DEFAULT_SCRIPT_NAME)
         services.append(
             {
                 "name": name,
                 "url": f"http://127.0.0.1:{port}",
                 "command": [sys.executable, "-m", module, "--port", str(port)],
-                "environment": dict(env_common),
+                "environment": env,
                 "oauth_no_confirm": True,
                 "oauth_client_allowed_scopes": list(scopes.OAUTH_SCOPES),
                 "display": name == "trainhub",
@@ -115,7 +120,11 @@ def configure(c, data_dir: str) -> None:
     c.Spawner.poll_interval = c.Spawner.get("poll_interval", 10)
     c.Spawner.http_timeout = c.Spawner.get("http_timeout", 60)
     c.Spawner.start_timeout = c.Spawner.get("start_timeout", 120)
-    c.Spawner.environment = dict(c.Spawner.get("environment", {}), **{INSTANCE_VAR: os.environ.get(INSTANCE_VAR, "")})
+    server_env = {INSTANCE_VAR: os.environ.get(INSTANCE_VAR, "")}
+    if runtime.service_ports.get("trainhub-culler"):
+        # where a notebook server reaches the culler's API (warnings, keep) with its own token
+        server_env["TRAINHUB_CULLER_URL"] = f"{runtime.public_url.rstrip('/')}/services/trainhub-culler"
+    c.Spawner.environment = dict(c.Spawner.get("environment", {}), **server_env)
 
     # -- scopes, roles, services -------------------------------------------------
     c.JupyterHub.custom_scopes = dict(scopes.CUSTOM_SCOPES, **c.JupyterHub.get("custom_scopes", {}))

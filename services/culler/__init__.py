@@ -16,6 +16,7 @@ HUB_SCOPES = (
     "delete:servers",  # stop: DELETE /hub/api/users/<name>/server(s/<server>)
     "start:servers",  # release: POST /hub/api/users/<name>/server(s/<server>) {"profile": <cpu>}
     "access:servers",  # GET /user/<name>/<server>/api/kernels through the proxy
+    "access:services!service=trainhub",  # reach the jobs service at all (its HubOAuth hub_scopes)
     "custom:trainhub:jobs:read",  # GET {TRAINHUB_API_URL}/jobs?state=running&user=<name>
 )
 

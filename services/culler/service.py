@@ -191,6 +191,7 @@ class GPUCuller(Application):
         self.released: dict[str, dict] = {}  # holder -> {"at", "devices", "counted_until"} for reclaim accounting
         self.latest: dict[str, dict] = {}  # holder -> latest decision (for the admin view)
         self.culled_at: dict[str, datetime] = {}  # holder -> our last stop/release (guards against acting twice)
+        self.dry_run_culled: dict[str, str | None] = {}  # holder -> idle_since of the would-be cull already counted
         self._device_holder: dict[int, str] = {}
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -292,6 +293,8 @@ class GPUCuller(Application):
         self._account_reclaimed(now, set(by_holder))
         for holder in set(self.warned_at) - set(by_holder):
             self._clear_warning(holder)  # the server stopped or gave its GPUs back
+        for holder in set(self.dry_run_culled) - set(by_holder):
+            del self.dry_run_culled[holder]
         if not by_holder:
             self.prom.pending_warnings.set(len(self.warnings))
             self.prom.last_pass.set(now.timestamp())
@@ -378,7 +381,7 @@ class GPUCuller(Application):
         info = ServerInfo(
             user=user, server_name=server_name, profile=profile,
             devices=tuple(sorted(h.device for h in holdings)),
-            held_since=min(h.since for h in holdings), pending=pending or (None if server_model.get("ready", True) else "not ready"),
+            held_since=_aware(min(h.since for h in holdings)), pending=pending or (None if server_model.get("ready", True) else "not ready"),
             kernels_busy=busy, kernels=nkernels, last_activity=activity, running_jobs=jobs,
             kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder),
         )
@@ -410,8 +413,15 @@ class GPUCuller(Application):
                 self._clear_warning(holder)
         elif decision.acts:
             if decision.dry_run:
-                self.prom.culls.labels("dry_run", decision.action).inc()
+                # count a would-be cull once per idle run, not on every pass while it stays idle
+                idle_since = decision.measurements.get("idle_since")
+                if self.dry_run_culled.get(holder) != idle_since:
+                    self.dry_run_culled[holder] = idle_since
+                    self.prom.culls.labels("dry_run", decision.action).inc()
             else:
+                # the stop starts now: "keep" can no longer help, so the warning is withdrawn first
+                # (if the action fails, the next pass warns again before any retry)
+                self._clear_warning(holder)
                 try:
                     await self._act(info, decision)
                     acted = True
@@ -422,7 +432,9 @@ class GPUCuller(Application):
                 else:
                     self.prom.culls.labels("gpu_idle", decision.action).inc()
                     self.prom.gpus_released.inc(len(info.devices))
-                    self.released[holder] = {"at": now, "devices": len(info.devices), "counted_until": now}
+                    # reclaimed GPU time counts from when the action finished (the devices are free by then)
+                    done = self.policy.utcnow()
+                    self.released[holder] = {"at": done, "devices": len(info.devices), "counted_until": done}
                     self.culled_at[holder] = now
                     self._clear_warning(holder)
                     self.kept_at.pop(holder, None)

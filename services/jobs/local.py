@@ -25,7 +25,10 @@ from traitlets import Unicode
 from trainhub.ledger import pid_alive, process_start_time
 from trainhub.procs import HOLDER_VAR, processes_with
 
+from . import worker
 from .launcher import JobView, Launcher, WorkerStatus
+
+WORKER_SCRIPT = os.path.abspath(worker.__file__)
 
 
 def free_port() -> int:
@@ -88,7 +91,9 @@ class LocalLauncher(Launcher):
                     HOLDER_VAR: tag,
                 })
                 log, exit_file = adir / f"worker-{rank}.log", adir / f"worker-{rank}.exit"
-                wrapper = [sys.executable, "-m", "trainhub.services.jobs.worker", "--rank", str(rank),
+                # the wrapper by path without site (-S) or its folder on sys.path (-P): it needs only the standard
+                # library, and its start-up is on the way to the job's first output line
+                wrapper = [sys.executable, "-S", "-P", WORKER_SCRIPT, "--rank", str(rank),
                            "--log", str(log), "--exit-file", str(exit_file), "--cwd", self._cwd(job), "--", *cmd]
                 proc = subprocess.Popen(wrapper, env=wenv, start_new_session=True, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=open(adir / f"worker-{rank}.wrapper.err", "ab"))

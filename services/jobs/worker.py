@@ -5,56 +5,104 @@ whole gang can be signalled as a process group). It forwards nothing: a SIGTERM 
 group reaches the command directly; this wrapper keeps draining output until the command
 ends, then writes the exit status atomically.
 
-    python -m trainhub.services.jobs.worker --rank 0 --log L --exit-file E -- cmd args...
+    python -S -P .../services/jobs/worker.py --rank 0 --log L --exit-file E [--cwd D] -- cmd args...
+    python -m trainhub.services.jobs.worker ...   (the same)
+
+It stands between a submission and the job's first output line, so it starts the command
+before anything else: standard library only, no ``site`` (the launcher runs it with ``-S``),
+arguments parsed by hand, the command spawned with ``os.posix_spawnp`` before the imports
+that only the logging loop needs.
 """
 
-from __future__ import annotations
-
-import argparse
 import os
 import signal
-import subprocess
 import sys
-from datetime import datetime, timezone
+
+USAGE = "usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] -- cmd [args...]"
 
 
-def _stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
+    """``({"rank": int, "log": str, "exit_file": str, "cwd": str | None}, cmd)``; SystemExit(2) when malformed."""
+    opts = {"--rank": None, "--log": None, "--exit-file": None, "--cwd": None}
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        flag, sep, value = argv[i].partition("=")
+        if flag not in opts:
+            raise SystemExit(f"{USAGE}\nunknown argument {argv[i]!r}")
+        if not sep:
+            if i + 1 >= len(argv):
+                raise SystemExit(f"{USAGE}\n{flag} needs a value")
+            i += 1
+            value = argv[i]
+        opts[flag] = value
+        i += 1
+    cmd = argv[i + 1:]
+    missing = [f for f in ("--rank", "--log", "--exit-file") if opts[f] is None]
+    if missing or not cmd:
+        raise SystemExit(f"{USAGE}\nmissing: {', '.join(missing) or 'the command after --'}")
+    try:
+        rank = int(opts["--rank"])
+    except ValueError:
+        raise SystemExit(f"{USAGE}\n--rank must be a number") from None
+    return {"rank": rank, "log": opts["--log"], "exit_file": opts["--exit-file"], "cwd": opts["--cwd"]}, cmd
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="trainhub-worker")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--log", required=True)
-    p.add_argument("--exit-file", required=True)
-    p.add_argument("--cwd", default=None)
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = p.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    args, cmd = parse_args(sys.argv[1:] if argv is None else argv)
+    log_path, exit_path = os.path.abspath(args["log"]), os.path.abspath(args["exit_file"])
 
     # stay alive through the group's SIGTERM to record the command's exit (not SIG_IGN: exec would inherit it)
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
-    prefix = f"[{args.rank}] ".encode()
-    with open(args.log, "ab", buffering=0) as log:
-        try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=args.cwd,
-                                    restore_signals=True)
-        except OSError as e:
-            log.write(f"{_stamp()} ".encode() + prefix + f"trainhub: cannot start {cmd[:1]}: {e}\n".encode())
+    pid, error = None, None
+    read_fd, write_fd = os.pipe()  # both close-on-exec; dup2 makes the copies on 1 and 2 inheritable
+    try:
+        if args["cwd"]:
+            os.chdir(args["cwd"])
+        # Python ignores SIGPIPE and SIGXFSZ: the command gets their defaults (as Popen's restore_signals)
+        pid = os.posix_spawnp(cmd[0], cmd, os.environ,
+                              file_actions=[(os.POSIX_SPAWN_DUP2, write_fd, 1), (os.POSIX_SPAWN_DUP2, write_fd, 2)],
+                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+    except OSError as e:
+        error = e
+    os.close(write_fd)
+
+    from datetime import datetime, timezone
+
+    def stamp() -> bytes:
+        return (datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z ").encode()
+
+    prefix = f"[{args['rank']}] ".encode()
+    with open(log_path, "ab", buffering=0) as log, os.fdopen(read_fd, "rb", buffering=0) as out:
+        if error is not None:
+            log.write(stamp() + prefix + f"trainhub: cannot start {cmd[:1]}: {error}\n".encode())
             code = 127
         else:
-            for line in iter(proc.stdout.readline, b""):
-                if not line.endswith(b"\n"):
-                    line += b"\n"
-                log.write(_stamp().encode() + b" " + prefix + line)
-            code = proc.wait()
-    tmp = args.exit_file + ".tmp"
+            pending = b""
+            while True:
+                chunk = out.read(65536)
+                if not chunk:
+                    break
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                if lines:
+                    now = stamp()
+                    log.write(b"".join(now + prefix + line + b"\n" for line in lines))
+            if pending:
+                log.write(stamp() + prefix + pending + b"\n")
+            while True:
+                try:
+                    _, status = os.waitpid(pid, 0)
+                    break
+                except InterruptedError:  # pragma: no cover (PEP 475 retries; kept for clarity)
+                    continue
+            code = os.waitstatus_to_exitcode(status)
+    tmp = exit_path + ".tmp"
     with open(tmp, "w") as f:
         f.write(str(code))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, args.exit_file)
+    os.replace(tmp, exit_path)
     return 0
 
 

@@ -191,9 +191,9 @@ async def test_dry_run_never_acts(rig):
     passes = await run_for(rig, 180)
     assert rig.client.calls == [] and rig.warnings_for("alice") == []
     actions = [d.action for p in passes for _, d in p]
-    assert "warn" in actions and "release" in actions
+    assert "warn" in actions and actions.count("release") > 1  # reported on every pass while idle ...
     text = generate_latest(rig.prom.registry).decode()
-    assert 'trainhub_culler_culls_total{action="release",reason="dry_run"}' in text
+    assert 'trainhub_culler_culls_total{action="release",reason="dry_run"} 1.0' in text  # ... counted once
     assert "gpu_idle" not in text
 
 

@@ -162,6 +162,9 @@ def test_scopes_and_roles_match_hub_config(values):
     assert roles["trainhub-jobs-service"]["scopes"] == scopes.JOBS_SERVICE_SCOPES
     assert roles["trainhub-jobs-service"]["services"] == ["trainhub"]
     assert roles["trainhub-culler-service"]["services"] == ["trainhub-culler"]
+    from trainhub.services.culler import HUB_SCOPES
+
+    assert sorted(roles["trainhub-culler-service"]["scopes"]) == sorted(HUB_SCOPES)
     for role in roles.values():
         for scope in role["scopes"]:
             base = scope.split("!")[0]

@@ -12,6 +12,8 @@ from traitlets import Float, Unicode, default
 from trainhub.metrics.base import GPUMetricsSource, GPUSample, MetricsUnavailable
 
 ENV_SCRIPT = "TRAINHUB_GPU_METRICS_FILE"
+#: File name `trainhub up` gives the culler in the data dir (``<data-dir>/gpu-metrics.json``).
+DEFAULT_SCRIPT_NAME = "gpu-metrics.json"
 
 
 class ScriptedMetricsSource(GPUMetricsSource):
@@ -32,7 +34,8 @@ class ScriptedMetricsSource(GPUMetricsSource):
         help=f"""JSON file with the scripted utilisation, e.g. /srv/trainhub/gpu-metrics.json.
 
         Re-read on every sample, so a test or demo edits it to change what the culler sees.
-        Default: ${ENV_SCRIPT}, else empty (every device reads 0 %).
+        Default: ${ENV_SCRIPT} (`trainhub up` sets it to <data-dir>/{DEFAULT_SCRIPT_NAME}), else empty
+        (every device reads 0 %).
         """,
     ).tag(config=True)
 

@@ -1,0 +1,279 @@
+"""The jobs API under load: 50 concurrent clients, then a burst of 200 concurrent submissions.
+
+One run starts a private `trainhub up --gpus 4` (the ``Platform`` helper of tests/conftest.py)
+and drives its jobs API through the hub's proxy, as notebooks and CLIs do, with a JupyterHub
+token per user (5 users; the clients are spread over them):
+
+1. **mixed**: ``--clients`` (50) threads, each with its own keep-alive ``requests.Session``,
+   each making ``--requests`` (40) calls with a random pause of 0..2x``--think`` seconds
+   (default 0.25 s, so about 200 calls/s offered in all) between them: 60% ``GET /jobs/{id}``
+   of a random known job, 30% ``GET /jobs?limit=20``, 10% ``POST /jobs`` of a CPU-only
+   ``true`` job. The scheduler runs meanwhile (the posted jobs start, finish, are watched).
+   Latency of each call, client side (send to full body), p50/p95/p99 per kind and overall.
+2. **burst**: 200 ``POST /jobs`` (CPU-only ``true``, unique ``submit_key``) from 50 threads at
+   once; every one must answer 201, with 200 distinct ids; the listing totals must grow by
+   exactly 200, and every job must then succeed (none lost, none run twice: attempt 1).
+
+Target: p99 of the mixed phase <= 100 ms, no error, and the burst loses or duplicates nothing.
+Prints tables and PASS/FAIL; exit status 0 on PASS, 1 on FAIL. The load generator runs on the
+same machine as the platform (2 shared cores on the reference machine) and competes with it
+for CPU, so its latencies include its own queueing: run it on an otherwise idle machine.
+
+    .venv/bin/python benchmarks/jobs_load_bench.py [--clients 50] [--requests 40] [--think 0.25] [--burst 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    xs = sorted(values)
+    k = max(0, min(len(xs) - 1, int(round(q / 100 * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def start_platform(root: Path):
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import PLATFORM_CONFIG, Platform  # the same helper the e2e tests use
+
+    return Platform("jobs-load-bench", root / "data", config=PLATFORM_CONFIG).start()
+
+
+class User:
+    def __init__(self, api: str, name: str, token: str):
+        self.api, self.name, self.token = api, name, token
+        self.known: list[str] = []  # job ids to GET
+        self.lock = threading.Lock()
+
+    def session(self) -> requests.Session:
+        s = requests.Session()
+        s.headers["Authorization"] = f"token {self.token}"
+        return s
+
+    def total(self, s: requests.Session) -> int:
+        return s.get(self.api + "/jobs", params={"limit": 1}, timeout=60).json()["total"]
+
+
+def timed(s: requests.Session, method: str, url: str, **kw) -> tuple[float, int, dict | None]:
+    t0 = time.perf_counter()
+    try:
+        r = s.request(method, url, timeout=60, **kw)
+        body = r.content
+        elapsed = time.perf_counter() - t0
+    except requests.RequestException as e:
+        return time.perf_counter() - t0, 0, {"error": str(e)}
+    try:
+        data = r.json() if body else None
+    except ValueError:
+        data = None
+    return elapsed, r.status_code, data
+
+
+def client_loop(user: User, n: int, think: float, seed: int, out: list, tag: str) -> None:
+    rng = random.Random(seed)
+    s = user.session()
+    for i in range(n):
+        time.sleep(rng.uniform(0, 2 * think))
+        x = rng.random()
+        if x < 0.10:
+            kind, method, url, kw = "POST /jobs", "POST", user.api + "/jobs", {
+                "json": {"command": "true", "gpus": 0, "name": f"load-{tag}-{seed}-{i}"}}
+        elif x < 0.40:
+            kind, method, url, kw = "GET /jobs", "GET", user.api + "/jobs", {"params": {"limit": 20}}
+        else:
+            with user.lock:
+                jid = rng.choice(user.known) if user.known else None
+            if jid is None:
+                kind, method, url, kw = "GET /jobs", "GET", user.api + "/jobs", {"params": {"limit": 20}}
+            else:
+                kind, method, url, kw = "GET /jobs/{id}", "GET", f"{user.api}/jobs/{jid}", {}
+        elapsed, status, data = timed(s, method, url, **kw)
+        out.append((kind, elapsed, status))
+        if kind == "POST /jobs" and status == 201:
+            with user.lock:
+                user.known.append(data["id"])
+
+
+def table(rows: list[tuple[str, list[float]]]) -> str:
+    lines = [f"{'calls':<18}{'n':>6}{'p50':>10}{'p95':>10}{'p99':>10}{'max':>10}"]
+    for name, xs in rows:
+        if xs:
+            lines.append(f"{name:<18}{len(xs):>6}" + "".join(f"{percentile(xs, q) * 1000:>8.1f}ms" for q in (50, 95, 99))
+                         + f"{max(xs) * 1000:>8.1f}ms")
+    return "\n".join(lines)
+
+
+def service_pids(data_dir: Path) -> dict[str, int]:
+    """pids of this platform's jobs service and proxy (Linux /proc; {} elsewhere)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"TRAINHUB_DATA_DIR={data_dir}".encode() not in env and str(data_dir) not in cmd:
+            continue
+        if "trainhub.services.jobs" in cmd:
+            found["jobs service"] = int(entry.name)
+        elif "configurable-http-proxy" in cmd:
+            found["proxy"] = int(entry.name)
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_all_done(user_sessions, deadline_s: float) -> dict[str, dict]:
+    """Every job of every user, once none is queued or running (or the deadline passed)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        jobs: dict[str, dict] = {}
+        for user, s in user_sessions:
+            offset = 0
+            while True:
+                page = s.get(user.api + "/jobs", params={"limit": 500, "offset": offset}, timeout=60).json()
+                for j in page["items"]:
+                    jobs[j["id"]] = j
+                offset += len(page["items"])
+                if not page["items"] or offset >= page["total"]:
+                    break
+        if all(j["state"] in TERMINAL for j in jobs.values()) or time.monotonic() > deadline:
+            return jobs
+        time.sleep(1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--requests", type=int, default=40, help="calls per client in the mixed phase (default 40)")
+    ap.add_argument("--think", type=float, default=0.25, help="mean pause between a client's calls, s (default 0.25)")
+    ap.add_argument("--burst", type=int, default=200, help="concurrent submissions in the burst phase (default 200)")
+    ap.add_argument("--users", type=int, default=5)
+    ap.add_argument("--target-p99", type=float, default=0.100, help="seconds (default 0.100)")
+    ap.add_argument("--keep", action="store_true", help="keep the platform's data dir (logs)")
+    args = ap.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="jobs-load-bench-"))
+    platform = None
+    try:
+        t = time.monotonic()
+        platform = start_platform(root)
+        print(f"platform up at {platform.url} in {time.monotonic() - t:.1f} s", flush=True)
+        api = platform.url + "/services/trainhub/api"
+        users = [User(api, f"load-{i}", platform.token(f"load-{i}")) for i in range(args.users)]
+        # seed each user with a few finished jobs to read, and warm up each token (hub auth cache)
+        for u in users:
+            s = u.session()
+            for k in range(4):
+                r = s.post(api + "/jobs", json={"command": "true", "gpus": 0, "name": f"seed-{k}"}, timeout=60)
+                r.raise_for_status()
+                u.known.append(r.json()["id"])
+
+        # -- phase 1: mixed -------------------------------------------------------------
+        print(f"mixed: {args.clients} clients x {args.requests} calls, think 0..{2 * args.think:.2f} s ...", flush=True)
+        results: list = []
+        pids = service_pids(platform.data_dir)
+        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        load0 = os.getloadavg()[0]
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(args.clients) as pool:
+            futs = [pool.submit(client_loop, users[c % len(users)], args.requests, args.think, c, results, "mixed")
+                    for c in range(args.clients)]
+            for f in futs:
+                f.result()
+        wall = time.monotonic() - t0
+        cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+        errors = [r for r in results if r[2] not in (200, 201)]
+        by_kind = {}
+        for kind, elapsed, status in results:
+            by_kind.setdefault(kind, []).append(elapsed)
+        all_lat = [r[1] for r in results]
+        print()
+        print(table([(k, by_kind[k]) for k in ("GET /jobs/{id}", "GET /jobs", "POST /jobs") if k in by_kind]
+                    + [("all", all_lat)]))
+        print(f"{len(results)} calls in {wall:.1f} s = {len(results) / wall:.0f} calls/s; errors: {len(errors)}"
+              + (f" (first: {errors[0]})" if errors else ""))
+        for name, used in cpu.items():
+            print(f"{name}: {used:.1f} CPU s = {used / wall:.2f} cores, {used / len(results) * 1000:.1f} ms CPU per call")
+        print(f"machine load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        p99 = percentile(all_lat, 99)
+
+        # -- phase 2: burst of submissions -------------------------------------------------
+        sessions = [(u, u.session()) for u in users]
+        before = sum(u.total(s) for u, s in sessions)
+        print(f"\nburst: {args.burst} POST /jobs from {args.clients} threads at once ...", flush=True)
+        burst: list = []
+        barrier = threading.Barrier(min(args.clients, args.burst))
+
+        def submit(i: int):
+            u, s = sessions[i % len(sessions)]
+            if i < barrier.parties:
+                barrier.wait()
+            body = {"command": "true", "gpus": 0, "name": f"burst-{i}", "submit_key": f"burst-{i}"}
+            return (i,) + timed(s, "POST", u.api + "/jobs", json=body)
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(args.clients) as pool:
+            burst = list(pool.map(submit, range(args.burst)))
+        submit_wall = time.monotonic() - t0
+        ok = [b for b in burst if b[2] == 201]
+        ids = [b[3]["id"] for b in ok]
+        after = sum(u.total(s) for u, s in sessions)
+        print(table([("POST /jobs", [b[1] for b in burst])]))
+        print(f"{len(ok)}/{args.burst} answered 201 in {submit_wall:.1f} s; distinct ids {len(set(ids))}; "
+              f"listed jobs {before} -> {after} (+{after - before})")
+        t0 = time.monotonic()
+        jobs = wait_all_done(sessions, 600)
+        drain = time.monotonic() - t0
+        mine = [jobs[i] for i in ids if i in jobs]
+        states = {}
+        for j in mine:
+            states[j["state"]] = states.get(j["state"], 0) + 1
+        rerun = [j["id"] for j in mine if j.get("attempt") != 1]
+        print(f"all {len(mine)} burst jobs ended {drain:.1f} s after the burst: {states}; run more than once: {len(rerun)}")
+
+        burst_ok = (len(ok) == args.burst and len(set(ids)) == args.burst and after - before == args.burst
+                    and states.get("succeeded", 0) == args.burst and not rerun)
+        mixed_ok = p99 <= args.target_p99 and not errors
+        print()
+        print(f"target: mixed p99 <= {args.target_p99 * 1000:.0f} ms: {p99 * 1000:.1f} ms "
+              f"{'ok' if p99 <= args.target_p99 else 'MISSED'}; errors {len(errors)}; "
+              f"burst none lost or duplicated: {'ok' if burst_ok else 'MISSED'}")
+        print("PASS" if mixed_ok and burst_ok else "FAIL")
+        return 0 if mixed_ok and burst_ok else 1
+    finally:
+        if platform is not None and platform.running:
+            platform.stop()
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

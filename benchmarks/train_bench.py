@@ -1,0 +1,253 @@
+"""%%train cell to the job's first log line, against a plain subprocess launch of the same script.
+
+One run starts a private `trainhub up --gpus 4` (simulated devices; the ``Platform`` helper of
+tests/conftest.py) and one IPython kernel (jupyter_client ``KernelManager``) with
+``$TRAINHUB_API_URL`` and ``$JUPYTERHUB_API_TOKEN`` set, as in a platform notebook, with
+``%load_ext trainhub.kernels``. Then, alternating, N times each:
+
+* train: send a ``%%train --gpus 1`` cell to the kernel (execute_request) and poll
+  ``GET /jobs/{id}/logs`` every 10 ms until the job's first log line is readable; the job id is
+  the next one the service hands out (this platform runs nothing else; the name is checked);
+* raw: ``subprocess.Popen([python, "-u", script.py])`` of the script that ``%%train`` generates
+  for the same cell, timed to its first line on stdout.
+
+One untimed warm-up of each runs first. Each train job is waited for (untimed) before the
+next run, so every run starts on an idle queue. The phases of each train run are shown too,
+from the job's own timestamps (same clock, same machine): cell -> job created (kernel, magic,
+POST), created -> started (engine pass, ledger), started -> first line written (launcher,
+worker wrapper, Python start of the job), written -> read back through the API (polling).
+
+Targets: train p50 <= 1.0 s and train p50 <= 3 x raw p50. Prints a table and PASS/FAIL;
+exit status 0 on PASS, 1 on FAIL. Timings are wall-clock on a shared machine: run it on an
+otherwise idle one for stable numbers (the ratio against raw, measured in the same run,
+absorbs part of the noise).
+
+    .venv/bin/python benchmarks/train_bench.py [--runs 30] [--gpus 1] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+CELL_BODY = "print('step 0 loss 1.0', flush=True)\n"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    xs = sorted(values)
+    k = max(0, min(len(xs) - 1, int(round(q / 100 * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def iso_ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def start_platform(root: Path):
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import PLATFORM_CONFIG, Platform  # the same helper the e2e tests use
+
+    return Platform("train-bench", root / "data", config=PLATFORM_CONFIG).start()
+
+
+class Kernel:
+    """An IPython kernel (separate process) driven over ZMQ, as a notebook frontend would."""
+
+    def __init__(self, env: dict, cwd: str):
+        from jupyter_client.manager import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=env, cwd=cwd)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def send(self, code: str) -> str:
+        return self.kc.execute(code, store_history=True)
+
+    def reply(self, msg_id: str, timeout: float = 60) -> dict:
+        """Wait for the execute_reply of ``msg_id``; raise with the cell's output on error."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                break
+        self.drain()
+        content = msg["content"]
+        if content["status"] != "ok":
+            raise SystemExit(f"kernel cell failed: {content.get('ename')}: {content.get('evalue')}")
+        return content
+
+    def drain(self) -> list[dict]:
+        out = []
+        while True:
+            try:
+                out.append(self.kc.get_iopub_msg(timeout=0.05))
+            except Exception:
+                return out
+
+    def run(self, code: str, timeout: float = 60) -> dict:
+        return self.reply(self.send(code), timeout)
+
+    def close(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def raw_first_line(script: Path, cwd: str) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-u", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
+    line = proc.stdout.readline()
+    elapsed = time.perf_counter() - t0
+    proc.stdout.close()
+    proc.wait()
+    if not line.strip():
+        raise SystemExit("raw launch printed nothing")
+    return elapsed
+
+
+class Api:
+    def __init__(self, url: str, token: str):
+        self.url = url
+        self.s = requests.Session()
+        self.s.headers["Authorization"] = f"token {token}"
+
+    def get(self, path: str, **kw):
+        return self.s.get(self.url + path, timeout=30, **kw)
+
+    def newest_id(self) -> int:
+        items = self.get("/jobs", params={"limit": 1}).json()["items"]
+        return int(items[0]["id"].split("-")[1]) if items else 0
+
+    def wait_done(self, key: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get(f"/jobs/{key}").json()
+            if job["state"] in ("succeeded", "failed", "cancelled", "lost"):
+                return job
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {key} still {job['state']} after {timeout} s: {job.get('reason')}")
+            time.sleep(0.05)
+
+
+def train_first_line(kernel: Kernel, api: Api, name: str, gpus: int, poll: float = 0.01) -> tuple[float, dict]:
+    """Seconds from sending the cell to the first log line readable through the API."""
+    key = f"j-{api.newest_id() + 1:06d}"
+    cell = f"%%train --gpus {gpus} --name {name}\n{CELL_BODY}"
+    t_wall = time.time()
+    t0 = time.perf_counter()
+    msg_id = kernel.send(cell)
+    deadline = t0 + 60
+    while True:
+        r = api.get(f"/jobs/{key}/logs")
+        if r.status_code == 200 and r.text.strip():
+            elapsed = time.perf_counter() - t0
+            break
+        if r.status_code not in (200, 404):
+            raise SystemExit(f"GET /jobs/{key}/logs: {r.status_code} {r.text[:300]}")
+        if time.perf_counter() > deadline:
+            raise SystemExit(f"no log line from {key} within 60 s")
+        time.sleep(poll)
+    kernel.reply(msg_id)
+    job = api.wait_done(key)
+    if job["name"] != name:
+        raise SystemExit(f"{key} is {job['name']!r}, not this run's job {name!r}: is something else submitting?")
+    if job["state"] != "succeeded":
+        raise SystemExit(f"{key} {job['state']}: {job['reason']}")
+    line_at = iso_ts(r.text.split(" ", 1)[0])
+    phases = {"cell->created": iso_ts(job["created"]) - t_wall, "created->started": iso_ts(job["started"]) - iso_ts(job["created"]),
+              "started->line written": line_at - iso_ts(job["started"]), "written->read": (t_wall + elapsed) - line_at}
+    return elapsed, phases
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30, help="timed runs of each (default 30)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs of each %%train job (default 1; 0 = CPU-only)")
+    ap.add_argument("--target-p50", type=float, default=1.0, help="seconds (default 1.0)")
+    ap.add_argument("--target-ratio", type=float, default=3.0, help="train p50 / raw p50 (default 3.0)")
+    ap.add_argument("--keep", action="store_true", help="keep the platform's data dir (logs) and print where")
+    args = ap.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="train-bench-"))
+    platform = kernel = None
+    try:
+        t = time.monotonic()
+        platform = start_platform(root)
+        print(f"platform up at {platform.url} in {time.monotonic() - t:.1f} s", flush=True)
+        user = "bench"
+        token = platform.token(user)
+        api_url = platform.url + "/services/trainhub/api"
+        api = Api(api_url, token)
+        home = root / "home"
+        home.mkdir()
+        env = dict(os.environ, TRAINHUB_API_URL=api_url, JUPYTERHUB_API_TOKEN=token, JUPYTERHUB_USER=user)
+        env.pop("TRAINHUB_DATA_DIR", None)
+        kernel = Kernel(env, str(home))
+        kernel.run("%load_ext trainhub.kernels")
+
+        from trainhub.kernels.context import build_job_script
+
+        script = root / "script.py"
+        script.write_text(build_job_script(CELL_BODY, [], {}).source)
+
+        # warm-up (untimed): first imports in the kernel, first launch of the service
+        train_first_line(kernel, api, "warmup", args.gpus)
+        raw_first_line(script, str(home))
+
+        train, raw, phases = [], [], []
+        for i in range(args.runs):
+            order = (0, 1) if i % 2 == 0 else (1, 0)
+            for which in order:
+                if which == 0:
+                    t_train, ph = train_first_line(kernel, api, f"bench-{i}", args.gpus)
+                    train.append(t_train)
+                    phases.append(ph)
+                else:
+                    raw.append(raw_first_line(script, str(home)))
+            print(f"  run {i + 1:>3}/{args.runs}: train {train[-1]:.3f} s  raw {raw[-1]:.3f} s", flush=True)
+
+        t50, t95, r50, r95 = (percentile(train, 50), percentile(train, 95), percentile(raw, 50), percentile(raw, 95))
+        ratio = t50 / r50 if r50 else float("inf")
+        print()
+        print(f"{'measure (' + str(args.runs) + ' runs each)':<44}{'p50':>9}{'p95':>9}")
+        print(f"{'%%train cell -> first log line via the API':<44}{t50:>8.3f}s{t95:>8.3f}s")
+        print(f"{'raw subprocess -> first output line':<44}{r50:>8.3f}s{r95:>8.3f}s")
+        print(f"{'ratio train / raw':<44}{ratio:>8.2f}x{(t95 / r95 if r95 else 0):>8.2f}x")
+        print()
+        print("phases of the train runs (from the job's timestamps):")
+        for name in phases[0]:
+            xs = [p[name] for p in phases]
+            print(f"  {name:<42}{percentile(xs, 50):>8.3f}s{percentile(xs, 95):>8.3f}s")
+        ok_abs, ok_ratio = t50 <= args.target_p50, ratio <= args.target_ratio
+        print()
+        print(f"target: p50 <= {args.target_p50:.1f} s: {'ok' if ok_abs else 'MISSED'}; "
+              f"p50 <= {args.target_ratio:.1f} x raw: {'ok' if ok_ratio else 'MISSED'}")
+        print("PASS" if ok_abs and ok_ratio else "FAIL")
+        return 0 if ok_abs and ok_ratio else 1
+    finally:
+        if kernel is not None:
+            kernel.close()
+        if platform is not None and platform.running:
+            platform.stop()
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
