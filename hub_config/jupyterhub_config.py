@@ -3,7 +3,6 @@
 # Everything machine-specific comes from the data dir (``$TRAINHUB_DATA_DIR``):
 # trainhub.json written by `trainhub up`, then the admin's trainhub_config.py.
 import os
-import sys
 
 from trainhub.hub_config.embedded import configure
 

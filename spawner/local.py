@@ -15,7 +15,7 @@ from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from tornado import web
-from traitlets import Any, Dict, Instance, List, Type, Unicode, default
+from traitlets import Instance, List, Type, Unicode, default
 
 from trainhub.exceptions import NoFreeGPUs, TrainhubError
 from trainhub.kernels.startup import install_ipython_startup

@@ -9,7 +9,6 @@ table's primary key and every allocation runs under the database write lock.
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime

@@ -10,7 +10,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from traitlets import List, Unicode, default, validate
+from traitlets import List, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import ProfileNotAllowed, UnknownProfile

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Callable
 
 import fsspec
 from traitlets import Callable as CallableTrait

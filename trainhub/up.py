@@ -25,7 +25,7 @@ import requests
 
 from trainhub import gpus as gpu_inventory
 from trainhub.procs import INSTANCE_VAR, become_subreaper, terminate_tagged
-from trainhub.settings import DataDir, Runtime, read_or_create_secret, write_secret
+from trainhub.settings import DataDir, Runtime, read_or_create_secret
 
 
 class UpError(RuntimeError):
@@ -268,5 +268,5 @@ def run(args, out=sys.stdout) -> int:
         leftovers = terminate_tagged(INSTANCE_VAR, instance, grace=5.0)
         pump.join(timeout=2)
         log_file.close()
-        print(f"trainhub: stopped" + (f" ({leftovers} leftover process(es) ended)" if leftovers else ""), file=sys.stderr, flush=True)
+        print("trainhub: stopped" + (f" ({leftovers} leftover process(es) ended)" if leftovers else ""), file=sys.stderr, flush=True)
     return 0 if stopping.is_set() else code

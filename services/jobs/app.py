@@ -13,7 +13,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import httpclient, web
 from tornado.log import access_log
-from traitlets import Dict, Instance, Integer, Type, Unicode, default
+from traitlets import Integer, Type, Unicode, default
 from traitlets.config import Application
 
 from trainhub import __version__

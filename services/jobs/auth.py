@@ -87,6 +87,29 @@ class APIHandler(HubOAuthenticated, web.RequestHandler):
         except ValueError as e:
             raise web.HTTPError(400, f"the request body is not valid JSON: {e}")
 
+    def page(self, default_limit: int = 50) -> tuple[int, int]:
+        """``(limit, offset)`` from the query, checked (limit 1-500, offset >= 0)."""
+        try:
+            limit = int(self.get_argument("limit", str(default_limit)))
+            offset = int(self.get_argument("offset", "0"))
+        except ValueError:
+            raise web.HTTPError(400, "limit and offset must be whole numbers") from None
+        if not 1 <= limit <= 500 or offset < 0:
+            raise web.HTTPError(400, "limit must be 1-500 and offset 0 or more")
+        return limit, offset
+
+    def listing_owner(self, scope: str, what: str) -> str | None:
+        """Whose items a listing shows: ``?user=`` for those holding ``scope`` for everyone, else the caller's own."""
+        caller = self.caller
+        user = self.get_argument("user", None)
+        if caller.may_all(scope):
+            return user
+        if user not in (None, caller.name):
+            raise web.HTTPError(403, f"you may only list your own {what}")
+        if not caller.may(scope, caller.name):
+            raise web.HTTPError(403, f"missing scope {scope}")
+        return caller.name
+
     def write_json(self, obj, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")

@@ -16,13 +16,13 @@ import sys
 import time
 from collections import defaultdict
 from datetime import datetime, timezone
-from pathlib import Path
 
 from traitlets import Float, Instance, Type, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import TrainhubError
 from trainhub.ledger import GPUAllocator, job_holder
+from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
 from trainhub.services.scheduler import Allocation, JobRequest, Quotas, Scheduler, TrainhubScheduler
@@ -88,46 +88,29 @@ class JobEngine(LoggingConfigurable):
         if self.scheduler.max_cpu_jobs is None and "max_cpu_jobs" not in self.config.get(type(self.scheduler).__name__, {}):
             # one machine: CPU-only jobs share its cores; GPU jobs are bounded by the pool instead
             self.scheduler.max_cpu_jobs = max(4, 2 * (os.cpu_count() or 2))
-        self._wake = asyncio.Event()
+        self._loop: PeriodicLoop | None = None
         self._stopping: dict[int, asyncio.Task] = {}  # job id -> terminate task
         self._why: dict[int, object] = {}  # job id -> last WaitReason
         self._metrics_size: dict[tuple, int] = {}  # (job id, attempt, rank) -> metrics file size last ingested
         self._last_gpu_sample = 0.0
-        self._task: asyncio.Task | None = None
         self.passes = 0
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
         await self.recover()
-        self._task = asyncio.create_task(self._run(), name="trainhub-job-engine")
+        self._loop = PeriodicLoop("trainhub-job-engine", self.run_once, lambda: self.tick, self.log)
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        if self._loop is not None:
+            await self._loop.stop()
         close = getattr(self.launcher, "close", None)
         if close is not None:  # watch caches, HTTP sessions (Kubernetes launcher)
             await close()
 
     def wake(self) -> None:
-        self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.log.exception("job engine pass failed; retrying next tick")
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.tick)
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()
+        if self._loop is not None:
+            self._loop.wake()
 
     async def recover(self) -> None:
         """Re-adopt running jobs after a restart; those whose workers are gone are lost (or retried)."""

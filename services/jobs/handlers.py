@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import json
-import os
 from pathlib import Path
 
 from tornado import iostream, web
 
-from trainhub.exceptions import InvalidRequest, NotFound, QuotaExceeded
+from trainhub.exceptions import InvalidRequest, NotFound
 
 from .auth import APIHandler
 from .models import STATES, TERMINAL, parse_job_key
@@ -56,27 +54,12 @@ class OpenAPIHandler(APIHandler):
 
 class JobsHandler(JobAccessMixin, APIHandler):
     async def get(self):
-        caller = self.caller
         states = [s for v in self.get_arguments("state") for s in v.split(",") if s]
         bad = [s for s in states if s not in STATES]
         if bad:
             raise InvalidRequest(f"unknown state(s) {bad}; states are {list(STATES)}")
-        try:
-            limit = int(self.get_argument("limit", "50"))
-            offset = int(self.get_argument("offset", "0"))
-        except ValueError:
-            raise InvalidRequest("limit and offset must be whole numbers") from None
-        if not 1 <= limit <= 500 or offset < 0:
-            raise InvalidRequest("limit must be 1-500 and offset 0 or more")
-        user = self.get_argument("user", None)
-        if caller.may_all(READ):
-            who = user
-        else:
-            if user not in (None, caller.name):
-                raise web.HTTPError(403, "you may only list your own jobs")
-            if not caller.may(READ, caller.name):
-                raise web.HTTPError(403, f"missing scope {READ}")
-            who = caller.name
+        limit, offset = self.page()
+        who = self.listing_owner(READ, "jobs")
         sweep = self.get_argument("sweep", None)
         items, total = await self.service.store.read(self.service.store.list, who, states or None, limit, offset,
                                                      int(sweep) if sweep and sweep.isdigit() else None)

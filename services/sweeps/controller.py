@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from traitlets import Float, Integer
 from traitlets.config import LoggingConfigurable
 
+from trainhub.loops import PeriodicLoop
 from trainhub.exceptions import TrainhubError
 from trainhub.services.jobs.models import TERMINAL, job_key
 
@@ -159,8 +159,7 @@ class SweepController(LoggingConfigurable):
         self._storage = None
         self._studies: dict[int, object] = {}
         self._creating: set[int] = set()  # sweeps whose study is being made: the loop leaves them alone
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._loop: PeriodicLoop | None = None
         self.passes = 0
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -246,34 +245,17 @@ class SweepController(LoggingConfigurable):
             await self.reconcile_orphans()
         except Exception:  # the jobs API must come up anyway; the loop retries Optuna on every pass
             self.log.exception("sweeps: Optuna storage on %s not ready; retrying in the loop", self.service.db_url)
-        self._task = asyncio.create_task(self._run(), name="trainhub-sweep-controller")
+        self._loop = PeriodicLoop("trainhub-sweep-controller", self.run_once, lambda: self.tick, self.log)
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        if self._loop is not None:
+            await self._loop.stop()
         self._optuna.shutdown(wait=False, cancel_futures=True)  # never block the loop on a busy database
 
     def wake(self) -> None:
-        self._wake.set()
-
-    async def _run(self) -> None:
-        await asyncio.sleep(random.uniform(0, 0.1))
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.log.exception("sweep controller pass failed; retrying next tick")
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.tick)
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()
+        if self._loop is not None:
+            self._loop.wake()
 
     async def run_once(self) -> None:
         self.passes += 1

@@ -75,27 +75,12 @@ class SweepAccessMixin:
 
 class SweepsHandler(SweepAccessMixin, APIHandler):
     async def get(self):
-        caller = self.caller
         states = [s for v in self.get_arguments("state") for s in v.split(",") if s]
         bad = [s for s in states if s not in SWEEP_STATES]
         if bad:
             raise InvalidRequest(f"unknown state(s) {bad}; sweep states are {list(SWEEP_STATES)}")
-        try:
-            limit = int(self.get_argument("limit", "50"))
-            offset = int(self.get_argument("offset", "0"))
-        except ValueError:
-            raise InvalidRequest("limit and offset must be whole numbers") from None
-        if not 1 <= limit <= 500 or offset < 0:
-            raise InvalidRequest("limit must be 1-500 and offset 0 or more")
-        user = self.get_argument("user", None)
-        if caller.may_all(READ):
-            who = user
-        else:
-            if user not in (None, caller.name):
-                raise web.HTTPError(403, "you may only list your own sweeps")
-            if not caller.may(READ, caller.name):
-                raise web.HTTPError(403, f"missing scope {READ}")
-            who = caller.name
+        limit, offset = self.page()
+        who = self.listing_owner(READ, "sweeps")
         store = self.controller.store
         items, total = await self.service.store.read(store.list, who, states or None, limit, offset)
         trials = await self.service.store.read(store.trials_of, [s.id for s in items])

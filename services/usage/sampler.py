@@ -17,7 +17,6 @@ Each step, and each job, has its own try/except: one bad job never stops the pas
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import deque
 from datetime import datetime, timezone
@@ -26,6 +25,7 @@ from sqlalchemy import func, or_, select
 from traitlets import Bool, Float, Instance
 from traitlets.config import LoggingConfigurable
 
+from trainhub.loops import PeriodicLoop
 from trainhub.db import session_factory, write_session
 from trainhub.models import GPUAllocationRecord
 
@@ -81,29 +81,17 @@ class UsageSampler(LoggingConfigurable):
         self.series: dict[int, dict[int, deque]] = {}  # job id -> rank -> WorkerSample window
         self.latest: dict[int, dict] = {}  # job id -> diagnosis body
         self.passes = 0
-        self._task: asyncio.Task | None = None
+        self._loop: PeriodicLoop | None = None
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="trainhub-usage-sampler")
+        self._loop = PeriodicLoop("trainhub-usage-sampler", self.run_once, lambda: max(self.sample_interval, 0.05),
+                                  self.log, jitter=0.1)
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.log.exception("usage pass failed; retrying next interval")
-            await asyncio.sleep(max(self.sample_interval, 0.05) * (1 + random.uniform(0, 0.1)))
+        if self._loop is not None:
+            await self._loop.stop()
 
     async def _db(self, fn, *args, write: bool = False):
         if self.store is not None:

@@ -443,7 +443,7 @@ def format_job(job: dict) -> str:
              f"  state:    {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""),
              f"  user:     {job.get('user', '')}",
              f"  gpus:     {fmt_devices(job)}" + (f", profile {job['profile']}" if job.get("profile") else ""),
-             f"  run:      " + (job.get("command") or f"python script.py ({len((job.get('script') or '').splitlines())} lines)"),
+             "  run:      " + (job.get("command") or f"python script.py ({len((job.get('script') or '').splitlines())} lines)"),
              f"  created:  {job.get('created') or '-'}",
              f"  started:  {job.get('started') or '-'}",
              f"  finished: {job.get('finished') or '-'}",
