@@ -29,4 +29,4 @@ def find_packages():
     return packages
 
 
-setup(packages=find_packages(), package_data={"": ["*.json", "*.html", "*.yaml", "*.js", "*.css", "*.txt", "labextension/**/*", "templates/*"]})
+setup(packages=find_packages())

@@ -131,10 +131,20 @@ class JobHandle:
             raise JobFailedError(job, tail)
         return job
 
+    def register_model(self, name: str, path: str | None = None, *, description: str = "", metrics: dict | None = None,
+                       params: dict | None = None, datasets=(), stage: str | None = None) -> dict:
+        """Register this job's outputs (or ``path`` inside them) as the next version of model ``name``.
+
+        The files are copied immutably into the model registry; the job's final metrics and params,
+        its sweep and the given ``datasets`` (``"name:version"``) are recorded. Returns the version.
+        """
+        return self.client.register_model(name, self.id, path=path, description=description, metrics=metrics,
+                                          params=params, datasets=datasets, stage=stage)
+
     def __repr__(self):
         j = self.job
         return (f"<JobHandle {self.id} {j.get('state')} (when last seen), {fmt_devices(j)}, elapsed "
-                f"{fmt_duration(elapsed_seconds(j))}: .status .logs() .metrics() .cancel() .wait()>")
+                f"{fmt_duration(elapsed_seconds(j))}: .status .logs() .metrics() .cancel() .wait() .register_model()>")
 
     def show(self):
         """Display the live panel again (in a notebook)."""

@@ -22,6 +22,8 @@ COMMAND_MODULES = [
     "trainhub.commands.jobs",
     "trainhub.commands.sweeps",
     "trainhub.commands.data",
+    "trainhub.commands.datasets",
+    "trainhub.commands.models",
     "trainhub.commands.usage",
 ]
 

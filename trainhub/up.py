@@ -156,6 +156,17 @@ def _enable_available_services(runtime: Runtime) -> None:
             runtime.service_ports.pop(name, None)
 
 
+def _install_notebook_extensions() -> None:
+    """The side panel and the storage server extension, into this environment (idempotent)."""
+    from trainhub.extensions import install_labextension
+
+    try:
+        install_labextension()
+    except OSError as e:
+        print(f"WARNING: could not install the trainhub JupyterLab panel into {sys.prefix}: {e}\n"
+              "         notebooks work, but without the side panel and storage browser", file=sys.stderr, flush=True)
+
+
 def _pump(stream, sinks):
     for line in iter(stream.readline, b""):
         for sink in sinks:
@@ -206,6 +217,7 @@ def run(args, out=sys.stdout) -> int:
         )
     dd, runtime, new_password = prepare(args, out)
     proxy = find_proxy(dd, out=out)
+    _install_notebook_extensions()
     instance = uuid.uuid4().hex
     env = dict(os.environ)
     env.update({

@@ -1,0 +1,278 @@
+/**
+ * Typed request helpers: one `request` built on the server connection settings, and the
+ * shapes of the storage extension's and the trainhub service's answers (see the OpenAPI
+ * documents in trainhub/services/registry/openapi.json and services/jobs/openapi.json).
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export type Stage = 'none' | 'staging' | 'production' | 'archived';
+export const STAGES: Stage[] = ['none', 'staging', 'production', 'archived'];
+
+export interface IArea {
+  name: string;
+  label: string;
+  url: string;
+  writable: boolean;
+}
+
+export interface IEntry {
+  name: string;
+  path: string;
+  type: 'file' | 'directory';
+  size: number;
+  modified: string | null;
+  url: string;
+}
+
+export interface IListing {
+  area: string;
+  path: string;
+  url: string;
+  writable: boolean;
+  entries: IEntry[];
+  next_after: string | null;
+}
+
+export interface IPreview {
+  area: string;
+  path: string;
+  url: string;
+  size: number;
+  type: 'file' | 'directory';
+  mime?: string;
+  kind?: 'text' | 'image' | 'binary';
+  text?: string | null;
+  truncated?: boolean;
+}
+
+export interface IDatasetVersion {
+  name: string;
+  version: number;
+  url: string;
+  format: string;
+  description: string;
+  metadata: Record<string, unknown>;
+  owner: string;
+  created: string;
+  status: 'pending' | 'ready' | 'failed';
+  size: number;
+  file_count: number;
+  deprecated: boolean;
+  deprecation_message: string | null;
+  progress?: { files: number; bytes: number };
+}
+
+export interface IDataset {
+  name: string;
+  owner: string;
+  description: string;
+  versions: number[];
+  latest: IDatasetVersion | null;
+  deprecated: boolean;
+  items?: IDatasetVersion[];
+}
+
+export interface IStageEvent {
+  time: string;
+  user: string;
+  from: Stage;
+  to: Stage;
+  comment: string;
+}
+
+export interface IModelVersion {
+  name: string;
+  version: number;
+  owner: string;
+  url: string;
+  description: string;
+  metrics: Record<string, number>;
+  params: Record<string, unknown>;
+  lineage: { job?: string; sweep?: number; datasets?: { name: string; version: number }[] };
+  files: { path: string; size: number }[];
+  size: number;
+  stage: Stage;
+  status: string;
+  created_by: string;
+  created: string;
+  stage_history?: IStageEvent[];
+}
+
+export interface IModel {
+  name: string;
+  owner: string;
+  description: string;
+  versions: number[];
+  stages: Record<string, number[]>;
+  latest: IModelVersion | null;
+  items?: IModelVersion[];
+}
+
+export interface IJob {
+  id: string;
+  name: string;
+  user: string;
+  state: string;
+  reason: string;
+  gpus: number;
+  workers: number;
+  created: string | null;
+  finished: string | null;
+  outputs_url: string;
+  sweep_id: number | null;
+}
+
+export interface IPage<T> {
+  items: T[];
+  total: number;
+}
+
+export class APIError extends Error {
+  constructor(
+    public status: number,
+    message: string
+  ) {
+    super(message);
+  }
+}
+
+/** One call to the single-user server (same origin, with its auth and XSRF handling). */
+export async function request<T>(
+  settings: ServerConnection.ISettings,
+  path: string,
+  init: RequestInit = {},
+  query: Record<string, string | number | undefined | null> = {}
+): Promise<T> {
+  const params = new URLSearchParams();
+  for (const [k, v] of Object.entries(query)) {
+    if (v !== undefined && v !== null && v !== '') {
+      params.set(k, String(v));
+    }
+  }
+  const qs = params.toString();
+  const url = URLExt.join(settings.baseUrl, path) + (qs ? `?${qs}` : '');
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new APIError(0, `cannot reach the server: ${error}`);
+  }
+  const text = await response.text();
+  let data: any = null;
+  if (text) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = text;
+    }
+  }
+  if (!response.ok) {
+    const message = (data && data.message) || response.statusText || 'request failed';
+    throw new APIError(response.status, message);
+  }
+  return data as T;
+}
+
+export function storageUrl(settings: ServerConnection.ISettings, path: string, query: Record<string, string>): string {
+  return URLExt.join(settings.baseUrl, 'trainhub/storage', path) + '?' + new URLSearchParams(query).toString();
+}
+
+/** The storage extension and the trainhub API (through the extension's proxy). */
+export class TrainhubAPI {
+  constructor(public settings: ServerConnection.ISettings) {}
+
+  areas(): Promise<{ areas: IArea[] }> {
+    return request(this.settings, 'trainhub/storage/areas');
+  }
+
+  list(area: string, path: string, after?: string | null, limit = 200): Promise<IListing> {
+    return request(this.settings, 'trainhub/storage/list', {}, { area, path, after, limit });
+  }
+
+  preview(area: string, path: string): Promise<IPreview> {
+    return request(this.settings, 'trainhub/storage/preview', {}, { area, path });
+  }
+
+  upload(area: string, path: string, body: Blob): Promise<IEntry> {
+    return request(this.settings, 'trainhub/storage/files', { method: 'PUT', body }, { area, path });
+  }
+
+  remove(area: string, path: string, recursive = false): Promise<void> {
+    return request(this.settings, 'trainhub/storage/files', { method: 'DELETE' }, { area, path, recursive: recursive ? 1 : 0 });
+  }
+
+  downloadUrl(area: string, path: string): string {
+    return storageUrl(this.settings, 'files', { area, path });
+  }
+
+  datasets(q = ''): Promise<IPage<IDataset>> {
+    return request(this.settings, 'trainhub/api/datasets', {}, { q });
+  }
+
+  dataset(name: string): Promise<IDataset> {
+    return request(this.settings, `trainhub/api/datasets/${encodeURIComponent(name)}`);
+  }
+
+  models(q = ''): Promise<IPage<IModel>> {
+    return request(this.settings, 'trainhub/api/models', {}, { q });
+  }
+
+  model(name: string): Promise<IModel> {
+    return request(this.settings, `trainhub/api/models/${encodeURIComponent(name)}`);
+  }
+
+  modelVersion(name: string, version: number): Promise<IModelVersion> {
+    return request(this.settings, `trainhub/api/models/${encodeURIComponent(name)}/versions/${version}`);
+  }
+
+  setStage(name: string, version: number, stage: Stage, comment = ''): Promise<IModelVersion> {
+    return request(this.settings, `trainhub/api/models/${encodeURIComponent(name)}/versions/${version}`, {
+      method: 'PATCH',
+      body: JSON.stringify({ stage, comment })
+    });
+  }
+
+  registerModel(body: { name: string; job: string; path?: string; description?: string }): Promise<IModelVersion> {
+    return request(this.settings, 'trainhub/api/models', { method: 'POST', body: JSON.stringify(body) });
+  }
+
+  exportUrl(name: string, version: number): string {
+    return URLExt.join(this.settings.baseUrl, 'trainhub/api/models', encodeURIComponent(name), 'versions', String(version), 'export');
+  }
+
+  jobs(limit = 50): Promise<IPage<IJob>> {
+    return request(this.settings, 'trainhub/api/jobs', {}, { limit });
+  }
+
+  jobLogsUrl(id: string): string {
+    return URLExt.join(this.settings.baseUrl, 'trainhub/api/jobs', id, 'logs');
+  }
+}
+
+/** Python code that loads a dataset version, for "insert loading code". */
+export function loadingSnippet(v: IDatasetVersion): string {
+  const lines = [
+    `# dataset ${v.name} v${v.version}${v.format ? ` (${v.format})` : ''}: ${v.file_count} file${v.file_count === 1 ? '' : 's'}, ${humanSize(v.size)}`,
+    'from trainhub.client import TrainhubClient',
+    `ds = TrainhubClient().dataset(${JSON.stringify(v.name)}, ${v.version})`
+  ];
+  const fmt = (v.format || '').toLowerCase();
+  if (fmt === 'shards' || fmt === 'webdataset' || fmt === 'trainhub-shards') {
+    lines.push('from trainhub.data import ShardReader', 'reader = ShardReader(ds["url"], shuffle_buffer=1000)');
+  } else {
+    lines.push('fs, root = ds.filesystem()  # fsspec filesystem and path of the version', 'files = fs.find(root)');
+  }
+  return lines.join('\n');
+}
+
+export function humanSize(n: number): string {
+  const units = ['B', 'KB', 'MB', 'GB', 'TB'];
+  let i = 0;
+  let x = n;
+  while (x >= 1000 && i < units.length - 1) {
+    x /= 1000;
+    i++;
+  }
+  return `${i === 0 ? x : x.toFixed(1)} ${units[i]}`;
+}

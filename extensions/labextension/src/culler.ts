@@ -1,0 +1,175 @@
+/**
+ * The idle-GPU warning (plugin `trainhub:culler-notification`).
+ *
+ * Polls `<server>/trainhub/culler/warnings` (forwarded by the storage server extension to the
+ * culler service with the server's own token), keeps the warning about this server
+ * (`PageConfig.getOption('hubServerName')`, "" for the default server) and shows it once per
+ * `warned_at` as a JupyterLab warning notification with "Keep my GPU" and "Save all" buttons.
+ * `docmanager:save-all` runs once automatically when a warning first appears. The notification
+ * is dismissed when the user keeps the GPU or when the warning disappears from the culler.
+ *
+ * Poll interval: 30 s; for tests and admins it can be changed (never below 1 s) with the page
+ * config option `trainhubCullerPollInterval` or the `localStorage` key `trainhub:culler:poll-ms`
+ * (milliseconds; localStorage wins).
+ */
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { Notification } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+import { Poll } from '@lumino/polling';
+
+import { request } from './api';
+
+/** Default milliseconds between two warnings requests. */
+export const POLL_INTERVAL_MS = 30_000;
+/** localStorage key overriding the poll interval (milliseconds). */
+export const POLL_STORAGE_KEY = 'trainhub:culler:poll-ms';
+/** Page config option overriding the poll interval (milliseconds). */
+export const POLL_PAGE_CONFIG = 'trainhubCullerPollInterval';
+const MIN_POLL_MS = 1_000;
+
+export interface ICullerWarning {
+  user: string;
+  server: string;
+  devices: number[];
+  message: string;
+  action: 'release' | 'stop';
+  warned_at: string;
+  act_at: string;
+  keep_url: string;
+}
+
+export interface IKeepResponse {
+  user: string;
+  server: string;
+  kept_at: string;
+  message: string;
+}
+
+export function pollInterval(): number {
+  let raw: string | null = null;
+  try {
+    raw = window.localStorage.getItem(POLL_STORAGE_KEY);
+  } catch {
+    raw = null;
+  }
+  if (!raw) {
+    raw = PageConfig.getOption(POLL_PAGE_CONFIG) || null;
+  }
+  const ms = raw ? Number(raw) : NaN;
+  return Number.isFinite(ms) && ms > 0 ? Math.max(MIN_POLL_MS, ms) : POLL_INTERVAL_MS;
+}
+
+function describe(w: ICullerWarning): string {
+  const gpus = w.devices.length === 1 ? `GPU ${w.devices[0]}` : `GPUs ${w.devices.join(', ')}`;
+  const at = new Date(w.act_at);
+  const when = Number.isNaN(at.getTime()) ? 'soon' : `at ${at.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })}`;
+  const what = w.action === 'stop' ? 'this server stops' : 'this server restarts without GPU';
+  return `Idle ${gpus}: ${what} ${when}. ${w.message}`;
+}
+
+/** Watches this server's warnings and drives the notification. */
+export class CullerWatcher {
+  constructor(
+    private app: JupyterFrontEnd,
+    private settings: ServerConnection.ISettings,
+    private serverName: string
+  ) {}
+
+  /** `warned_at` of the warning shown now, and its notification id. */
+  private shown: { warnedAt: string; id: string } | null = null;
+  /** `warned_at` values already notified (shown once each, also after a keep). */
+  private seen = new Set<string>();
+
+  async check(): Promise<void> {
+    const data = await request<{ items: ICullerWarning[] }>(this.settings, 'trainhub/culler/warnings');
+    const item = (data?.items ?? []).find(w => (w.server ?? '') === this.serverName) ?? null;
+    if (!item) {
+      this.dismiss();
+      return;
+    }
+    if (this.shown && this.shown.warnedAt !== item.warned_at) {
+      this.dismiss();
+    }
+    if (this.seen.has(item.warned_at)) {
+      return;
+    }
+    this.seen.add(item.warned_at);
+    const id = Notification.warning(describe(item), {
+      autoClose: false,
+      actions: [
+        {
+          label: 'Keep my GPU',
+          caption: 'Restart the idle clock: the culler leaves this server and its GPUs alone for now',
+          displayType: 'accent',
+          callback: event => {
+            event.preventDefault();
+            void this.keep();
+          }
+        },
+        {
+          label: 'Save all',
+          caption: 'Save every open document',
+          callback: event => {
+            event.preventDefault();
+            void this.saveAll();
+          }
+        }
+      ]
+    });
+    this.shown = { warnedAt: item.warned_at, id };
+    // save the user's work once, in case the server is released before they come back
+    void this.saveAll();
+  }
+
+  async keep(): Promise<void> {
+    try {
+      const r = await request<IKeepResponse>(this.settings, 'trainhub/culler/keep', {
+        method: 'POST',
+        body: JSON.stringify({ server: this.serverName })
+      });
+      this.dismiss();
+      Notification.success(r?.message || 'Your GPUs are kept.', { autoClose: 8000 });
+    } catch (error) {
+      Notification.error(`Could not keep the GPU: ${(error as Error).message}`, { autoClose: false });
+    }
+  }
+
+  private async saveAll(): Promise<void> {
+    try {
+      if (this.app.commands.hasCommand('docmanager:save-all')) {
+        await this.app.commands.execute('docmanager:save-all');
+      }
+    } catch (error) {
+      console.warn('trainhub: save all failed', error);
+    }
+  }
+
+  dismiss(): void {
+    if (this.shown) {
+      Notification.dismiss(this.shown.id);
+      this.shown = null;
+    }
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'trainhub:culler-notification',
+  description: 'Warns before the idle-GPU culler releases this server, with a "Keep my GPU" button.',
+  autoStart: true,
+  activate: (app: JupyterFrontEnd) => {
+    const watcher = new CullerWatcher(app, app.serviceManager.serverSettings, PageConfig.getOption('hubServerName') || '');
+    const interval = pollInterval();
+    const poll = new Poll({
+      auto: false,
+      factory: () => watcher.check(),
+      frequency: { interval, backoff: true, max: Math.max(interval, 5 * 60_000) },
+      name: 'trainhub:culler-notification',
+      standby: 'when-hidden'
+    });
+    // first check once the shell is up; nothing is awaited here
+    void app.restored.then(() => poll.start());
+  }
+};
+
+export default plugin;

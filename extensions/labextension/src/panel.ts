@@ -1,0 +1,456 @@
+/**
+ * The trainhub side panel: Storage, Datasets, Models and Jobs sections in one left-area widget.
+ * Plain DOM in a Lumino widget; every section loads when first shown and on "Refresh".
+ */
+import { Clipboard, showErrorMessage } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+
+import {
+  humanSize,
+  IArea,
+  IDataset,
+  IDatasetVersion,
+  IEntry,
+  IModelVersion,
+  loadingSnippet,
+  Stage,
+  STAGES,
+  TrainhubAPI
+} from './api';
+
+type Section = 'storage' | 'datasets' | 'models' | 'jobs';
+const SECTIONS: [Section, string][] = [
+  ['storage', 'Storage'],
+  ['datasets', 'Datasets'],
+  ['models', 'Models'],
+  ['jobs', 'Jobs']
+];
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string> = {},
+  ...children: (Node | string)[]
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === 'class') {
+      node.className = v;
+    } else {
+      node.setAttribute(k, v);
+    }
+  }
+  for (const c of children) {
+    node.append(c);
+  }
+  return node;
+}
+
+function button(label: string, title: string, onClick: () => void, cls = ''): HTMLButtonElement {
+  const b = el('button', { class: `jp-Button jp-mod-styled jp-mod-minimal th-btn ${cls}`, title }, label);
+  b.addEventListener('click', ev => {
+    ev.stopPropagation();
+    onClick();
+  });
+  return b;
+}
+
+export interface IPanelOptions {
+  api: TrainhubAPI;
+  /** Insert code into the active notebook as a new cell; false when there is none. */
+  insertCode: (code: string) => boolean;
+}
+
+export class TrainhubPanel extends Widget {
+  constructor(private options: IPanelOptions) {
+    super();
+    this.id = 'trainhub-panel';
+    this.addClass('th-Panel');
+    this.title.caption = 'trainhub';
+    this.tabs = el('div', { class: 'th-tabs', role: 'tablist' });
+    for (const [key, label] of SECTIONS) {
+      const tab = el('button', { class: 'th-tab', 'data-section': key, role: 'tab' }, label);
+      tab.addEventListener('click', () => this.show_(key));
+      this.tabs.append(tab);
+    }
+    this.status = el('div', { class: 'th-status', 'aria-live': 'polite' });
+    this.body = el('div', { class: 'th-body' });
+    this.node.append(this.tabs, this.status, this.body);
+  }
+
+  private tabs: HTMLElement;
+  private status: HTMLElement;
+  private body: HTMLElement;
+  private section: Section = 'storage';
+  private loaded = false;
+  private area = 'home';
+  private path = '';
+  private areas: IArea[] = [];
+
+  get api(): TrainhubAPI {
+    return this.options.api;
+  }
+
+  protected onAfterShow(): void {
+    if (!this.loaded) {
+      this.loaded = true;
+      void this.show_(this.section);
+    }
+  }
+
+  private setStatus(text: string, error = false): void {
+    this.status.textContent = text;
+    this.status.classList.toggle('th-error', error);
+  }
+
+  private fail(error: unknown): void {
+    const message = error instanceof Error ? error.message : String(error);
+    this.setStatus(message, true);
+  }
+
+  async show_(section: Section): Promise<void> {
+    this.section = section;
+    for (const t of Array.from(this.tabs.children)) {
+      t.classList.toggle('th-active', (t as HTMLElement).dataset.section === section);
+    }
+    this.body.replaceChildren();
+    this.setStatus('Loading…');
+    try {
+      if (section === 'storage') {
+        await this.renderStorage();
+      } else if (section === 'datasets') {
+        await this.renderDatasets();
+      } else if (section === 'models') {
+        await this.renderModels();
+      } else {
+        await this.renderJobs();
+      }
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  // -- storage -----------------------------------------------------------------------------
+  async openFolder(area: string, path: string): Promise<void> {
+    this.area = area;
+    this.path = path;
+    await this.show_('storage');
+  }
+
+  private async renderStorage(): Promise<void> {
+    if (!this.areas.length) {
+      this.areas = (await this.api.areas()).areas;
+    }
+    const bar = el('div', { class: 'th-toolbar' });
+    for (const a of this.areas) {
+      const b = button(a.label, a.url, () => void this.openFolder(a.name, ''), a.name === this.area ? 'th-active' : '');
+      b.dataset.area = a.name;
+      bar.append(b);
+    }
+    const area = this.areas.find(a => a.name === this.area);
+    if (area?.writable) {
+      const input = el('input', { type: 'file', class: 'th-upload-input', multiple: '' });
+      input.addEventListener('change', () => void this.upload(input));
+      bar.append(button('Upload', 'Upload files into this folder', () => input.click(), 'th-upload'), input);
+    }
+    bar.append(button('Refresh', 'Reload', () => void this.show_('storage')));
+    const crumbs = el('div', { class: 'th-crumbs' });
+    const parts = this.path ? this.path.split('/') : [];
+    const rootCrumb = el('a', { href: '#', class: 'th-crumb' }, `${this.area}/`);
+    rootCrumb.addEventListener('click', ev => {
+      ev.preventDefault();
+      void this.openFolder(this.area, '');
+    });
+    crumbs.append(rootCrumb);
+    parts.forEach((p, i) => {
+      const c = el('a', { href: '#', class: 'th-crumb' }, `${p}/`);
+      c.addEventListener('click', ev => {
+        ev.preventDefault();
+        void this.openFolder(this.area, parts.slice(0, i + 1).join('/'));
+      });
+      crumbs.append(c);
+    });
+    const list = el('ul', { class: 'th-list th-files' });
+    const preview = el('div', { class: 'th-preview' });
+    this.body.append(bar, crumbs, list, preview);
+    await this.loadPage(list, preview, null, area?.writable ?? false);
+  }
+
+  private async loadPage(list: HTMLElement, preview: HTMLElement, after: string | null, writable: boolean): Promise<void> {
+    const page = await this.api.list(this.area, this.path, after);
+    list.querySelector('.th-more')?.remove();
+    for (const e of page.entries) {
+      list.append(this.entryRow(e, preview, writable));
+    }
+    const shown = list.querySelectorAll('.th-entry').length;
+    if (page.next_after) {
+      const more = el('li', { class: 'th-more' });
+      more.append(button('Load more', 'Next page', () => void this.loadPage(list, preview, page.next_after, writable)));
+      list.append(more);
+    }
+    this.setStatus(shown ? `${shown}${page.next_after ? '+' : ''} items in ${page.url}` : `empty: ${page.url}`);
+  }
+
+  private entryRow(e: IEntry, preview: HTMLElement, writable: boolean): HTMLElement {
+    const isDir = e.type === 'directory';
+    const name = el('span', { class: 'th-name', title: e.url }, isDir ? `📁 ${e.name}/` : e.name);
+    const row = el('li', { class: `th-entry ${isDir ? 'th-dir' : 'th-file'}`, 'data-path': e.path }, name);
+    if (!isDir) {
+      row.append(el('span', { class: 'th-size' }, humanSize(e.size)));
+    }
+    const actions = el('span', { class: 'th-actions' });
+    actions.append(
+      button('⧉', 'Copy path', () => {
+        Clipboard.copyToSystem(e.url);
+        this.setStatus(`copied ${e.url}`);
+      }, 'th-copy')
+    );
+    if (!isDir) {
+      actions.append(button('⬇', 'Download', () => window.open(this.api.downloadUrl(this.area, e.path), '_blank')));
+    }
+    if (writable) {
+      actions.append(button('🗑', 'Delete', () => void this.remove(e), 'th-delete'));
+    }
+    row.append(actions);
+    name.addEventListener('click', () => {
+      if (isDir) {
+        void this.openFolder(this.area, e.path);
+      } else {
+        void this.showPreview(e, preview);
+      }
+    });
+    return row;
+  }
+
+  private async showPreview(e: IEntry, preview: HTMLElement): Promise<void> {
+    preview.replaceChildren(el('div', { class: 'th-preview-title' }, e.path));
+    try {
+      const p = await this.api.preview(this.area, e.path);
+      if (p.kind === 'image') {
+        preview.append(el('img', { src: this.api.downloadUrl(this.area, e.path) + '&download=0', alt: e.name }));
+      } else if (p.kind === 'text') {
+        preview.append(el('pre', { class: 'th-preview-text' }, (p.text ?? '') + (p.truncated ? '\n…' : '')));
+      } else {
+        preview.append(el('div', {}, `binary file, ${humanSize(p.size)}`));
+      }
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  private async upload(input: HTMLInputElement): Promise<void> {
+    const files = Array.from(input.files ?? []);
+    try {
+      for (const f of files) {
+        this.setStatus(`uploading ${f.name}…`);
+        await this.api.upload(this.area, this.path ? `${this.path}/${f.name}` : f.name, f);
+      }
+      await this.show_('storage');
+      this.setStatus(`uploaded ${files.length} file(s)`);
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  private async remove(e: IEntry): Promise<void> {
+    if (!window.confirm(`Delete ${e.path}${e.type === 'directory' ? ' and everything in it' : ''}?`)) {
+      return;
+    }
+    try {
+      await this.api.remove(this.area, e.path, e.type === 'directory');
+      await this.show_('storage');
+      this.setStatus(`deleted ${e.path}`);
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  // -- datasets ----------------------------------------------------------------------------
+  private searchBox(section: Section, onSearch: (q: string) => void): HTMLElement {
+    const input = el('input', { type: 'search', class: 'th-search', placeholder: `Search ${section}…` });
+    input.addEventListener('keydown', ev => {
+      if (ev.key === 'Enter') {
+        onSearch(input.value);
+      }
+    });
+    const bar = el('div', { class: 'th-toolbar' }, input);
+    bar.append(button('Refresh', 'Reload', () => void this.show_(section)));
+    return bar;
+  }
+
+  private async renderDatasets(q = ''): Promise<void> {
+    const list = el('ul', { class: 'th-list th-datasets' });
+    this.body.replaceChildren(this.searchBox('datasets', text => void this.renderDatasets(text)), list);
+    const page = await this.api.datasets(q);
+    for (const d of page.items) {
+      list.append(this.datasetRow(d));
+    }
+    this.setStatus(`${page.total} dataset(s)`);
+  }
+
+  private datasetRow(d: IDataset): HTMLElement {
+    const row = el('li', { class: 'th-item th-dataset', 'data-name': d.name });
+    const head = el('div', { class: 'th-item-head' }, el('strong', {}, d.name), ` · ${d.versions.length} version(s) · ${d.owner}`);
+    if (d.deprecated) {
+      head.append(el('span', { class: 'th-badge th-deprecated' }, 'deprecated'));
+    }
+    const details = el('div', { class: 'th-details' });
+    head.addEventListener('click', () => void this.expandDataset(d.name, details));
+    row.append(head, el('div', { class: 'th-desc' }, d.description || ''), details);
+    return row;
+  }
+
+  private async expandDataset(name: string, details: HTMLElement): Promise<void> {
+    if (details.childElementCount) {
+      details.replaceChildren();
+      return;
+    }
+    try {
+      const d = await this.api.dataset(name);
+      for (const v of (d.items ?? []).slice().reverse()) {
+        details.append(this.datasetVersionRow(v));
+      }
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  private datasetVersionRow(v: IDatasetVersion): HTMLElement {
+    const text =
+      v.status === 'pending'
+        ? `v${v.version} · scanning (${v.progress?.files ?? 0} files so far)`
+        : `v${v.version} · ${v.file_count} files · ${humanSize(v.size)}${v.format ? ' · ' + v.format : ''}`;
+    const row = el('div', { class: 'th-version', 'data-version': String(v.version) }, el('span', { title: v.url }, text));
+    if (v.deprecated) {
+      row.append(el('span', { class: 'th-badge th-deprecated', title: v.deprecation_message ?? '' }, 'deprecated'));
+    }
+    row.append(
+      button('Insert code', 'Insert loading code into the active notebook', () => {
+        if (this.options.insertCode(loadingSnippet(v))) {
+          this.setStatus(`inserted loading code for ${v.name} v${v.version}`);
+        } else {
+          this.setStatus('open a notebook first: the code goes into the active notebook', true);
+        }
+      }, 'th-insert'),
+      button('⧉', 'Copy URL', () => {
+        Clipboard.copyToSystem(v.url);
+        this.setStatus(`copied ${v.url}`);
+      })
+    );
+    return row;
+  }
+
+  // -- models ------------------------------------------------------------------------------
+  private async renderModels(q = ''): Promise<void> {
+    const list = el('ul', { class: 'th-list th-models' });
+    this.body.replaceChildren(this.searchBox('models', text => void this.renderModels(text)), list);
+    const page = await this.api.models(q);
+    for (const m of page.items) {
+      const row = el('li', { class: 'th-item th-model', 'data-name': m.name });
+      const stages = Object.entries(m.stages)
+        .map(([s, vs]) => `${s}: v${vs.join(', v')}`)
+        .join(' · ');
+      const head = el('div', { class: 'th-item-head' }, el('strong', {}, m.name), ` · ${m.versions.length} version(s)${stages ? ' · ' + stages : ''}`);
+      const details = el('div', { class: 'th-details' });
+      head.addEventListener('click', () => void this.expandModel(m.name, details));
+      row.append(head, details);
+      list.append(row);
+    }
+    this.setStatus(`${page.total} model(s)`);
+  }
+
+  private async expandModel(name: string, details: HTMLElement): Promise<void> {
+    if (details.childElementCount) {
+      details.replaceChildren();
+      return;
+    }
+    try {
+      const m = await this.api.model(name);
+      for (const v of (m.items ?? []).slice().reverse()) {
+        details.append(this.modelVersionRow(v));
+      }
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  private modelVersionRow(v: IModelVersion): HTMLElement {
+    const row = el('div', { class: 'th-version th-model-version', 'data-version': String(v.version) });
+    const metrics = Object.entries(v.metrics)
+      .map(([k, x]) => `${k}=${typeof x === 'number' ? Number(x.toPrecision(4)) : x}`)
+      .join(' ');
+    row.append(el('div', {}, el('strong', {}, `v${v.version}`), ` · ${humanSize(v.size)} · ${v.created_by}`));
+    if (metrics) {
+      row.append(el('div', { class: 'th-metrics' }, metrics));
+    }
+    const lineage = el('div', { class: 'th-lineage' });
+    if (v.lineage.job) {
+      const a = el('a', { href: this.api.jobLogsUrl(v.lineage.job), target: '_blank', class: 'th-job-link' }, `job ${v.lineage.job}`);
+      lineage.append(a);
+    }
+    if (v.lineage.sweep !== undefined && v.lineage.sweep !== null) {
+      lineage.append(` · sweep ${v.lineage.sweep}`);
+    }
+    for (const d of v.lineage.datasets ?? []) {
+      lineage.append(` · dataset ${d.name} v${d.version}`);
+    }
+    row.append(lineage);
+    const select = el('select', { class: 'th-stage', title: 'Stage' });
+    for (const s of STAGES) {
+      const o = el('option', { value: s }, s);
+      if (s === v.stage) {
+        o.selected = true;
+      }
+      select.append(o);
+    }
+    select.addEventListener('change', async () => {
+      try {
+        const updated = await this.api.setStage(v.name, v.version, select.value as Stage);
+        this.setStatus(`${v.name} v${v.version} is now ${updated.stage}`);
+      } catch (error) {
+        select.value = v.stage;
+        void showErrorMessage('Stage not changed', error as Error);
+        this.fail(error);
+      }
+    });
+    const exportLink = el('a', { href: this.api.exportUrl(v.name, v.version), class: 'th-export', download: '' }, 'Export bundle');
+    row.append(el('div', { class: 'th-row' }, 'stage ', select, ' ', exportLink));
+    return row;
+  }
+
+  // -- jobs --------------------------------------------------------------------------------
+  private async renderJobs(): Promise<void> {
+    const bar = el('div', { class: 'th-toolbar' });
+    bar.append(button('Refresh', 'Reload', () => void this.show_('jobs')));
+    const list = el('ul', { class: 'th-list th-jobs' });
+    this.body.replaceChildren(bar, list);
+    const page = await this.api.jobs();
+    for (const j of page.items) {
+      const row = el('li', { class: `th-item th-job th-state-${j.state}`, 'data-id': j.id });
+      row.append(
+        el('div', {}, el('strong', {}, j.id), ` ${j.name} · `, el('span', { class: 'th-state' }, j.state), ` · ${j.gpus * j.workers} GPU(s)`),
+        el('div', { class: 'th-desc' }, j.reason || '')
+      );
+      const links = el('div', { class: 'th-row' });
+      links.append(el('a', { href: this.api.jobLogsUrl(j.id), target: '_blank' }, 'logs'));
+      if (j.state === 'succeeded') {
+        links.append(' · ', button('Register model', 'Register this job\'s outputs as a model version', () => void this.registerFromJob(j.id)));
+      }
+      row.append(links);
+      list.append(row);
+    }
+    this.setStatus(`${page.total} job(s)`);
+  }
+
+  private async registerFromJob(job: string): Promise<void> {
+    const name = window.prompt(`Register the outputs of ${job} as model:`);
+    if (!name) {
+      return;
+    }
+    try {
+      const v = await this.api.registerModel({ name, job });
+      this.setStatus(`registered ${v.name} v${v.version}`);
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+}

@@ -1,0 +1,40 @@
+"""jupyter-server extension: the user's storage area (browse, preview, upload, download, delete)
+and a same-origin proxy to the trainhub service API for the side panel.
+
+Enable in a spawned server with
+``--ServerApp.jpserver_extensions={"trainhub.extensions.storage": true}`` (or the
+``jupyter_server_config.d`` file written by :func:`trainhub.extensions.install_labextension`).
+
+Routes (under the server's base URL; JSON errors ``{"status", "message"}``):
+
+- ``GET  trainhub/storage/areas``                             the areas and whether they are writable
+- ``GET  trainhub/storage/list?area=home&path=&limit=&after=`` one page of a folder
+- ``GET  trainhub/storage/preview?area=&path=``                the start of a file (text) or its kind
+- ``GET  trainhub/storage/files?area=&path=``                  download (streamed)
+- ``PUT  trainhub/storage/files?area=home&path=``              upload (request body = file content)
+- ``DELETE trainhub/storage/files?area=home&path=[&recursive=1]`` delete a file or folder
+- ``POST trainhub/storage/folders?area=home&path=``            make a folder
+- ``*    trainhub/api/<datasets|models|jobs|sweeps>...``       forwarded to ``$TRAINHUB_API_URL``
+"""
+
+from __future__ import annotations
+
+from .handlers import StorageBrowser, default_handlers
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "trainhub.extensions.storage"}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    browser = StorageBrowser(parent=serverapp)
+    web_app = serverapp.web_app
+    base_url = web_app.settings["base_url"]
+    web_app.settings["trainhub_storage"] = browser
+    web_app.add_handlers(".*$", default_handlers(base_url, browser))
+    serverapp.log.info("trainhub storage browser: home=%s datasets=%s", browser.home_url or "(none)",
+                       browser.datasets_url or "(none)")
+
+
+# the older name some jupyter-server versions look for
+load_jupyter_server_extension = _load_jupyter_server_extension

@@ -1,0 +1,166 @@
+"""The storage extension's forwarders for the JupyterLab idle-GPU notification
+(``trainhub/culler/warnings`` and ``trainhub/culler/keep``), against a stand-in culler that
+records what it receives. The real culler is exercised by tests/browser/test_culler_notification.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import fsspec
+import pytest
+
+# the storage tests' jupyter-server launcher (tests/ has no packages, so load the sibling conftest by path)
+_spec = importlib.util.spec_from_file_location("_storage_conftest", Path(__file__).with_name("conftest.py"))
+_storage = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_storage)
+Backend, start_storage_server = _storage.Backend, _storage.start_storage_server
+
+SERVER_TOKEN = "server-own-hub-token"
+
+
+class FakeCuller:
+    def __init__(self):
+        self.calls: list[dict] = []
+        self.warnings = [{"user": "alice", "server": "gpu", "devices": [0], "message": "idle", "action": "release",
+                          "warned_at": "2026-11-21T20:00:00+00:00", "act_at": "2026-11-21T20:10:00+00:00",
+                          "keep_url": "/services/trainhub-culler/api/keep"}]
+        self.keep_status = 200
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _reply(self, status, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _record(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                outer.calls.append({"method": self.command, "path": self.path,
+                                    "auth": self.headers.get("Authorization"), "body": body})
+
+            def do_GET(self):
+                self._record()
+                if self.path == "/services/trainhub-culler/api/warnings":
+                    self._reply(200, {"items": outer.warnings})
+                else:
+                    self._reply(404, {"status": 404, "message": "nope"})
+
+            def do_POST(self):
+                self._record()
+                if outer.keep_status != 200:
+                    self._reply(outer.keep_status, {"status": outer.keep_status, "message": "you may only keep your own server"})
+                else:
+                    self._reply(200, {"user": "alice", "server": "gpu", "kept_at": "2026-11-21T20:01:00+00:00",
+                                      "message": "Idle clock restarted: your GPUs are kept."})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/services/trainhub-culler"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+def _server(tmp_path, extra_env, config):
+    root = tmp_path / "root"
+    (root / "users" / "alice").mkdir(parents=True)
+    (root / "datasets").mkdir()
+    backend = Backend("local", str(root), fsspec.filesystem("file"), {}, {})
+    work = tmp_path / "work"
+    (work / "config").mkdir(parents=True)
+    # the fixture's launcher drops $JUPYTERHUB_API_TOKEN, so the server's token comes in through config
+    (work / "config" / "jupyter_server_config.json").write_text(json.dumps({"StorageBrowser": config}))
+    return start_storage_server(backend, work, extra_env=extra_env)
+
+
+def _stop(server):
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def culler():
+    c = FakeCuller()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def server(culler, tmp_path_factory):
+    s = _server(tmp_path_factory.mktemp("culler-fwd"), {"TRAINHUB_CULLER_URL": culler.url, "JUPYTERHUB_SERVER_NAME": "gpu"},
+                {"api_token": SERVER_TOKEN})
+    yield s
+    _stop(s)
+
+
+def test_warnings_forwarded_with_the_servers_token(server, culler):
+    culler.calls.clear()
+    r = server.get("culler/warnings")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"items": culler.warnings}
+    assert culler.calls == [{"method": "GET", "path": "/services/trainhub-culler/api/warnings",
+                             "auth": f"token {SERVER_TOKEN}", "body": b""}]
+
+
+def test_keep_posts_this_servers_name(server, culler):
+    culler.calls.clear()
+    r = server.request("POST", "culler/keep", data=b"{}")
+    assert r.status_code == 200, r.text
+    assert r.json()["message"] == "Idle clock restarted: your GPUs are kept."
+    [call] = culler.calls
+    assert call["method"] == "POST" and call["path"] == "/services/trainhub-culler/api/keep"
+    assert call["auth"] == f"token {SERVER_TOKEN}"
+    assert json.loads(call["body"]) == {"server": "gpu"}
+
+
+def test_culler_errors_come_back_as_json(server, culler):
+    culler.keep_status = 403
+    try:
+        r = server.request("POST", "culler/keep", data=b"")
+    finally:
+        culler.keep_status = 200
+    assert r.status_code == 403
+    assert r.json() == {"status": 403, "message": "you may only keep your own server"}
+
+
+def test_unauthenticated_is_refused(server, culler):
+    culler.calls.clear()
+    assert server.request("GET", "culler/warnings", token=None).status_code in (401, 403)
+    assert server.request("POST", "culler/keep", token=None, data=b"").status_code in (401, 403)
+    assert culler.calls == []
+
+
+def test_no_culler_configured(tmp_path):
+    s = _server(tmp_path, {}, {"api_token": SERVER_TOKEN})
+    try:
+        r = s.get("culler/warnings")
+        assert r.status_code == 200 and r.json() == {"items": []}
+        r = s.request("POST", "culler/keep", data=b"")
+        assert r.status_code == 503 and "TRAINHUB_CULLER_URL" in r.json()["message"]
+    finally:
+        _stop(s)
+
+
+def test_unreachable_culler_is_a_json_502(tmp_path):
+    s = _server(tmp_path, {"TRAINHUB_CULLER_URL": "http://127.0.0.1:9/services/trainhub-culler"}, {"api_token": SERVER_TOKEN})
+    try:
+        r = s.get("culler/warnings")
+        assert r.status_code == 502 and "cannot reach the culler" in r.json()["message"]
+    finally:
+        _stop(s)
