@@ -12,6 +12,9 @@ It stands between a submission and the job's first output line, so it starts the
 before anything else: standard library only, no ``site`` (the launcher runs it with ``-S``),
 arguments parsed by hand, the command spawned with ``os.posix_spawnp`` before the imports
 that only the logging loop needs.
+
+The warm path (forkserver.py) reuses ``copy_output``, ``wait_exit_code`` and ``write_exit_file``,
+so warm and cold workers write the same log lines and exit files.
 """
 
 import os
@@ -47,6 +50,63 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     return {"rank": rank, "log": opts["--log"], "exit_file": opts["--exit-file"], "cwd": opts["--cwd"]}, cmd
 
 
+def _stamper():
+    from datetime import datetime, timezone
+
+    def stamp() -> bytes:
+        return (datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z ").encode()
+    return stamp
+
+
+def log_line(log_path: str, rank: int, text: str) -> None:
+    """Append one timestamped line of the launcher's own (``trainhub: ...``) to a worker's log."""
+    with open(log_path, "ab", buffering=0) as log:
+        log.write(_stamper()() + f"[{rank}] {text}\n".encode())
+
+
+def copy_output(read_fd: int, log_path: str, rank: int) -> None:
+    """Copy the command's output from ``read_fd`` into the log until EOF, each line as ``<ISO time>Z [rank] text``.
+
+    Takes ownership of ``read_fd`` (closed on return). A last line without a newline gets one.
+    """
+    stamp = _stamper()
+    prefix = f"[{rank}] ".encode()
+    with open(log_path, "ab", buffering=0) as log, os.fdopen(read_fd, "rb", buffering=0) as out:
+        pending = b""
+        while True:
+            chunk = out.read(65536)
+            if not chunk:
+                break
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            if lines:
+                now = stamp()
+                log.write(b"".join(now + prefix + line + b"\n" for line in lines))
+        if pending:
+            log.write(stamp() + prefix + pending + b"\n")
+
+
+def wait_exit_code(pid: int) -> int:
+    """Wait for child ``pid``; its exit code, negative for a signal (as ``Popen.returncode``)."""
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:  # pragma: no cover (PEP 475 retries; kept for clarity)
+            continue
+    return os.waitstatus_to_exitcode(status)
+
+
+def write_exit_file(exit_path: str, code: int) -> None:
+    """Write the exit status atomically (readers see no file or the whole number)."""
+    tmp = exit_path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(code))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, exit_path)
+
+
 def main(argv=None) -> int:
     args, cmd = parse_args(sys.argv[1:] if argv is None else argv)
     log_path, exit_path = os.path.abspath(args["log"]), os.path.abspath(args["exit_file"])
@@ -67,42 +127,14 @@ def main(argv=None) -> int:
         error = e
     os.close(write_fd)
 
-    from datetime import datetime, timezone
-
-    def stamp() -> bytes:
-        return (datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z ").encode()
-
-    prefix = f"[{args['rank']}] ".encode()
-    with open(log_path, "ab", buffering=0) as log, os.fdopen(read_fd, "rb", buffering=0) as out:
-        if error is not None:
-            log.write(stamp() + prefix + f"trainhub: cannot start {cmd[:1]}: {error}\n".encode())
-            code = 127
-        else:
-            pending = b""
-            while True:
-                chunk = out.read(65536)
-                if not chunk:
-                    break
-                lines = (pending + chunk).split(b"\n")
-                pending = lines.pop()
-                if lines:
-                    now = stamp()
-                    log.write(b"".join(now + prefix + line + b"\n" for line in lines))
-            if pending:
-                log.write(stamp() + prefix + pending + b"\n")
-            while True:
-                try:
-                    _, status = os.waitpid(pid, 0)
-                    break
-                except InterruptedError:  # pragma: no cover (PEP 475 retries; kept for clarity)
-                    continue
-            code = os.waitstatus_to_exitcode(status)
-    tmp = exit_path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(str(code))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, exit_path)
+    if error is not None:
+        log_line(log_path, args["rank"], f"trainhub: cannot start {cmd[:1]}: {error}")
+        os.close(read_fd)
+        code = 127
+    else:
+        copy_output(read_fd, log_path, args["rank"])
+        code = wait_exit_code(pid)
+    write_exit_file(exit_path, code)
     return 0
 
 
