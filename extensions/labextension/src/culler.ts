@@ -60,12 +60,15 @@ export function pollInterval(): number {
   return Number.isFinite(ms) && ms > 0 ? Math.max(MIN_POLL_MS, ms) : POLL_INTERVAL_MS;
 }
 
-function describe(w: ICullerWarning): string {
+/** JupyterLab cuts notification messages at 140 characters: a short summary first, the culler's reason if it fits. */
+export function describe(w: ICullerWarning): string {
   const gpus = w.devices.length === 1 ? `GPU ${w.devices[0]}` : `GPUs ${w.devices.join(', ')}`;
   const at = new Date(w.act_at);
   const when = Number.isNaN(at.getTime()) ? 'soon' : `at ${at.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })}`;
-  const what = w.action === 'stop' ? 'this server stops' : 'this server restarts without GPU';
-  return `Idle ${gpus}: ${what} ${when}. ${w.message}`;
+  const what = w.action === 'stop' ? 'this server stops' : 'this server restarts without GPUs';
+  const summary = `${gpus} idle: ${when} ${what} (kernel state is lost) unless you keep it.`;
+  const full = `${summary} ${w.message}`;
+  return full.length <= 140 ? full : summary;
 }
 
 /** Watches this server's warnings and drives the notification. */
