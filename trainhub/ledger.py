@@ -86,8 +86,13 @@ class GPUAllocator(LoggingConfigurable):
         self, holder: str, *, kind: str, user: str, count: int, profile: str | None = None,
         gpu_model: str | None = None, quota: QuotaPolicy | None = None,
         user_groups: Iterable[str] = (), group_members: Mapping[str, Iterable[str]] | None = None,
+        per_worker: int | None = None,
     ) -> list[int]:
-        """Take ``count`` devices for ``holder`` or raise NoFreeGPUs / QuotaExceeded; nothing is held on error."""
+        """Take ``count`` devices for ``holder`` or raise NoFreeGPUs / QuotaExceeded; nothing is held on error.
+
+        ``per_worker``: a gang's GPUs per worker, for back ends with several nodes (each worker's
+        devices must sit on one node); one machine ignores it.
+        """
         raise NotImplementedError
 
     def release(self, holder: str) -> list[int]:
@@ -146,7 +151,8 @@ class LocalGPUAllocator(GPUAllocator):
             self._devices = [GPUDevice(**d) for d in self.device_list]
         return self._devices
 
-    def allocate(self, holder, *, kind, user, count, profile=None, gpu_model=None, quota=None, user_groups=(), group_members=None):
+    def allocate(self, holder, *, kind, user, count, profile=None, gpu_model=None, quota=None, user_groups=(), group_members=None,
+                 per_worker=None):
         if count < 0:
             raise InvalidRequest(f"GPU count must be 0 or more, not {count}")
         pool = [d for d in self.devices() if _model_ok(d, gpu_model)]

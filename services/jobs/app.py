@@ -36,7 +36,8 @@ from .store import JobStore
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 
 # Features served by this process besides jobs. Each module may define
-#   handlers(prefix: str, service) -> list of tornado routes (under <prefix>api/...)
+#   routes(prefix: str, service) -> list of tornado routes (under <prefix>api/...)
+#     (not named `handlers`: importing a `handlers` submodule would replace the attribute)
 #   async start(service) / async stop(service)  background work (own loops)
 #   OPENAPI: Path of an OpenAPI fragment ({"paths": ..., "components": {"schemas": ...}})
 # A module that is not installed is skipped.
@@ -237,12 +238,14 @@ class JobsService(Application):
     def make_app(self) -> web.Application:
         handlers = default_handlers(self.service_prefix, self)
         for mod in self.plugins:
-            if hasattr(mod, "handlers"):
-                handlers += mod.handlers(self.service_prefix, self)
+            if hasattr(mod, "routes"):
+                handlers += mod.routes(self.service_prefix, self)
         handlers.append((url_path_join(self.service_prefix, "oauth_callback"), HubOAuthCallbackHandler))
         return web.Application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False, log_function=log_request)
 
     async def start_async(self):
+        if hasattr(self.allocator, "start"):  # cluster-state ledgers warm their watch caches
+            await asyncio.to_thread(self.allocator.start)
         await self.engine.start()
         for mod in self.plugins:
             if hasattr(mod, "start"):
@@ -262,6 +265,8 @@ class JobsService(Application):
             if hasattr(mod, "stop"):
                 await mod.stop(self)
         await self.engine.stop()
+        if hasattr(self.allocator, "close"):
+            await asyncio.to_thread(self.allocator.close)
 
     def start(self):
         asyncio.run(self.start_async())

@@ -316,6 +316,7 @@ class JobEngine(LoggingConfigurable):
             devices = await asyncio.to_thread(
                 self.allocator.allocate, job_holder(job.id), kind="job", user=job.user, count=count, profile=job.profile,
                 gpu_model=gpu_model, quota=self.quota, user_groups=tuple(job.groups or ()), group_members=None,
+                per_worker=job.gpus or None,
             )
         except TrainhubError as e:  # a server took the GPUs in the meantime: stay queued
             if job.reason != e.message:

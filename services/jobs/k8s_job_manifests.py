@@ -63,9 +63,11 @@ elif command -v bash >/dev/null 2>&1; then
 else
   set -- sh -c "$TRAINHUB_JOB_COMMAND"
 fi
+child=
+# the trap is set before the command starts, so a SIGTERM right after start-up is passed on too
+trap 'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; fi' TERM INT
 "$@" &
 child=$!
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT
 wait "$child"; code=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; code=$?; done
 trap - TERM INT

@@ -673,11 +673,31 @@ def config_from_chart(data: dict) -> Config:
             k.credentials_secret_template = ""
         elif storage.get("secretNameTemplate"):
             k.credentials_secret_template = storage["secretNameTemplate"]
+    # the GPU ledger from the cluster (nodes and pods), for the engine's admission and the culler
+    allocator = "trainhub.spawner.k8s_allocator.KubernetesGPUAllocator"
+    if jobs.get("launcher", "kubernetes") == "kubernetes":
+        c.JobsService.allocator_class = allocator
+    c.GPUCuller.allocator_class = allocator
+    spawner = data.get("spawner") or {}
+    c.KubernetesGPUAllocator.watch_all_namespaces = bool(spawner.get("gpuWatchAllNamespaces", True))
+    if data.get("jobNamespace"):
+        c.KubernetesGPUAllocator.namespace = data["jobNamespace"]
+    culler = data.get("culler") or {}
+    if culler.get("idleTimeout") is not None:
+        c.CullPolicy.default_timeout = float(culler["idleTimeout"])
+    if culler.get("checkInterval"):
+        c.GPUCuller.check_interval = float(culler["checkInterval"])
+    if culler.get("action"):
+        c.CullPolicy.action = culler["action"]
+    # kernels are read through the proxy; inside the cluster the chart's proxy-public Service
+    c.GPUCuller.public_url = data.get("publicUrl") or "http://proxy-public"
     metrics = data.get("metrics") or {}
     if metrics.get("prometheusUrl"):
         source = "trainhub.metrics.prometheus.PrometheusDCGMSource"
         c.JobsService.metrics_source_class = source
-        c.GPUCuller.metrics_class = source
+        # the same settings (config of PrometheusDCGMSource applies to the subclass), resolving
+        # server holdings to notebook pods through the culler's KubernetesGPUAllocator
+        c.GPUCuller.metrics_class = "trainhub.spawner.k8s_allocator.PodDCGMSource"
         p = c.PrometheusDCGMSource
         p.url = metrics["prometheusUrl"]
         p.selector = metrics.get("selector") or ""

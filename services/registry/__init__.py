@@ -24,7 +24,7 @@ def _ensure(service) -> Registry:
     return reg
 
 
-def handlers(prefix: str, service) -> list:
+def routes(prefix: str, service) -> list:
     _ensure(service)
     return _handlers(prefix, service)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 OPENAPI = Path(__file__).with_name("openapi.json")
 
 
-def handlers(prefix: str, service) -> list:
+def routes(prefix: str, service) -> list:
     from .handlers import default_handlers
 
     return default_handlers(prefix, service)

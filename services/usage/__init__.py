@@ -16,7 +16,7 @@ from pathlib import Path
 OPENAPI = Path(__file__).with_name("openapi.json")
 
 
-def handlers(prefix: str, service) -> list:
+def routes(prefix: str, service) -> list:
     from .handlers import handlers as _handlers
 
     return _handlers(prefix, service)

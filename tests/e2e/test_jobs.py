@@ -368,8 +368,8 @@ def test_openapi_document_is_served_and_matches_the_routes(platform):
     service = mock.MagicMock()  # handlers only capture it; no request is served here
     patterns = default_handlers("/services/trainhub/", service)
     for mod in plugins:
-        if hasattr(mod, "handlers"):
-            patterns += mod.handlers("/services/trainhub/", service)
+        if hasattr(mod, "routes"):
+            patterns += mod.routes("/services/trainhub/", service)
     for pattern, *_ in patterns:
         if "/api" not in pattern:
             continue

@@ -64,7 +64,7 @@ class RegistryHarness:
         def run():
             asyncio.set_event_loop(self.loop)
             try:
-                routes = plugin.handlers(self.service.service_prefix, self.service)
+                routes = plugin.routes(self.service.service_prefix, self.service)
                 self.loop.run_until_complete(plugin.start(self.service))
                 app = web.Application(routes)
                 self.http = app.listen(0, "127.0.0.1")

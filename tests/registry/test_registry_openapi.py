@@ -18,7 +18,7 @@ def _template(route: str) -> str:
 
 
 def test_every_route_is_documented_and_vice_versa():
-    routes = {_template(r[0]) for r in plugin.handlers("/services/trainhub/", _Svc())}
+    routes = {_template(r[0]) for r in plugin.routes("/services/trainhub/", _Svc())}
     doc = merged_openapi([plugin])
     documented = {p for p in doc["paths"] if p.startswith(("/datasets", "/models"))}
     assert routes == documented

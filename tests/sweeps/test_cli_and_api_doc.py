@@ -54,7 +54,7 @@ def test_openapi_fragment_matches_the_routes():
     import trainhub.services.sweeps as plugin
 
     routes = set()
-    for pattern, *_ in plugin.handlers("/services/trainhub/", None):
+    for pattern, *_ in plugin.routes("/services/trainhub/", None):
         path = pattern.split("/api", 1)[1]
         routes.add(re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", path).replace("/?", "") or "/")
     doc = json.loads(plugin.OPENAPI.read_text())
