@@ -155,6 +155,18 @@ class TrainMagics(Magics):
             return False
         return True
 
+    def _present(self, handle, make_panel, text: str, as_var: str | None) -> None:
+        """Bind ``--as VAR``, then show a live panel under the cell (or one line where widgets cannot render)."""
+        if as_var:
+            self.shell.user_ns[as_var] = handle
+        if self._widgets():
+            from IPython.display import display
+
+            handle.panel = make_panel().start()
+            display(handle.panel)
+        else:
+            print(text)
+
     # -- the magic --------------------------------------------------------------------------------
     @line_cell_magic
     def train(self, line: str, cell: str | None = None):
@@ -197,18 +209,14 @@ class TrainMagics(Magics):
         job = self._call("the job was not submitted", self.client.submit, spec)
         self._report_context(script)
         handle = JobHandle(self.client, job)
-        if args.as_var:
-            self.shell.user_ns[args.as_var] = handle
-        if self._widgets():
-            from IPython.display import display
 
+        def panel():
             from trainhub.kernels.widget import JobPanel
 
-            handle.panel = JobPanel(self.client, job, poll=self.poll_interval).start()
-            display(handle.panel)
-        else:
-            print(f"submitted {job['id']} ({job.get('state')}"
-                  + (f": {job['reason']}" if job.get("reason") else "") + ")")
+            return JobPanel(self.client, job, poll=self.poll_interval)
+
+        self._present(handle, panel, f"submitted {job['id']} ({job.get('state')}"
+                      + (f": {job['reason']}" if job.get("reason") else "") + ")", args.as_var)
         if args.wait:
             job = self._wait(handle)
             if job.get("state") != "succeeded":

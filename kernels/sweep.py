@@ -26,6 +26,7 @@ from IPython.core.magic import cell_magic, magics_class
 from trainhub.commands.jobs import add_spec_options, spec_from_args
 from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
 from trainhub.kernels.magics import TrainMagics, _UsageParser, parse_line
+from trainhub.kernels.widget import svg_axes
 from trainhub.services.sweeps.space import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
                                             space_from_source)
 
@@ -172,16 +173,9 @@ class SweepMagics(TrainMagics):
         sweep = self._call("the sweep was not started", self.client.create_sweep, body)
         self._report_context(script)
         handle = SweepHandle(self.client, sweep)
-        if args.as_var:
-            self.shell.user_ns[args.as_var] = handle
-        if self._widgets():
-            from IPython.display import display
-
-            handle.panel = SweepPanel(self.client, sweep, poll=self.poll_interval).start()
-            display(handle.panel)
-        else:
-            print(f"started sweep {sweep['id']}: {sweep['trials']} trials, {sweep['parallel']} at a time, "
-                  f"{sweep['mode']}imising {sweep['metric']}")
+        self._present(handle, lambda: SweepPanel(self.client, sweep, poll=self.poll_interval),
+                      f"started sweep {sweep['id']}: {sweep['trials']} trials, {sweep['parallel']} at a time, "
+                      f"{sweep['mode']}imising {sweep['metric']}", args.as_var)
         if args.wait:
             try:
                 sweep = handle.wait(poll=self.poll_interval)
@@ -377,29 +371,6 @@ def render_trials_table(trials: list[dict], max_rows: int = 50) -> str:
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
-def _axes(xs, ys, width, height, pad=(44, 8, 18, 18)):
-    pad_l, pad_r, pad_t, pad_b = pad
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        y0, y1 = y0 - (abs(y0) or 1) * 0.1, y1 + (abs(y1) or 1) * 0.1
-    w, h = width - pad_l - pad_r, height - pad_t - pad_b
-
-    def sx(x):
-        return pad_l + (x - x0) / (x1 - x0) * w
-
-    def sy(y):
-        return pad_t + (1 - (y - y0) / (y1 - y0)) * h
-
-    frame = (f"<line x1='{pad_l}' y1='{pad_t + h}' x2='{pad_l + w}' y2='{pad_t + h}' stroke='#d0d7de'/>"
-             f"<line x1='{pad_l}' y1='{pad_t}' x2='{pad_l}' y2='{pad_t + h}' stroke='#d0d7de'/>"
-             f"<text x='{pad_l - 4}' y='{pad_t + 4}' font-size='9' text-anchor='end' font-family='sans-serif'>{y1:.3g}</text>"
-             f"<text x='{pad_l - 4}' y='{pad_t + h}' font-size='9' text-anchor='end' font-family='sans-serif'>{y0:.3g}</text>")
-    return sx, sy, frame, (x0, x1)
-
-
 def svg_history(trials: list[dict], mode: str = "min", width: int = 300, height: int = 150) -> str:
     """Optimisation history: each completed trial's value (dots) and the best so far (line)."""
     pts = [(t["number"], t["value"]) for t in trials if t.get("state") == "complete" and isinstance(t.get("value"), (int, float))
@@ -411,7 +382,7 @@ def svg_history(trials: list[dict], mode: str = "min", width: int = 300, height:
     for x, y in pts:
         best = y if best is None else (min(best, y) if mode == "min" else max(best, y))
         line.append((x, best))
-    sx, sy, frame, (x0, x1) = _axes([p[0] for p in pts], [p[1] for p in pts], width, height)
+    sx, sy, frame, (x0, x1) = svg_axes([p[0] for p in pts], [p[1] for p in pts], width, height)
     dots = "".join(f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='2.5' fill='#1f6feb'/>" for x, y in pts)
     path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
     return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='optimisation history'>"
@@ -430,7 +401,7 @@ def svg_intermediate(trials: list[dict], width: int = 300, height: int = 150, ma
         return ""
     xs = [p[0] for _, pts in series for p in pts]
     ys = [p[1] for _, pts in series for p in pts]
-    sx, sy, frame, (x0, x1) = _axes(xs, ys, width, height)
+    sx, sy, frame, (x0, x1) = svg_axes(xs, ys, width, height)
     lines = []
     for t, pts in series:
         color = TRIAL_COLORS.get(t.get("state"), "#1f6feb")

@@ -87,11 +87,9 @@ def metric_series(metrics: dict | None) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
-def svg_line_chart(points: list[tuple[float, float]], title: str, width: int = 260, height: int = 120) -> str:
-    """A small SVG line chart (no dependencies)."""
-    pad_l, pad_r, pad_t, pad_b = 44, 8, 18, 18
-    xs = [p[0] for p in points]
-    ys = [p[1] for p in points]
+def svg_axes(xs, ys, width, height, pad=(44, 8, 18, 18)):
+    """Scales and the frame (axes, y range labels) of a small SVG chart: ``(sx, sy, frame_svg, (x0, x1))``."""
+    pad_l, pad_r, pad_t, pad_b = pad
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
     if x1 == x0:
@@ -106,18 +104,26 @@ def svg_line_chart(points: list[tuple[float, float]], title: str, width: int = 2
     def sy(y):
         return pad_t + (1 - (y - y0) / (y1 - y0)) * h
 
+    frame = (f"<line x1='{pad_l}' y1='{pad_t + h}' x2='{pad_l + w}' y2='{pad_t + h}' stroke='#d0d7de'/>"
+             f"<line x1='{pad_l}' y1='{pad_t}' x2='{pad_l}' y2='{pad_t + h}' stroke='#d0d7de'/>"
+             f"<text x='{pad_l - 4}' y='{pad_t + 4}' font-size='9' text-anchor='end' font-family='sans-serif'>{y1:.3g}</text>"
+             f"<text x='{pad_l - 4}' y='{pad_t + h}' font-size='9' text-anchor='end' font-family='sans-serif'>{y0:.3g}</text>")
+    return sx, sy, frame, (x0, x1)
+
+
+def svg_line_chart(points: list[tuple[float, float]], title: str, width: int = 260, height: int = 120) -> str:
+    """A small SVG line chart (no dependencies)."""
+    pad_l = 44
+    sx, sy, frame, (x0, x1) = svg_axes([p[0] for p in points], [p[1] for p in points], width, height)
     pts = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
     last = points[-1][1]
     t = html.escape(title)
     return (
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='{t}'>"
         f"<text x='{pad_l}' y='12' font-size='11' font-family='sans-serif'>{t}: {last:.4g}</text>"
-        f"<line x1='{pad_l}' y1='{pad_t + h}' x2='{pad_l + w}' y2='{pad_t + h}' stroke='#d0d7de'/>"
-        f"<line x1='{pad_l}' y1='{pad_t}' x2='{pad_l}' y2='{pad_t + h}' stroke='#d0d7de'/>"
-        f"<text x='{pad_l - 4}' y='{pad_t + 4}' font-size='9' text-anchor='end' font-family='sans-serif'>{y1:.3g}</text>"
-        f"<text x='{pad_l - 4}' y='{pad_t + h}' font-size='9' text-anchor='end' font-family='sans-serif'>{y0:.3g}</text>"
+        + frame +
         f"<text x='{pad_l}' y='{height - 4}' font-size='9' font-family='sans-serif'>{x0:g}</text>"
-        f"<text x='{pad_l + w}' y='{height - 4}' font-size='9' text-anchor='end' font-family='sans-serif'>step {x1:g}</text>"
+        f"<text x='{width - 8}' y='{height - 4}' font-size='9' text-anchor='end' font-family='sans-serif'>step {x1:g}</text>"
         f"<polyline fill='none' stroke='#1f6feb' stroke-width='1.5' points='{pts}'/>"
         "</svg>"
     )

@@ -495,18 +495,22 @@ def list_or_gen(gen):
     return rest()
 
 
-def cmd_cancel(args):
-    client = client_from_args(args)
+def cancel_each(ids, cancel, prog: str) -> int:
+    """Cancel every id, printing each outcome; one failure does not stop the others (exit 1 if any failed)."""
     failed = 0
-    for job_id in args.id:
+    for item_id in ids:
         try:
-            job = _api(client.cancel, job_id)
+            obj = _api(cancel, item_id)
         except CommandError as e:
-            print(f"trainhub jobs cancel: {job_id}: {e}", file=sys.stderr)
+            print(f"{prog}: {item_id}: {e}", file=sys.stderr)
             failed += 1
             continue
-        print(f"{job['id']}: {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""))
+        print(f"{obj['id']}: {obj.get('state')}" + (f" ({obj['reason']})" if obj.get("reason") else ""))
     return 1 if failed else 0
+
+
+def cmd_cancel(args):
+    return cancel_each(args.id, client_from_args(args).cancel, "trainhub jobs cancel")
 
 
 def cmd_metrics(args):

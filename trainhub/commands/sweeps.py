@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from trainhub.cli import CommandError
-from trainhub.commands.jobs import _api, _conn, _table, add_spec_options, client_from_args, parse_time, spec_from_args
+from trainhub.commands.jobs import (_api, _conn, _table, add_spec_options, cancel_each, client_from_args, parse_time,
+                                    spec_from_args)
 
 SWEEP_STATES = ("running", "completed", "failed", "cancelled")
 
@@ -271,14 +272,4 @@ def cmd_best(args):
 
 
 def cmd_cancel(args):
-    client = client_from_args(args)
-    failed = 0
-    for sid in args.id:
-        try:
-            sweep = _api(client.cancel_sweep, sid)
-        except CommandError as e:
-            print(f"trainhub sweeps cancel: {sid}: {e}", file=sys.stderr)
-            failed += 1
-            continue
-        print(f"{sweep['id']}: {sweep.get('state')}" + (f" ({sweep['reason']})" if sweep.get("reason") else ""))
-    return 1 if failed else 0
+    return cancel_each(args.id, client_from_args(args).cancel_sweep, "trainhub sweeps cancel")
