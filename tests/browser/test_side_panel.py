@@ -112,6 +112,11 @@ def test_side_panel(platform, seeded):
             panel.locator('.th-tab[data-section="models"]').click()
             panel.locator('.th-model[data-name="panel-model"] .th-item-head').click()
             expect(panel.locator(".th-model-version select.th-stage")).to_have_value("production")
+
+            # Usage: the user's own GPU-hours summary (served by the usage API through the server)
+            panel.locator('.th-tab[data-section="usage"]').click()
+            expect(panel.locator(".th-usage-total")).to_contain_text("GPU-h held")
+            expect(panel.locator("table.th-usage")).to_contain_text("GPU-h used")
             page.screenshot(path=str(ARTIFACTS / "side-panel.png"))
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "side-panel-failure.png"))

@@ -123,6 +123,23 @@ export interface IJob {
   sweep_id: number | null;
 }
 
+/** One row of `GET {api}/usage` (see docs/usage.md). */
+export interface IUsageRow {
+  day?: string;
+  user?: string;
+  gpu_hours_allocated: number;
+  gpu_hours_used: number;
+  utilization: number | null;
+}
+
+export interface IUsage {
+  since: string;
+  until: string;
+  by: string;
+  items: IUsageRow[];
+  totals: { gpu_seconds_allocated: number; gpu_seconds_used: number; utilization: number | null };
+}
+
 export interface IPage<T> {
   items: T[];
   total: number;
@@ -243,6 +260,11 @@ export class TrainhubAPI {
 
   jobs(limit = 50): Promise<IPage<IJob>> {
     return request(this.settings, 'trainhub/api/jobs', {}, { limit });
+  }
+
+  /** The caller's own GPU usage per day (allocated vs. used GPU-hours). */
+  usage(by = 'day'): Promise<IUsage> {
+    return request(this.settings, 'trainhub/api/usage', {}, { by });
   }
 
   jobLogsUrl(id: string): string {

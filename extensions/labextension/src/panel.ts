@@ -18,12 +18,13 @@ import {
   TrainhubAPI
 } from './api';
 
-type Section = 'storage' | 'datasets' | 'models' | 'jobs';
+type Section = 'storage' | 'datasets' | 'models' | 'jobs' | 'usage';
 const SECTIONS: [Section, string][] = [
   ['storage', 'Storage'],
   ['datasets', 'Datasets'],
   ['models', 'Models'],
-  ['jobs', 'Jobs']
+  ['jobs', 'Jobs'],
+  ['usage', 'Usage']
 ];
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -121,6 +122,8 @@ export class TrainhubPanel extends Widget {
         await this.renderDatasets();
       } else if (section === 'models') {
         await this.renderModels();
+      } else if (section === 'usage') {
+        await this.renderUsage();
       } else {
         await this.renderJobs();
       }
@@ -439,6 +442,39 @@ export class TrainhubPanel extends Widget {
       list.append(row);
     }
     this.setStatus(`${page.total} job(s)`);
+  }
+
+  // -- usage -------------------------------------------------------------------------------
+  /** The user's own GPU-hours per day: allocated (held) vs. used (utilisation-weighted). */
+  private async renderUsage(): Promise<void> {
+    const bar = el('div', { class: 'th-toolbar' });
+    bar.append(button('Refresh', 'Reload', () => void this.show_('usage')));
+    const u = await this.api.usage('day');
+    const pct = (x: number | null) => (x === null || x === undefined ? '-' : `${x.toFixed(0)} %`);
+    const hours = (s: number) => (s / 3600).toFixed(2);
+    const summary = el(
+      'div',
+      { class: 'th-usage-total' },
+      `${u.since} – ${u.until}: ${hours(u.totals.gpu_seconds_allocated)} GPU-h held, `,
+      `${hours(u.totals.gpu_seconds_used)} used (${pct(u.totals.utilization)})`
+    );
+    const table = el('table', { class: 'th-usage' });
+    const head = el('tr', {}, el('th', {}, 'day'), el('th', {}, 'GPU-h held'), el('th', {}, 'GPU-h used'), el('th', {}, 'use'));
+    table.append(head);
+    for (const r of u.items) {
+      table.append(
+        el(
+          'tr',
+          { class: 'th-usage-row', 'data-day': r.day ?? '' },
+          el('td', {}, r.day ?? ''),
+          el('td', {}, r.gpu_hours_allocated.toFixed(2)),
+          el('td', {}, r.gpu_hours_used.toFixed(2)),
+          el('td', {}, pct(r.utilization))
+        )
+      );
+    }
+    this.body.replaceChildren(bar, summary, table);
+    this.setStatus(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
   }
 
   private async registerFromJob(job: string): Promise<void> {
