@@ -155,6 +155,31 @@ class TrainMagics(Magics):
             return False
         return True
 
+    def _prepare(self, parser, line: str, cell: str, magic: str, what: str):
+        """Parse the magic's flags and build the job script from the cell and the kernel's history.
+
+        Returns ``(args, script)``, or None after ``--help``; every mistake (bad flag, bad ``--as``,
+        empty cell, syntax error, values that cannot be carried) is a UsageError and nothing is submitted.
+        """
+        args = parse_line(parser, line)
+        if args is None:
+            return None
+        if args.as_var is not None and not args.as_var.isidentifier():
+            raise UsageError(f"--as {args.as_var!r}: not a Python variable name; nothing was submitted.")
+        if not cell.strip():
+            raise UsageError(f"the {magic} cell is empty: put the {what} below the {magic} line.")
+        history = list(self.shell.history_manager.input_hist_raw) if self.shell is not None else []
+        try:
+            script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
+                                      transform=self.shell.transform_cell, line_offset=1)
+        except CellSyntaxError as e:
+            where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
+            pointer = f"\n    {e.line.strip()}" if e.line else ""
+            raise UsageError(f"syntax error in {where}: {e.msg}{pointer}\nNothing was submitted.") from None
+        if script.left_out and not args.ignore_missing:
+            raise UsageError(left_out_message(script, self.max_value_bytes).replace("%%train", magic))
+        return args, script
+
     def _present(self, handle, make_panel, text: str, as_var: str | None) -> None:
         """Bind ``--as VAR``, then show a live panel under the cell (or one line where widgets cannot render)."""
         if as_var:
@@ -181,25 +206,10 @@ class TrainMagics(Magics):
         __tracebackhide__ = True
         from trainhub.kernels.handle import JobFailedError, JobHandle
 
-        args = parse_line(cell_parser(), line)
-        if args is None:
+        prepared = self._prepare(cell_parser(), line, cell, "%%train", "training code")
+        if prepared is None:
             return None
-        if args.as_var is not None and not args.as_var.isidentifier():
-            raise UsageError(f"--as {args.as_var!r}: not a Python variable name; nothing was submitted.")
-        if not cell.strip():
-            raise UsageError("the %%train cell is empty: put the training code below the %%train line.")
-        history = list(self.shell.history_manager.input_hist_raw) if self.shell is not None else []
-        try:
-            script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
-                                      transform=self.shell.transform_cell, line_offset=1)
-        except CellSyntaxError as e:
-            where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
-            pointer = ""
-            if e.line:
-                pointer = f"\n    {e.line.strip()}"
-            raise UsageError(f"syntax error in {where}: {e.msg}{pointer}\nNothing was submitted.") from None
-        if script.left_out and not args.ignore_missing:
-            raise UsageError(left_out_message(script, self.max_value_bytes))
+        args, script = prepared
         if args.dry_run:
             print(script.source)
             self._report_context(script)

@@ -24,8 +24,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
 from trainhub.commands.jobs import add_spec_options, spec_from_args
-from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
-from trainhub.kernels.magics import TrainMagics, _UsageParser, parse_line
+from trainhub.kernels.magics import TrainMagics, _UsageParser
 from trainhub.kernels.widget import svg_axes
 from trainhub.services.sweeps.space import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
                                             space_from_source)
@@ -145,23 +144,10 @@ class SweepMagics(TrainMagics):
         [--sampler tpe|random|grid|cmaes] [--pruner median|hyperband|none] [--gpus G --workers W ...]
         [--name NAME] [--as VAR] [--wait]: run a hyperparameter sweep of this cell."""
         __tracebackhide__ = True
-        args = parse_line(sweep_parser(), line)  # None when --help was shown
-        if args is None:
+        prepared = self._prepare(sweep_parser(), line, cell, "%%sweep", "trial code")
+        if prepared is None:  # --help was shown
             return None
-        if args.as_var is not None and not args.as_var.isidentifier():
-            raise UsageError(f"--as {args.as_var!r}: not a Python variable name; nothing was submitted.")
-        if not cell.strip():
-            raise UsageError("the %%sweep cell is empty: put the trial code below the %%sweep line.")
-        history = list(self.shell.history_manager.input_hist_raw) if self.shell is not None else []
-        try:
-            script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
-                                      transform=self.shell.transform_cell, line_offset=1)
-        except CellSyntaxError as e:
-            where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
-            pointer = f"\n    {e.line.strip()}" if e.line else ""
-            raise UsageError(f"syntax error in {where}: {e.msg}{pointer}\nNothing was submitted.") from None
-        if script.left_out and not args.ignore_missing:
-            raise UsageError(left_out_message(script, self.max_value_bytes).replace("%%train", "%%sweep"))
+        args, script = prepared
         body = sweep_body(args, cell, script.source.replace("%%train", "%%sweep"))
         body.setdefault("name", f"notebook-sweep-{getattr(self.shell, 'execution_count', 0)}")
         if args.dry_run:

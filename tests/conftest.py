@@ -38,6 +38,9 @@ Fixtures
 - ``platform_factory`` (session): ``platform_factory(name, gpus=4, storage="",
   config=PLATFORM_CONFIG, env=None, start=True)`` -> a private :class:`Platform` for tests
   that restart, interrupt or reconfigure one (stopped at session end if still running).
+- ``shell``: a real in-process ``IPython.core.interactiveshell.InteractiveShell`` (in-memory
+  history, ``IPYTHONDIR`` in a temporary folder, namespace and history reset around each test) with
+  the ``trainhub.kernels`` extension loaded (used by the %%train and %%sweep magic tests).
 - ``s3_server`` (session): a real ``moto_server`` on a free loopback port; an object with
   ``endpoint``, ``key``, ``secret``, ``env`` (AWS_* variables) and ``make_bucket(name)``.
 
@@ -541,3 +544,29 @@ def s3_server():
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def _ipython_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ipython")
+    old = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("IPYTHONDIR", None)
+    else:
+        os.environ["IPYTHONDIR"] = old
+
+
+@pytest.fixture
+def shell(_ipython_dir):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    c = Config()
+    c.HistoryManager.hist_file = ":memory:"
+    sh = InteractiveShell.instance(config=c)
+    sh.reset(new_session=True)
+    sh.extension_manager.load_extension("trainhub.kernels")
+    yield sh
+    sh.reset(new_session=True)

@@ -1,7 +1,6 @@
 """Fixtures for the %%train magic tests.
 
-- ``shell``: a real in-process ``IPython.core.interactiveshell.InteractiveShell`` (in-memory history,
-  namespace and history reset per test) with the ``trainhub.kernels`` extension loaded.
+- ``shell`` (from tests/conftest.py): a real in-process IPython shell with ``trainhub.kernels`` loaded.
 - ``magics``: its ``TrainMagics`` instance.
 - ``jobs_api``: the jobs-API contract stand-in from tests/client/jobs_contract_server.py (jobs run
   as local subprocesses), reset per test; ``magics.client`` points at it via ``api_magics``.
@@ -11,7 +10,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -24,32 +22,6 @@ if contract is None:
     contract = importlib.util.module_from_spec(_spec)
     sys.modules["jobs_contract_server"] = contract
     _spec.loader.exec_module(contract)
-
-
-@pytest.fixture(scope="session")
-def _ipython_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ipython")
-    old = os.environ.get("IPYTHONDIR")
-    os.environ["IPYTHONDIR"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("IPYTHONDIR", None)
-    else:
-        os.environ["IPYTHONDIR"] = old
-
-
-@pytest.fixture
-def shell(_ipython_dir):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    c = Config()
-    c.HistoryManager.hist_file = ":memory:"
-    sh = InteractiveShell.instance(config=c)
-    sh.reset(new_session=True)
-    sh.extension_manager.load_extension("trainhub.kernels")
-    yield sh
-    sh.reset(new_session=True)
 
 
 @pytest.fixture

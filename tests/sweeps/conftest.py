@@ -14,33 +14,6 @@ import pytest
 from sweeps_fakes import FakeSweepsClient
 
 
-@pytest.fixture(scope="session")
-def _ipython_dir(tmp_path_factory):
-    import os
-
-    d = tmp_path_factory.mktemp("ipython")
-    old = os.environ.get("IPYTHONDIR")
-    os.environ["IPYTHONDIR"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("IPYTHONDIR", None)
-    else:
-        os.environ["IPYTHONDIR"] = old
-
-
-@pytest.fixture
-def shell(_ipython_dir):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    c = Config()
-    c.HistoryManager.hist_file = ":memory:"
-    sh = InteractiveShell.instance(config=c)
-    sh.reset(new_session=True)
-    sh.extension_manager.load_extension("trainhub.kernels")
-    yield sh
-
-
 @pytest.fixture
 def fake_client():
     return FakeSweepsClient()
