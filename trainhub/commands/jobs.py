@@ -327,12 +327,18 @@ def wait_with_progress(client, job_id: str, poll: float = 1.0, stream=None) -> d
     return job
 
 
+def parse_states(values, allowed) -> list[str]:
+    """``--state`` values (repeatable, comma-separated), each checked against ``allowed`` (exit 2 if not)."""
+    states = [s.strip() for arg in values for s in arg.split(",") if s.strip()]
+    bad = [s for s in states if s not in allowed]
+    if bad:
+        raise CommandError(f"unknown state {', '.join(bad)} (one of {', '.join(allowed)})", 2)
+    return states
+
+
 def cmd_list(args):
     client = client_from_args(args)
-    states = [s.strip() for arg in args.state for s in arg.split(",") if s.strip()]
-    bad = [s for s in states if s not in STATES]
-    if bad:
-        raise CommandError(f"unknown state {', '.join(bad)} (one of {', '.join(STATES)})", 2)
+    states = parse_states(args.state, STATES)
     user = args.user
     if not user and not args.all:
         user = client.whoami()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from trainhub.cli import CommandError
-from trainhub.commands.jobs import (_api, _conn, _table, add_spec_options, cancel_each, client_from_args, parse_time,
+from trainhub.commands.jobs import (_api, _conn, _table, add_spec_options, cancel_each, client_from_args, parse_states, parse_time,
                                     spec_from_args)
 
 SWEEP_STATES = ("running", "completed", "failed", "cancelled")
@@ -175,10 +175,7 @@ def cmd_create(args):
 
 def cmd_list(args):
     client = client_from_args(args)
-    states = [s.strip() for a in args.state for s in a.split(",") if s.strip()]
-    bad = [s for s in states if s not in SWEEP_STATES]
-    if bad:
-        raise CommandError(f"unknown state {', '.join(bad)} (one of {', '.join(SWEEP_STATES)})", 2)
+    states = parse_states(args.state, SWEEP_STATES)
     user = None if args.all else client.whoami()
     page = _api(client.list_sweeps, state=states or None, user=user, limit=args.limit)
     if args.json:
