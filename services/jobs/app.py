@@ -193,8 +193,10 @@ class JobsService(Application):
     def engine_view(self, job):
         return view(job)
 
-    async def submit(self, caller, spec: JobSpec):
-        """Check a spec against profiles, the pool and the caller's quota, then queue it."""
+    def check(self, caller, spec: JobSpec, what: str = "this job"):
+        """Refuse a spec that could never run: its profile, the pool size, the caller's and their
+        groups' GPU quotas. Returns ``(profile or None, gpus per worker)``. ``what`` names the
+        thing in messages ("this job", "each trial")."""
         profile = None
         if spec.profile:
             profile = self.catalog.resolve(spec.profile, caller.groups, caller.admin)
@@ -205,20 +207,25 @@ class JobsService(Application):
             pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
         if total > len(pool):
             raise InvalidRequest(
-                f"this job needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
+                f"{what} needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
                 "ask for fewer workers or GPUs per worker"
             )
         limit = self.quota.limit_for(caller.name)
         if total and limit is not None and total > limit:
             raise QuotaExceeded(
-                f"GPU quota exceeded: this job needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but your quota is {limit}; "
+                f"GPU quota exceeded: {what} needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but your quota is {limit}; "
                 "ask for fewer GPUs or ask an admin to raise your quota",
                 needed=total, limit=limit,
             )
         for g in caller.groups:
             cap = self.quota.group_gpu_limits.get(g)
             if total and cap is not None and total > int(cap):
-                raise QuotaExceeded(f"Group GPU quota exceeded: this job needs {total} GPUs but group {g!r} may hold at most {cap}.")
+                raise QuotaExceeded(f"Group GPU quota exceeded: {what} needs {total} GPUs but group {g!r} may hold at most {cap}.")
+        return profile, gpus
+
+    async def submit(self, caller, spec: JobSpec):
+        """Check a spec against profiles, the pool and the caller's quota, then queue it."""
+        profile, gpus = self.check(caller, spec)
         self.groups.learn(caller.name, caller.groups)
         priority = spec.priority
         if priority is None:

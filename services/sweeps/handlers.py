@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tornado import web
 
-from trainhub.exceptions import InvalidRequest, NotFound, QuotaExceeded
+from trainhub.exceptions import InvalidRequest, NotFound
 from trainhub.services.jobs.auth import APIHandler
 from trainhub.services.jobs.handlers import READ, WRITE
 
@@ -17,31 +17,6 @@ from .spec import validate_sweep
 from .store import sweep_to_dict, trial_to_dict
 
 SWEEP_ID = r"(?P<id>s-\d+|\d+)"
-
-
-def check_fits(service, caller, spec) -> None:
-    """Refuse, before anything is submitted, a trial that could never run (the checks of
-    ``service.submit``: profile, pool size, the caller's and their groups' GPU quotas)."""
-    profile = None
-    if spec.profile:
-        profile = service.catalog.resolve(spec.profile, caller.groups, caller.admin)
-    gpus = spec.gpus if spec.gpus is not None else (profile.gpus if profile else 0)
-    total = gpus * spec.workers
-    pool = service.allocator.devices()
-    if profile and profile.gpu_model:
-        pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
-    if total > len(pool):
-        raise InvalidRequest(f"each trial needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only "
-                             f"{len(pool)}; ask for fewer workers or GPUs per worker")
-    limit = service.quota.limit_for(caller.name)
-    if total and limit is not None and total > limit:
-        raise QuotaExceeded(f"GPU quota exceeded: each trial needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but "
-                            f"your quota is {limit}; ask for fewer GPUs or ask an admin to raise your quota",
-                            needed=total, limit=limit)
-    for g in caller.groups:
-        cap = service.quota.group_gpu_limits.get(g)
-        if total and cap is not None and total > int(cap):
-            raise QuotaExceeded(f"Group GPU quota exceeded: each trial needs {total} GPUs but group {g!r} may hold at most {cap}.")
 
 
 class SweepAccessMixin:
@@ -94,7 +69,7 @@ class SweepsHandler(SweepAccessMixin, APIHandler):
         if not caller.may(WRITE, caller.name):
             raise web.HTTPError(403, f"missing scope {WRITE} to start sweeps")
         spec = validate_sweep(self.json_body())
-        check_fits(self.service, caller, spec.job)
+        self.service.check(caller, spec.job, what="each trial")
         sweep = await self.controller.create(caller, spec)
         self.write_json(await self.sweep_json(sweep), status=201)
 
