@@ -23,7 +23,7 @@ import threading
 from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
-from trainhub.commands.jobs import add_spec_options, spec_from_args
+from trainhub.commands.jobs import nonneg_int, pos_int, add_spec_options, spec_from_args
 from trainhub.kernels.magics import TrainMagics, _UsageParser
 from trainhub.kernels.widget import svg_axes
 from trainhub.services.sweeps.space import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
@@ -55,8 +55,8 @@ def sweep_parser() -> argparse.ArgumentParser:
     p = _SweepParser(prog="%%sweep", description=CELL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                      allow_abbrev=False)
     g = p.add_argument_group("sweep")
-    g.add_argument("--trials", type=_pos_int, metavar="N", help="trials to run in all (required)")
-    g.add_argument("--parallel", type=_pos_int, default=1, metavar="P", help="trials running at once (default 1; "
+    g.add_argument("--trials", type=pos_int, metavar="N", help="trials to run in all (required)")
+    g.add_argument("--parallel", type=pos_int, default=1, metavar="P", help="trials running at once (default 1; "
                    "your GPU quota may hold fewer)")
     g.add_argument("--metric", metavar="NAME", help="the metric the cell reports with trainhub.report(NAME=...) (required)")
     g.add_argument("--mode", metavar="min|max", help="minimise or maximise the metric (required)")
@@ -66,9 +66,9 @@ def sweep_parser() -> argparse.ArgumentParser:
     g.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median",
                    help="Optuna pruner stopping bad trials early from their intermediate values (default median)")
     g.add_argument("--seed", type=int, metavar="S", help="sampler seed (reproducible suggestions)")
-    g.add_argument("--startup-trials", type=_nonneg_int, metavar="K",
+    g.add_argument("--startup-trials", type=nonneg_int, metavar="K",
                    help="finished trials before TPE models and the median pruner compares (default trials/4, 1..5)")
-    g.add_argument("--prune-after", type=_nonneg_int, default=0, metavar="STEPS",
+    g.add_argument("--prune-after", type=nonneg_int, default=0, metavar="STEPS",
                    help="steps a trial reports before it may be pruned (default 0)")
     g.add_argument("--no-metric-check", action="store_true",
                    help="start even if the cell has no report(..., NAME=...) call (a helper module reports it)")
@@ -79,23 +79,6 @@ def sweep_parser() -> argparse.ArgumentParser:
                    help="start even if some variables the cell uses cannot be sent (too big / not picklable)")
     p.add_argument("--dry-run", action="store_true", help="print the sweep spec and the trial script, submit nothing")
     return p
-
-
-def _nonneg_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def _pos_int(text):
-    v = _nonneg_int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
 
 
 def sweep_body(args, cell: str, script_source: str) -> dict:

@@ -104,15 +104,15 @@ def add_parser(sub):
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
     """The job-spec flags shared by `trainhub jobs submit` and the %%train magic."""
-    p.add_argument("--gpus", type=_nonneg_int, metavar="N", help="GPUs per worker (default: the profile's, else the service's)")
-    p.add_argument("--workers", type=_pos_int, metavar="W", help="number of workers (default 1); each gets RANK/WORLD_SIZE")
+    p.add_argument("--gpus", type=nonneg_int, metavar="N", help="GPUs per worker (default: the profile's, else the service's)")
+    p.add_argument("--workers", type=pos_int, metavar="W", help="number of workers (default 1); each gets RANK/WORLD_SIZE")
     p.add_argument("--name", metavar="NAME", help="a name to recognise the job by")
     p.add_argument("--profile", metavar="SLUG", help="a server profile slug (its GPU count is the default for --gpus)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", type=_env_pair,
                    help="environment variable for the job (repeatable)")
     p.add_argument("--time-limit", metavar="T", type=_time_limit,
                    help="stop the job after T: seconds or 90s, 30m, 2h (default: no limit)")
-    p.add_argument("--retries", type=_nonneg_int, metavar="R", help="re-run a failed job up to R times (default 0)")
+    p.add_argument("--retries", type=nonneg_int, metavar="R", help="re-run a failed job up to R times (default 0)")
 
 
 def spec_from_args(args, *, command: str | None = None, script: str | None = None) -> dict:
@@ -124,7 +124,7 @@ def spec_from_args(args, *, command: str | None = None, script: str | None = Non
 
 
 # -- argument types ---------------------------------------------------------------------------
-def _nonneg_int(text):
+def nonneg_int(text):
     try:
         v = int(text)
     except ValueError:
@@ -134,8 +134,8 @@ def _nonneg_int(text):
     return v
 
 
-def _pos_int(text):
-    v = _nonneg_int(text)
+def pos_int(text):
+    v = nonneg_int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
     return v
