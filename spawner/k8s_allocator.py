@@ -49,6 +49,7 @@ from traitlets import Bool, Dict, Float, Instance, List, Unicode, default
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
 from trainhub.gpus import GPUDevice
 from trainhub.ledger import GPUAllocator, Holding, _model_ok, job_holder, server_holder
+from trainhub.metrics.prometheus import GPUTarget
 from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import QuotaPolicy
 from trainhub.spawner import k8s_manifests as m
@@ -60,15 +61,6 @@ SERVERNAME_ANNOTATION = "hub.jupyter.org/servername"
 JOB_ID_LABEL = "trainhub.io/job-id"  # k8s_job_manifests.JOB_ID_LABEL (kept import-light)
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU feature discovery
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB
-
-
-@dataclass(frozen=True)
-class PodGPUTarget:
-    """A GPU of a pod: the ``slot``-th of its GPUs (what ``PrometheusDCGMSource.resolver`` returns)."""
-
-    namespace: str
-    pod: str
-    slot: int = 0
 
 
 @dataclass
@@ -91,7 +83,7 @@ class Ledger:
     holdings: list[Holding]
     occupied: set[int]  # pool indices taken by any pod (trainhub's or not) or a reservation
     pending: Counter  # resource -> units wanted by unbound active pods
-    targets: dict[int, PodGPUTarget]
+    targets: dict[int, GPUTarget]
     pod_holders: Counter  # holder -> GPUs its active pods request
 
 
@@ -241,7 +233,7 @@ def compute_ledger(nodes: Iterable[Mapping], pods: Iterable[Mapping], *, resourc
         pod_holders[holder] += len(devs)
         for slot, d in enumerate(devs):
             holdings.append(Holding(d, holder, kind, user, profile, since))
-            targets[d] = PodGPUTarget(meta.get("namespace") or "", meta.get("name") or "", slot)
+            targets[d] = GPUTarget(meta.get("namespace") or "", meta.get("name") or "", slot)
 
     # reservations: the part of each not yet covered by its holder's pods
     for holder, res in sorted(reservations.items()):
@@ -595,7 +587,7 @@ class KubernetesGPUAllocator(GPUAllocator):
 
     # -- for the DCGM metrics source -----------------------------------------------------------
 
-    def gpu_targets(self, devices: list[int]) -> dict[int, PodGPUTarget]:
+    def gpu_targets(self, devices: list[int]) -> dict[int, GPUTarget]:
         """Held devices → the pod and GPU slot holding them; a resolver for ``PrometheusDCGMSource``.
 
         Never waits: before the caches have loaded it returns {} (unknown, never idle).

@@ -44,6 +44,7 @@ from traitlets import Any, Dict, Float, Instance, Integer, List, Unicode, defaul
 from traitlets.config import Config
 
 from trainhub.exceptions import TrainhubError
+from trainhub.metrics.prometheus import GPUTarget
 from trainhub.profiles import ProfileCatalog
 
 from . import k8s_job_manifests as jm
@@ -69,15 +70,6 @@ class _Run:
     resume: dict = field(default_factory=dict)  # rank -> ts_key: lines up to it are in the log already
     done: set = field(default_factory=set)  # pod uids whose final log was read
     next_read: dict = field(default_factory=dict)  # pod uid -> monotonic time of the next read
-
-
-@dataclass(frozen=True)
-class GPUTarget:
-    """Where a ledger device lives on Kubernetes: the ``slot``-th GPU of a pod (for the DCGM source)."""
-
-    namespace: str
-    pod: str
-    slot: int = 0
 
 
 class ObjectCache:

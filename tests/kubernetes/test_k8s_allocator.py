@@ -21,7 +21,8 @@ from traitlets.config import Config
 from trainhub.exceptions import NoFreeGPUs, QuotaExceeded
 from trainhub.ledger import LocalGPUAllocator
 from trainhub.quotas import QuotaPolicy
-from trainhub.spawner.k8s_allocator import KubernetesGPUAllocator, PodGPUTarget, place_workers, pod_holder
+from trainhub.metrics.prometheus import GPUTarget
+from trainhub.spawner.k8s_allocator import KubernetesGPUAllocator, place_workers, pod_holder
 
 pytestmark = pytest.mark.skipif(bool(REAL_KUBECONFIG), reason="counts every GPU of the stand-in cluster")
 
@@ -186,7 +187,7 @@ async def test_holdings_from_notebook_and_job_pods(kube, make_allocator):
     assert sorted(await asyncio.to_thread(allocator.holdings), key=lambda h: h.device) == sorted(holdings, key=lambda h: h.device)
     # the culler's resolver: server devices -> the pod and its GPU slot
     targets = allocator.gpu_targets([alice.device, 99])
-    assert targets == {alice.device: PodGPUTarget(NS, "jupyter-alice-gpu", 0)}
+    assert targets == {alice.device: GPUTarget(NS, "jupyter-alice-gpu", 0)}
 
 
 def _local_ledger(tmp_path, total, held: dict[str, int]):

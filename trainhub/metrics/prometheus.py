@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import time
+from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from traitlets import Any, Dict, Float, Unicode, default
@@ -33,6 +34,15 @@ from traitlets import Any, Dict, Float, Unicode, default
 from trainhub.metrics.base import GPUMetricsSource, GPUSample, MetricsUnavailable
 
 ENV_URL = "TRAINHUB_PROMETHEUS_URL"
+
+
+@dataclass(frozen=True)
+class GPUTarget:
+    """Where a ledger device lives on Kubernetes: the ``slot``-th GPU of a pod (what a resolver returns)."""
+
+    namespace: str
+    pod: str
+    slot: int = 0
 
 
 def _quote(value: str) -> str:
