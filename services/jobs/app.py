@@ -145,7 +145,7 @@ class JobsService(Application):
         self.update_config(load_platform_config(self.dd.root))
         chart = os.environ.get("TRAINHUB_K8S_CONFIG")
         if chart:  # the Helm chart's values (profiles, quotas, the Kubernetes launcher, DCGM metrics)
-            from .kubernetes import config_from_chart
+            from trainhub.chart_config import config_from_chart
 
             self.update_config(config_from_chart(json.loads(Path(chart).read_text())))
         self.log.setLevel(self.log_level)

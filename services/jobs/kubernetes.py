@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traitlets import Any, Dict, Float, Instance, Integer, List, Unicode, default
-from traitlets.config import Config
 
 from trainhub.exceptions import TrainhubError
 from trainhub.metrics.prometheus import GPUTarget
@@ -625,77 +624,3 @@ def _log_resume_points(adir: Path, workers: int) -> dict[int, tuple]:
                 out[rank] = (key[0], key[1] + 999_999)  # the whole millisecond was read
                 break
     return out
-
-
-def config_from_chart(data: dict) -> Config:
-    """Traitlets config for the jobs service (and the culler) from the Helm chart's ``trainhub.json``.
-
-    ``data`` is the ConfigMap's JSON (``$TRAINHUB_K8S_CONFIG``, rendered from the ``trainhub:``
-    values). Sets the profiles and quotas, the launcher (``jobs.launcher``: ``kubernetes`` selects
-    this module's ``KubernetesLauncher``) with its pod settings and Kueue queue, and, when
-    ``metrics.prometheusUrl`` is set, ``PrometheusDCGMSource`` as the GPU metrics source.
-    """
-    c = Config()
-    c.ProfileCatalog.profiles = data.get("profiles") or []
-    c.ProfileCatalog.default_profile = data.get("defaultProfile") or ""
-    c.ProfileCatalog.cpu_profile = data.get("cpuProfile") or ""
-    quotas = data.get("quotas") or {}
-    c.QuotaPolicy.user_gpu_limit = quotas.get("userGpuLimit")
-    c.QuotaPolicy.user_gpu_limits = quotas.get("userGpuLimits") or {}
-    c.QuotaPolicy.group_gpu_limits = quotas.get("groupGpuLimits") or {}
-    jobs = data.get("jobs") or {}
-    if jobs.get("launcher", "kubernetes") == "kubernetes":
-        c.JobsService.launcher_class = "trainhub.services.jobs.kubernetes.KubernetesLauncher"
-        k = c.KubernetesLauncher
-        if data.get("jobNamespace"):
-            k.namespace = data["jobNamespace"]
-        pod = jobs.get("pod") or {}
-        if pod.get("image"):
-            k.image = pod["image"]
-        k.service_account = pod.get("serviceAccount") or ""
-        k.master_port = int(pod.get("masterPort") or 29500)
-        k.backoff_limit = int(pod.get("backoffLimit") or 0)
-        k.shm_size = pod.get("shmSize") or ""
-        if "ttlSecondsAfterFinished" in pod:
-            k.ttl_seconds_after_finished = pod["ttlSecondsAfterFinished"]
-        kueue = data.get("kueue") or {}
-        k.kueue_queue = (kueue.get("localQueue") or "") if kueue.get("enabled") else ""
-        storage = data.get("storage") or {}
-        if storage.get("secret") == "none":
-            k.credentials_secret_template = ""
-        elif storage.get("secretNameTemplate"):
-            k.credentials_secret_template = storage["secretNameTemplate"]
-    # the GPU ledger from the cluster (nodes and pods), for the engine's admission and the culler
-    allocator = "trainhub.spawner.k8s_allocator.KubernetesGPUAllocator"
-    if jobs.get("launcher", "kubernetes") == "kubernetes":
-        c.JobsService.allocator_class = allocator
-    c.GPUCuller.allocator_class = allocator
-    spawner = data.get("spawner") or {}
-    c.KubernetesGPUAllocator.watch_all_namespaces = bool(spawner.get("gpuWatchAllNamespaces", True))
-    if data.get("jobNamespace"):
-        c.KubernetesGPUAllocator.namespace = data["jobNamespace"]
-    culler = data.get("culler") or {}
-    if culler.get("idleTimeout") is not None:
-        c.CullPolicy.default_timeout = float(culler["idleTimeout"])
-    if culler.get("checkInterval"):
-        c.GPUCuller.check_interval = float(culler["checkInterval"])
-    if culler.get("action"):
-        c.CullPolicy.action = culler["action"]
-    # kernels are read through the proxy; inside the cluster the chart's proxy-public Service
-    c.GPUCuller.public_url = data.get("publicUrl") or "http://proxy-public"
-    metrics = data.get("metrics") or {}
-    if metrics.get("prometheusUrl"):
-        source = "trainhub.metrics.prometheus.PrometheusDCGMSource"
-        c.JobsService.metrics_source_class = source
-        # the same settings (config of PrometheusDCGMSource applies to the subclass), resolving
-        # server holdings to notebook pods through the culler's KubernetesGPUAllocator
-        c.GPUCuller.metrics_class = "trainhub.spawner.k8s_allocator.PodDCGMSource"
-        p = c.PrometheusDCGMSource
-        p.url = metrics["prometheusUrl"]
-        p.selector = metrics.get("selector") or ""
-        p.namespace_label = metrics.get("namespaceLabel") or "namespace"
-        p.pod_label = metrics.get("podLabel") or "pod"
-        p.util_metric = metrics.get("utilMetric") or "DCGM_FI_DEV_GPU_UTIL"
-        p.util_scale = float(metrics.get("utilScale") or 1)
-        p.max_age = float(metrics.get("maxAge") or 120)
-    return c

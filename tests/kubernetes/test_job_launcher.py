@@ -448,7 +448,7 @@ def test_config_from_chart(example, tmp_path):
     from traitlets.utils.importstring import import_item
 
     from trainhub.metrics.prometheus import PrometheusDCGMSource
-    from trainhub.services.jobs.kubernetes import config_from_chart
+    from trainhub.chart_config import config_from_chart
 
     values = load_yaml(CHART / "values.yaml")
     if example != "values.yaml":
