@@ -89,7 +89,7 @@ def configure(c, data_dir: str) -> None:
     c.JupyterHub.pid_file = str(dd.root / "jupyterhub.pid")
     c.JupyterHub.cleanup_servers = True
     c.JupyterHub.cleanup_proxy = True
-    c.JupyterHub.last_activity_interval = 60
+    c.JupyterHub.last_activity_interval = c.JupyterHub.get("last_activity_interval", 60)
     c.JupyterHub.allow_named_servers = c.JupyterHub.get("allow_named_servers", True)
     c.JupyterHub.named_server_limit_per_user = c.JupyterHub.get("named_server_limit_per_user", 3)
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{runtime.proxy_api_port}"

@@ -59,15 +59,21 @@ class HubClient(LoggingConfigurable):
             url = nxt["url"] if nxt else None
         return users
 
-    async def kernels(self, server_url: str) -> list[dict]:
-        """Kernel models of a running server (``server_url`` is the hub's path, e.g. /user/alice/)."""
+    async def _server_api(self, server_url: str, path: str):
         origin = urlsplit(self.public_url)
         if not origin.netloc:
             raise RuntimeError("public_url is not set: cannot reach single-user servers (set TRAINHUB_PUBLIC_URL)")
         # no_track_activity: our polling must not count as user activity in jupyter-server
-        url = f"{origin.scheme}://{origin.netloc}{server_url.rstrip('/')}/api/kernels?no_track_activity=1"
-        resp = await self._fetch(url)
-        return json.loads(resp.body)
+        url = f"{origin.scheme}://{origin.netloc}{server_url.rstrip('/')}/api/{path}?no_track_activity=1"
+        return json.loads((await self._fetch(url)).body)
+
+    async def kernels(self, server_url: str) -> list[dict]:
+        """Kernel models of a running server (``server_url`` is the hub's path, e.g. /user/alice/)."""
+        return await self._server_api(server_url, "kernels")
+
+    async def status(self, server_url: str) -> dict:
+        """jupyter-server's /api/status: ``last_activity`` (API requests, kernels, terminals), ``connections``."""
+        return await self._server_api(server_url, "status")
 
     async def running_jobs(self, user: str) -> int | None:
         """Running jobs of ``user``; None when no jobs service is configured. Raises on any error."""

@@ -8,7 +8,9 @@ collect the facts into a :class:`ServerInfo`, feed GPU samples into a
 A server is *GPU-idle* when every device it holds stayed under
 ``utilization_threshold`` for the whole idle timeout, with no gap in the samples
 longer than ``max_sample_gap``. The idle clock also restarts at the latest kernel
-activity, at a "keep my GPU" press and when the GPUs were taken. An executing kernel,
+activity, at a "keep my GPU" press and when the GPUs were taken. While nobody is
+connected to the server (no kernel websocket, no API request: the browser was closed or
+the laptop went to sleep), the shorter ``away_timeout`` applies. An executing kernel,
 running jobs that depend on the server, or anything unknown (kernel state, jobs, GPU
 samples) means "not culled": the policy only ever errs towards keeping the GPU.
 """
@@ -66,7 +68,10 @@ class ServerInfo:
 
     ``None`` in kernels_busy / running_jobs means "could not find out": never culled.
     last_activity: latest kernel activity (execution or output), not the hub's proxy
-    activity (an open browser tab polls the server, so that never goes idle).
+    activity (an open browser tab answers websocket pings, so that never goes idle).
+    connections: kernel websockets open now (a JupyterLab tab with a notebook, hidden or
+    not); None = unknown. last_seen: the latest sign of someone at the server (a connection
+    seen, an API request, kernel or terminal activity); None = unknown.
     kept_at: the user's latest "keep my GPU". warned_at: when the pending warning was given.
     """
 
@@ -79,6 +84,8 @@ class ServerInfo:
     kernels_busy: bool | None = False
     kernels: int = 0
     last_activity: datetime | None = None
+    connections: int | None = None
+    last_seen: datetime | None = None
     running_jobs: int | None = 0
     kept_at: datetime | None = None
     warned_at: datetime | None = None
@@ -95,7 +102,7 @@ class ServerInfo:
         d = asdict(self)
         d["profile"] = self.profile.slug if self.profile else None
         d["devices"] = list(self.devices)
-        for k in ("held_since", "last_activity", "kept_at", "warned_at"):
+        for k in ("held_since", "last_activity", "last_seen", "kept_at", "warned_at"):
             d[k] = d[k].isoformat() if d[k] else None
         return d
 
@@ -211,6 +218,19 @@ class CullPolicy(LoggingConfigurable):
         help="""Idle timeout per profile slug in seconds, e.g. {"gpu-1": 7200, "gpu-8": 1800, "gpu-long": 0}.
 
         0 or None = never cull that profile. Overrides the profile's idle_timeout and default_timeout.
+        """,
+    ).tag(config=True)
+
+    away_timeout = Float(
+        3600.0,
+        help="""Idle timeout in seconds while nobody is connected to the server (3600 = 1 h; 0 = off).
+
+        "Nobody connected": no kernel websocket is open (no JupyterLab tab with a notebook,
+        visible or hidden, on an awake machine) and no API request, kernel or terminal activity
+        for this long. The GPUs must be idle for this long too. Applies only when it acts sooner
+        than the profile's timeout, and never to profiles without a timeout. The default matches
+        jupyterhub-idle-culler's Z2JH timeout, so an abandoned idle GPU server is released no
+        later than that culler would stop it, while a busy one never is.
         """,
     ).tag(config=True)
 
@@ -344,9 +364,19 @@ class CullPolicy(LoggingConfigurable):
         if self.count_kernel_activity and server.last_activity:
             starts["kernel activity"] = _ts(server.last_activity)
         clock_by, start = max(starts.items(), key=lambda kv: kv[1])
+        where = f"under {thr:g}% on GPU{'s' if len(devices) > 1 else ''} {_gpus(devices)}"
+        m.update(connections=server.connections, last_seen=_iso(_ts(server.last_seen)))
+        if self.away_timeout and server.connections == 0 and server.last_seen is not None:
+            # nobody is there: the shorter timeout, counted from when someone was last seen
+            away_start = max(start, _ts(server.last_seen))
+            if away_start + self.away_timeout < start + timeout:
+                if away_start > start:
+                    clock_by = "last seen"
+                start, timeout = away_start, self.away_timeout
+                where += f", nobody connected for {format_duration(now_ts - _ts(server.last_seen))}"
+                m.update(timeout_s=timeout, away=True)
         idle = now_ts - start
         m.update(idle_s=round(idle, 1), idle_since=_iso(start), clock_reset_by=clock_by)
-        where = f"under {thr:g}% on GPU{'s' if len(devices) > 1 else ''} {_gpus(devices)}"
 
         warn_after = max(timeout - self.warning_period, 0.0)
         if idle < warn_after:

@@ -5,7 +5,8 @@ culler_config.py``). Every ``sample_interval`` it records the utilisation of hel
 devices; every ``check_interval`` (once at start, then on a timer with jitter) it runs
 :meth:`GPUCuller.run_once`, which, for each server holding GPUs in the ledger:
 
-1. asks the server's kernels API for execution state and kernel activity,
+1. asks the server's kernels and status APIs for execution state, kernel activity, open
+   kernel connections and the server's own last activity (is anybody there?),
 2. asks the jobs service whether the user has running jobs (unknown = don't cull),
 3. asks :class:`~trainhub.services.culler.policy.CullPolicy` (plus the admin hook),
 4. warns, stops or releases (stop, then start on the CPU profile),
@@ -192,6 +193,7 @@ class GPUCuller(Application):
         self.latest: dict[str, dict] = {}  # holder -> latest decision (for the admin view)
         self.culled_at: dict[str, datetime] = {}  # holder -> our last stop/release (guards against acting twice)
         self.dry_run_culled: dict[str, str | None] = {}  # holder -> idle_since of the would-be cull already counted
+        self.seen_at: dict[str, datetime] = {}  # holder -> last pass that saw a kernel connection (or first pass)
         self._device_holder: dict[int, str] = {}
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -298,6 +300,8 @@ class GPUCuller(Application):
             self._clear_warning(holder)  # the server stopped or gave its GPUs back
         for holder in set(self.dry_run_culled) - set(by_holder):
             del self.dry_run_culled[holder]
+        for holder in set(self.seen_at) - set(by_holder):
+            del self.seen_at[holder]
         if not by_holder:
             self.prom.pending_warnings.set(len(self.warnings))
             self.prom.last_pass.set(now.timestamp())
@@ -345,17 +349,42 @@ class GPUCuller(Application):
                 row = self._row(info, Decision(NONE, f"not culled: error ({e})"), acted=False, error=repr(e))
                 return info, Decision(NONE, f"not culled: error ({e})"), row
 
-    async def _kernel_state(self, server_model) -> tuple[bool | None, int, datetime | None]:
+    async def _kernel_state(self, server_model) -> tuple[bool | None, int, datetime | None, int | None]:
+        """(any kernel busy, kernel count, latest kernel activity, open kernel websockets); None = unknown."""
         try:
             kernels = await self.client.kernels(server_model.get("url") or "")
         except Exception as e:
             self.prom.errors.labels("kernels").inc()
             self.log.warning("kernels API of %s did not answer: %s", server_model.get("url"), e)
-            return None, 0, None
+            return None, 0, None, None
         busy = any(k.get("execution_state") in BUSY_KERNEL_STATES for k in kernels)
         activity = [parse_date(k.get("last_activity")) for k in kernels]
         activity = [a for a in activity if a]
-        return busy, len(kernels), max(activity) if activity else None
+        connections = sum(int(k.get("connections") or 0) for k in kernels)
+        return busy, len(kernels), max(activity) if activity else None, connections
+
+    async def _last_request(self, server_model) -> datetime | None:
+        """The server's own last_activity (API requests, kernels, terminals); None = unknown."""
+        try:
+            status = await self.client.status(server_model.get("url") or "")
+            return parse_date(status.get("last_activity"))
+        except Exception as e:
+            self.prom.errors.labels("status").inc()
+            self.log.warning("status API of %s did not answer: %s", server_model.get("url"), e)
+            return None
+
+    def _last_seen(self, holder: str, connections: int | None, last_request: datetime | None,
+                   now: datetime) -> datetime | None:
+        """When someone was last at the server: a connection seen by a pass, or the server's own activity.
+
+        The clock starts no earlier than this process first saw the server (after a restart
+        it cannot know how long nobody was connected), so ``away_timeout`` errs late.
+        """
+        if connections is None or last_request is None:
+            return None
+        if connections > 0 or holder not in self.seen_at:
+            self.seen_at[holder] = now
+        return max(self.seen_at[holder], last_request)
 
     async def _running_jobs(self, user: str) -> int | None:
         try:
@@ -378,14 +407,17 @@ class GPUCuller(Application):
                 self.log.warning("%s holds GPUs under unknown profile %r; using the default timeout", holder, slug)
         pending = server_model.get("pending")
         if pending or not server_model.get("ready", True):
-            busy, nkernels, activity, jobs = None, 0, None, None
+            busy, nkernels, activity, connections, last_seen, jobs = None, 0, None, None, None, None
         else:
-            (busy, nkernels, activity), jobs = await asyncio.gather(self._kernel_state(server_model), self._running_jobs(user))
+            (busy, nkernels, activity, connections), last_request, jobs = await asyncio.gather(
+                self._kernel_state(server_model), self._last_request(server_model), self._running_jobs(user))
+            last_seen = self._last_seen(holder, connections, last_request, now)
         info = ServerInfo(
             user=user, server_name=server_name, profile=profile,
             devices=tuple(sorted(h.device for h in holdings)),
             held_since=_aware(min(h.since for h in holdings)), pending=pending or (None if server_model.get("ready", True) else "not ready"),
-            kernels_busy=busy, kernels=nkernels, last_activity=activity, running_jobs=jobs,
+            kernels_busy=busy, kernels=nkernels, last_activity=activity, connections=connections, last_seen=last_seen,
+            running_jobs=jobs,
             kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder),
         )
         culled = self.culled_at.get(holder)

@@ -92,6 +92,33 @@ CASES = [
     ("no samples", {}, UtilizationHistory(), 290, {}, "none", "no recent GPU metrics for GPU 0"),
     ("samples stale", {}, idle_for(100), 290, {}, "none", "no recent GPU metrics"),
     ("threshold is configurable", {}, history({0: [(200, 15.0)]}), 190, {"utilization_threshold": 20}, "warn", "under 20%"),
+    # nobody connected (browser closed, laptop asleep): away_timeout (1 h) from when someone was last seen
+    ("away: nobody connected since the GPU went idle", {"connections": 0, "last_seen": at(0)}, idle_for(60), 50, {},
+     "warn", "idle 50m under 10% on GPU 0, nobody connected for 50m: will release in 10m"),
+    ("away: warned, period over: release", {"connections": 0, "last_seen": at(0), "warned_at": at(50)}, idle_for(65), 60,
+     {}, "release", "nobody connected for 1h00m: releasing"),
+    ("away: counted from when last seen", {"connections": 0, "last_seen": at(20)}, idle_for(200), 70, {},
+     "warn", "idle 50m under 10% on GPU 0, nobody connected for 50m"),
+    ("away: last seen recently, GPU timeout is sooner", {"connections": 0, "last_seen": at(100)}, idle_for(200), 111, {},
+     "warn", "idle 1h51m under 10% on GPU 0: will release"),
+    ("away: a tab still connected (even hidden) = GPU timeout", {"connections": 1, "last_seen": at(0)}, idle_for(60), 55,
+     {}, "none", "idle 55m of 2h00m under 10% on GPU 0"),
+    ("away: connections unknown = GPU timeout", {"connections": None, "last_seen": at(0)}, idle_for(60), 55, {},
+     "none", "idle 55m of 2h00m"),
+    ("away: last seen unknown = GPU timeout", {"connections": 0, "last_seen": None}, idle_for(60), 55, {},
+     "none", "idle 55m of 2h00m"),
+    ("away: off with away_timeout 0", {"connections": 0, "last_seen": at(0)}, idle_for(60), 55, {"away_timeout": 0},
+     "none", "idle 55m of 2h00m"),
+    ("away: GPU busy is never culled", {"connections": 0, "last_seen": at(0)}, history({0: [(300, 90.0)]}), 290, {},
+     "none", "GPU busy 90%"),
+    ("away: executing kernel is never culled", {"connections": 0, "last_seen": at(0), "kernels_busy": True},
+     idle_for(300), 290, {}, "none", "kernel executing"),
+    ("away: untimed profile never culled", {"connections": 0, "last_seen": at(0)}, idle_for(600), 590,
+     {"profile_timeouts": {"gpu-1": 0}}, "none", "no idle timeout"),
+    ("away: a shorter profile timeout wins", {"connections": 0, "last_seen": at(0)}, idle_for(60), 25,
+     {"profile_timeouts": {"gpu-1": 1800}}, "warn", "idle 25m under 10% on GPU 0: will release"),
+    ("away: keep restarts the clock", {"connections": 0, "last_seen": at(0), "kept_at": at(40)}, idle_for(60), 55, {},
+     "none", "idle 15m of 1h00m"),
 ]
 
 
@@ -218,3 +245,18 @@ def test_timeout_precedence():
 def test_skip_labels():
     assert Decision("none", "not culled: GPU busy 83%").skip_reason == "GPU busy"
     assert Decision("none", "dry run: not culled: kernel executing").skip_reason == "kernel executing"
+
+
+def test_user_back_during_away_warning_withdraws_it():
+    """Warned while nobody was connected; a tab reconnects: the GPU timeout applies again, no warning stands."""
+    p = policy()
+    h = idle_for(70)
+    warned = p.evaluate(server(connections=0, last_seen=at(0)), h, at(50))
+    assert warned.action == "warn" and warned.measurements["away"] is True
+    back = p.evaluate(server(connections=1, last_seen=at(55), warned_at=at(50)), h, at(55))
+    assert back.action == "none" and not back.warning_pending, back.reason
+    assert "idle 55m of 2h00m" in back.reason
+    # gone again: the away clock restarts from when the tab was last seen, so a new warning comes later
+    gone = p.evaluate(server(connections=0, last_seen=at(56), warned_at=at(50)), idle_for(120), at(100))
+    assert gone.action == "none" and "idle 44m of 1h00m" in gone.reason, gone.reason
+    assert p.evaluate(server(connections=0, last_seen=at(56), warned_at=at(50)), idle_for(120), at(106)).action == "warn"

@@ -31,9 +31,13 @@ class InProcessHubClient:
         self.calls = []
         self.fail_list = False
 
-    def add(self, user, name="", *, gpus, profile, kernels=None, jobs=0):
+    def add(self, user, name="", *, gpus, profile, kernels=None, jobs=0, connected=True, status=None):
+        """kernels default: one idle kernel with a JupyterLab tab connected (``connected``), else none."""
         devs = self.allocator.allocate(server_holder(user, name), kind="server", user=user, count=gpus, profile=profile)
-        self.servers[(user, name)] = {"kernels": kernels or [], "jobs": jobs, "profile": profile}
+        if kernels is None:
+            kernels = [{"id": "k0", "execution_state": "idle", "connections": 1}] if connected else []
+        status = status or {"last_activity": "2020-01-01T00:00:00Z", "connections": 0}
+        self.servers[(user, name)] = {"kernels": kernels, "jobs": jobs, "profile": profile, "status": status}
         return devs
 
     async def list_active_users(self):
@@ -53,6 +57,13 @@ class InProcessHubClient:
             raise entry["kernels"]
         return entry["kernels"]
 
+    async def status(self, server_url):
+        user, _, rest = server_url.removeprefix("/user/").partition("/")
+        status = self.servers[(user, rest.rstrip("/"))]["status"]
+        if isinstance(status, Exception):
+            raise status
+        return status
+
     async def running_jobs(self, user):
         jobs = [s["jobs"] for (u, _), s in self.servers.items() if u == user]
         for j in jobs:
@@ -71,7 +82,7 @@ class InProcessHubClient:
 
     async def start_server(self, user, name, profile):
         self.calls.append(("start", user, name, profile))
-        self.servers[(user, name)] = {"kernels": [], "jobs": 0, "profile": profile}
+        self.servers[(user, name)] = {"kernels": [], "jobs": 0, "profile": profile, "status": {}}
 
 
 class Clock:
@@ -114,7 +125,7 @@ async def run_for(culler, minutes, step=5):
     return out
 
 
-IDLE_KERNEL = [{"id": "k1", "execution_state": "idle", "last_activity": "2020-01-01T00:00:00Z"}]
+IDLE_KERNEL = [{"id": "k1", "execution_state": "idle", "last_activity": "2020-01-01T00:00:00Z", "connections": 1}]
 
 
 async def test_one_pass_loop_releases_only_idle_gpu_servers(rig):
@@ -207,6 +218,50 @@ async def test_unknowns_never_cull_and_one_bad_server_does_not_stop_the_pass(rig
     assert reasons["alice"] == "not culled: kernel state unknown (server did not answer)"
     assert reasons["bob"].startswith("not culled: running jobs unknown")
     assert hub.calls == [("stop", "carol", ""), ("start", "carol", "", "cpu")]
+
+
+async def test_nobody_connected_releases_after_away_timeout(rig):
+    """No kernel connection (browser closed): away_timeout (1 h) applies; a connected tab keeps the 2 h timeout."""
+    hub = rig.client
+    hub.add("alice", gpus=1, profile="gpu-1", connected=False)  # device 0
+    hub.add("bob", gpus=1, profile="gpu-1")  # device 1: a JupyterLab tab connected (hidden or not)
+    hub.add("carol", gpus=1, profile="gpu-1", connected=False, status=ConnectionError("status API down"))
+    passes = await run_for(rig, 55)  # the first pass (5 min) has the first GPU sample
+    (w,) = rig.warnings_for("alice")
+    assert "nobody connected for 50m" in w["message"]
+    assert rig.warnings_for("bob") == [] and rig.warnings_for("carol") == []
+    passes += await run_for(rig, 10)
+    assert hub.calls == [("stop", "alice", ""), ("start", "alice", "", "cpu")]
+    (release,) = [r for r in rig.audit.list(limit=1000) if r["action"] == "release"]
+    assert release["measurements"]["away"] is True and release["measurements"]["server"]["connections"] == 0
+    reasons = {info.user: d.reason for info, d in passes[-1]}
+    assert reasons["bob"] == "not culled: idle 1h00m of 2h00m under 10% on GPU 1"
+    assert reasons["carol"] == "not culled: idle 1h00m of 2h00m under 10% on GPU 2"  # presence unknown: no away path
+    assert 'trainhub_culler_errors_total{stage="status"} 13.0' in generate_latest(rig.prom.registry).decode()
+
+
+async def test_a_tab_coming_back_withdraws_the_away_warning(rig):
+    hub = rig.client
+    hub.add("alice", gpus=1, profile="gpu-1", connected=False)
+    await run_for(rig, 55)
+    assert rig.warnings_for("alice")
+    hub.servers[("alice", "")]["kernels"] = [{"id": "k0", "execution_state": "idle", "connections": 1}]
+    passes = await run_for(rig, 5)
+    assert rig.warnings_for("alice") == [] and "idle 55m of 2h00m" in passes[-1][0][1].reason
+    hub.servers[("alice", "")]["kernels"] = []  # gone again: an hour from the last pass that saw the tab
+    passes = await run_for(rig, 45)
+    assert rig.warnings_for("alice") == [] and "idle 45m of 1h00m" in passes[-1][0][1].reason
+    await run_for(rig, 20)
+    assert hub.calls == [("stop", "alice", ""), ("start", "alice", "", "cpu")]
+
+
+async def test_away_clock_starts_when_the_culler_first_sees_the_server(rig):
+    """After a culler restart it cannot know how long nobody was there: it counts from its first pass."""
+    hub = rig.client
+    hub.add("alice", gpus=1, profile="gpu-1", connected=False)
+    rig.clock.advance(50)  # GPUs taken 50 min before the culler's first pass
+    passes = await run_for(rig, 10)
+    assert "idle 5m of 1h00m under 10% on GPU 0, nobody connected for 5m" in passes[-1][0][1].reason
 
 
 async def test_hub_down_skips_the_pass(rig):
