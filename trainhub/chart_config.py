@@ -61,6 +61,8 @@ def config_from_chart(data: dict) -> Config:
     culler = data.get("culler") or {}
     if culler.get("idleTimeout") is not None:
         c.CullPolicy.default_timeout = float(culler["idleTimeout"])
+    if culler.get("awayTimeout") is not None:
+        c.CullPolicy.away_timeout = float(culler["awayTimeout"])
     if culler.get("checkInterval"):
         c.GPUCuller.check_interval = float(culler["checkInterval"])
     if culler.get("action"):

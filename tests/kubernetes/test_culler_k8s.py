@@ -183,7 +183,7 @@ def test_chart_culler_config_selects_the_kubernetes_ledger(prometheus, tmp_path,
 
     values = load_yaml(CHART / "values.yaml")
     values["trainhub"]["metrics"]["prometheusUrl"] = prometheus
-    values["trainhub"]["culler"].update(idleTimeout=1800, checkInterval=120, action="stop")
+    values["trainhub"]["culler"].update(idleTimeout=1800, awayTimeout=900, checkInterval=120, action="stop")
     (tmp_path / "trainhub.json").write_text(json.dumps(config_json(values)))
     (tmp_path / "culler_config.py").write_text(_culler_config_py())
     monkeypatch.setenv("TRAINHUB_K8S_CONFIG", str(tmp_path / "trainhub.json"))
@@ -191,6 +191,7 @@ def test_chart_culler_config_selects_the_kubernetes_ledger(prometheus, tmp_path,
     culler.initialize(["--config", str(tmp_path / "culler_config.py")])
     assert culler.allocator_class is KubernetesGPUAllocator
     assert culler.policy.default_timeout == 1800 and culler.policy.action == "stop" and culler.check_interval == 120
+    assert culler.policy.away_timeout == 900
     assert culler.public_url == "http://proxy-public"
     if prometheus:
         assert culler.metrics_class is PodDCGMSource and issubclass(PodDCGMSource, PrometheusDCGMSource)
