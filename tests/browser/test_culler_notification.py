@@ -15,21 +15,15 @@ A screenshot of the warning is saved as test-artifacts/browser/culler-notificati
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 import requests
 
+from browserlab import ARGS, ARTIFACTS, CHROMIUM, culler_platform, log_in_to_lab, script_gpus
+
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 USER, PASSWORD = "nagged-nina", "nagged-secret-1"
 # the warning comes at TIMEOUT - WARNING = 15 s of idleness; after a keep, again 15 s later
 TIMEOUT, WARNING, CHECK = 75, 60, 2
@@ -51,28 +45,9 @@ c.GPUCuller.sample_interval = 1
 """
 
 
-def script_gpus(platform, default: float) -> None:
-    """Every simulated GPU at ``default`` % (atomic rewrite: the culler re-reads it every second)."""
-    path = Path(platform.data_dir) / "gpu-metrics.json"
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    tmp.write_text(json.dumps({"devices": {}, "default": {"utilization": default}}))
-    os.replace(tmp, path)
-
-
 @pytest.fixture(scope="module")
 def lab_platform(platform_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Debian chromium is not installed (apt-get install -y chromium)")
-    from trainhub.extensions import install_labextension
-
-    install_labextension()
-    p = platform_factory("culler-notify", gpus=1, config=CONFIG, env={"TRAINHUB_SERVICES": "trainhub-culler"},
-                         start=False)
-    script_gpus(p, BUSY)  # busy until JupyterLab is open
-    p.start(timeout=180)
-    p.cli("users", "add", USER, "--password", PASSWORD)
-    p.spawn(USER, "gpu-1", timeout=180)
-    assert len(p.held_by(USER)) == 1
+    p = culler_platform(platform_factory, "culler-notify", CONFIG, USER, PASSWORD, busy=BUSY)
     yield p
     if p.running:
         p.stop()
@@ -96,12 +71,7 @@ def test_keep_my_gpu_from_the_notification(lab_platform):
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "trainhub" in m.text.lower() else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
         try:
-            page.goto(f"{p.url}/hub/login")
-            page.fill("#username_input", USER)
-            page.fill("#password_input", PASSWORD)
-            page.click("#login_submit")
-            page.wait_for_url(f"**/user/{USER}/lab**", timeout=60_000)
-            page.wait_for_selector(".jp-LauncherCard", timeout=60_000)
+            log_in_to_lab(page, p.url, USER, PASSWORD)
 
             # unsaved work in a notebook
             page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()

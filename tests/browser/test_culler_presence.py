@@ -21,11 +21,12 @@ import os
 import signal
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.browser.test_culler_notification import ARGS, CHROMIUM, script_gpus
+from browserlab import ARGS, CHROMIUM, culler_platform, log_in_to_lab, script_gpus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -62,18 +63,8 @@ def ts(value: str | None) -> float:
 
 @pytest.fixture(scope="module")
 def presence_platform(platform_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Debian chromium is not installed (apt-get install -y chromium)")
-    from trainhub.extensions import install_labextension
-
-    install_labextension()
-    p = platform_factory("culler-presence", gpus=1, config=CONFIG, env={"TRAINHUB_SERVICES": "trainhub-culler"},
-                         start=False)
-    script_gpus(p, BUSY)  # busy until the notebook is open: nobody is connected before that
-    p.start(timeout=180)
-    p.cli("users", "add", USER, "--password", PASSWORD)
-    p.spawn(USER, "gpu-1", timeout=180)
-    assert len(p.held_by(USER)) == 1
+    # the GPU is busy until the notebook is open: nobody is connected before that
+    p = culler_platform(platform_factory, "culler-presence", CONFIG, USER, PASSWORD, busy=BUSY)
     yield p
     if p.running:
         p.stop()
@@ -101,11 +92,10 @@ def connected_kernel(p, timeout: float = 60) -> dict:
 
 
 def culler_pid(p) -> int:
-    from tests.conftest import processes_with
-    from trainhub.procs import INSTANCE_VAR
+    from trainhub.procs import INSTANCE_VAR, processes_with
 
     pids = [pid for pid in processes_with(INSTANCE_VAR, p.instance)
-            if b"trainhub.services.culler" in open(f"/proc/{pid}/cmdline", "rb").read()]
+            if b"trainhub.services.culler" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(pids) == 1, pids
     return pids[0]
 
@@ -125,12 +115,7 @@ def test_hidden_tab_stays_connected_closed_browser_is_released(presence_platform
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         context = browser.new_context(viewport={"width": 1400, "height": 900})
         page = context.new_page()
-        page.goto(f"{p.url}/hub/login")
-        page.fill("#username_input", USER)
-        page.fill("#password_input", PASSWORD)
-        page.click("#login_submit")
-        page.wait_for_url(f"**/user/{USER}/lab**", timeout=60_000)
-        page.wait_for_selector(".jp-LauncherCard", timeout=60_000)
+        log_in_to_lab(page, p.url, USER, PASSWORD)
         page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
         connected_kernel(p)
 

@@ -5,29 +5,21 @@ A screenshot is saved under test-artifacts/browser/."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
+from browserlab import ARGS, ARTIFACTS, CHROMIUM, log_in_to_lab, require_chromium
+
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 USER, PASSWORD = "panel-pat", "panel-secret-1"
 
 
 @pytest.fixture(scope="module")
 def seeded(platform):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Debian chromium is not installed (apt-get install -y chromium)")
-    from trainhub.extensions import install_labextension
-
-    install_labextension()
+    require_chromium()
     platform.cli("users", "add", USER, "--password", PASSWORD)
     api = platform.url + "/services/trainhub/api"
     h = {"Authorization": f"token {platform.token(USER)}"}
@@ -65,12 +57,7 @@ def test_side_panel(platform, seeded):
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "trainhub" in m.text.lower() else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
         try:
-            page.goto(f"{platform.url}/hub/login")
-            page.fill("#username_input", USER)
-            page.fill("#password_input", PASSWORD)
-            page.click("#login_submit")
-            page.wait_for_url(f"**/user/{USER}/lab**", timeout=60_000)
-            page.wait_for_selector(".jp-LauncherCard", timeout=60_000)
+            log_in_to_lab(page, platform.url, USER, PASSWORD)
 
             # open the panel from its left-area tab
             page.click('.lm-TabBar-tab[data-id="trainhub-panel"]')
