@@ -32,6 +32,8 @@ from pathlib import Path
 
 import requests
 
+from trainhub import up
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -42,17 +44,10 @@ def free_port() -> int:
 
 
 def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with {proc.returncode} while starting")
-        try:
-            if requests.get(url, timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{what} did not answer at {url} within {timeout} s")
+    try:
+        up.wait_http(url, proc, what, timeout)
+    except up.UpError as e:
+        raise SystemExit(str(e)) from None
 
 
 class Hub:

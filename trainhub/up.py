@@ -177,19 +177,24 @@ def _pump(stream, sinks):
                 pass
 
 
-def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) -> None:
-    url = runtime.public_url.rstrip("/") + "/hub/api/"
+def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float, exited_hint: str = "") -> None:
+    """Wait until ``url`` answers 200; UpError if ``proc`` exits first or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise UpError(f"JupyterHub exited with code {proc.returncode} while starting; see {Path(runtime.data_dir) / 'logs' / 'jupyterhub.log'}")
+            raise UpError(f"{what} exited with code {proc.returncode} while starting{exited_hint}")
         try:
             if requests.get(url, timeout=2).status_code == 200:
                 return
         except requests.RequestException:
             pass
         time.sleep(0.2)
-    raise UpError(f"JupyterHub did not answer at {url} within {timeout:.0f} s")
+    raise UpError(f"{what} did not answer at {url} within {timeout:.0f} s")
+
+
+def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) -> None:
+    wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout,
+              exited_hint=f"; see {Path(runtime.data_dir) / 'logs' / 'jupyterhub.log'}")
 
 
 def banner(runtime: Runtime, new_password: str | None, dd: DataDir) -> str:
