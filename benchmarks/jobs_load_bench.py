@@ -35,23 +35,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
+from benchcommon import percentile, start_platform
 
-REPO = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    xs = sorted(values)
-    k = max(0, min(len(xs) - 1, int(round(q / 100 * len(xs) + 0.5)) - 1))
-    return xs[k]
-
-
-def start_platform(root: Path):
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import PLATFORM_CONFIG, Platform  # the same helper the e2e tests use
-
-    return Platform("jobs-load-bench", root / "data", config=PLATFORM_CONFIG).start()
 
 
 class User:
@@ -180,7 +166,7 @@ def main(argv=None) -> int:
     platform = None
     try:
         t = time.monotonic()
-        platform = start_platform(root)
+        platform = start_platform("jobs-load-bench", root)
         print(f"platform up at {platform.url} in {time.monotonic() - t:.1f} s", flush=True)
         api = platform.url + "/services/trainhub/api"
         users = [User(api, f"load-{i}", platform.token(f"load-{i}")) for i in range(args.users)]

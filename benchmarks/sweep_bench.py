@@ -32,11 +32,7 @@ from datetime import datetime
 from pathlib import Path
 
 import requests
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from conftest import Platform  # noqa: E402  (the e2e tests' `trainhub up` driver)
+from benchcommon import Platform  # the e2e tests' `trainhub up` driver
 
 CONFIG = """
 c.QuotaPolicy.user_gpu_limit = 4

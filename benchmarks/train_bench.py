@@ -37,27 +37,13 @@ from datetime import datetime
 from pathlib import Path
 
 import requests
+from benchcommon import percentile, start_platform
 
-REPO = Path(__file__).resolve().parent.parent
 CELL_BODY = "print('step 0 loss 1.0', flush=True)\n"
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    xs = sorted(values)
-    k = max(0, min(len(xs) - 1, int(round(q / 100 * len(xs) + 0.5)) - 1))
-    return xs[k]
 
 
 def iso_ts(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def start_platform(root: Path):
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import PLATFORM_CONFIG, Platform  # the same helper the e2e tests use
-
-    return Platform("train-bench", root / "data", config=PLATFORM_CONFIG).start()
 
 
 class Kernel:
@@ -184,7 +170,7 @@ def main(argv=None) -> int:
     platform = kernel = None
     try:
         t = time.monotonic()
-        platform = start_platform(root)
+        platform = start_platform("train-bench", root)
         print(f"platform up at {platform.url} in {time.monotonic() - t:.1f} s", flush=True)
         user = "bench"
         token = platform.token(user)
