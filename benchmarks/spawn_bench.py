@@ -32,7 +32,7 @@ from pathlib import Path
 
 import requests
 
-from trainhub import up
+from trainhub.app import up
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """The culler service process: sample GPUs, ask the policy about every GPU server, act, audit.
 
 Run by JupyterHub as a managed service (``python -m trainhub.services.culler --config
-culler_config.py``). Every ``sample_interval`` it records the utilisation of held
+services_config.py`` in the Helm chart). Every ``sample_interval`` it records the utilisation of held
 devices; every ``check_interval`` (once at start, then on a timer with jitter) it runs
 :meth:`GPUCuller.run_once`, which, for each server holding GPUs in the ledger:
 

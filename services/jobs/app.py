@@ -14,7 +14,7 @@ from jupyterhub.utils import url_path_join
 from tornado import httpclient, web
 from tornado.log import access_log
 from traitlets import Integer, Type, Unicode, default
-from traitlets.config import Application
+from traitlets.config import Application, PyFileConfigLoader
 
 from trainhub import __version__
 from trainhub.config import load_platform_config
@@ -130,8 +130,11 @@ class JobsService(Application):
     allocator_class = Type(LocalGPUAllocator, klass=GPUAllocator, help="GPU ledger implementation.").tag(config=True)
     launcher_class = Type(LocalLauncher, klass=Launcher, help="Job launcher (local processes or Kubernetes Jobs).").tag(config=True)
     metrics_source_class = Type(None, allow_none=True, help="GPU metrics source (default: NVML for real devices, the scripted source for simulated ones).").tag(config=True)
+    config_file = Unicode("", help="Extra traitlets Python config file, loaded over the platform config (the Helm chart passes "
+                          "its services_config.py, which applies trainhub.app.chart_config to trainhub.json). Empty = none.").tag(config=True)
 
-    aliases = {"port": "JobsService.port", "data-dir": "JobsService.data_dir", "log-level": "Application.log_level"}
+    aliases = {"port": "JobsService.port", "data-dir": "JobsService.data_dir", "log-level": "Application.log_level",
+               "config": "JobsService.config_file"}
 
     @default("data_dir")
     def _data_dir(self):
@@ -143,11 +146,11 @@ class JobsService(Application):
             raise SystemExit("trainhub service: set TRAINHUB_DATA_DIR or --data-dir")
         self.dd = DataDir(Path(self.data_dir))
         self.update_config(load_platform_config(self.dd.root))
-        chart = os.environ.get("TRAINHUB_K8S_CONFIG")
-        if chart:  # the Helm chart's values (profiles, quotas, the Kubernetes launcher, DCGM metrics)
-            from trainhub.chart_config import config_from_chart
-
-            self.update_config(config_from_chart(json.loads(Path(chart).read_text())))
+        if self.config_file:  # the Helm chart's values (profiles, quotas, the Kubernetes launcher, DCGM metrics)
+            path = Path(self.config_file)
+            if not path.is_file():
+                raise SystemExit(f"trainhub service: --config {path} is not a file")
+            self.update_config(PyFileConfigLoader(path.name, str(path.parent)).load_config())
         self.log.setLevel(self.log_level)
         self.db_url = self.db_url or self.config.LocalGPUAllocator.get("db_url") or self.dd.platform_db_url
         self.store = JobStore(self.db_url)

@@ -160,24 +160,14 @@ async def test_a_pod_without_fresh_dcgm_series_is_never_idle(kube, prom):
 
 
 # ---------------------------------------------------------------------------------------------
-# the chart's wiring: configmap.yaml's culler_config.py over trainhub.json
-
-
-def _culler_config_py() -> str:
-    from test_helm_chart import CHART
-
-    text = (CHART / "templates" / "configmap.yaml").read_text()
-    block = text.split("culler_config.py: |\n", 1)[1]
-    lines = [ln[4:] if ln.startswith("    ") else ln for ln in block.splitlines()]
-    assert "{{" not in block  # plain Python, no template expressions
-    return "\n".join(lines) + "\n"
+# the chart's wiring: configmap.yaml's services_config.py over trainhub.json
 
 
 @pytest.mark.parametrize("prometheus", ["http://prometheus:9090", ""])
 def test_chart_culler_config_selects_the_kubernetes_ledger(prometheus, tmp_path, monkeypatch):
     import json
 
-    from test_helm_chart import CHART, config_json, load_yaml
+    from test_helm_chart import CHART, config_json, load_yaml, services_config_py
 
     from trainhub.metrics.prometheus import PrometheusDCGMSource
 
@@ -185,10 +175,10 @@ def test_chart_culler_config_selects_the_kubernetes_ledger(prometheus, tmp_path,
     values["trainhub"]["metrics"]["prometheusUrl"] = prometheus
     values["trainhub"]["culler"].update(idleTimeout=1800, awayTimeout=900, checkInterval=120, action="stop")
     (tmp_path / "trainhub.json").write_text(json.dumps(config_json(values)))
-    (tmp_path / "culler_config.py").write_text(_culler_config_py())
+    (tmp_path / "services_config.py").write_text(services_config_py())
     monkeypatch.setenv("TRAINHUB_K8S_CONFIG", str(tmp_path / "trainhub.json"))
     culler = GPUCuller()
-    culler.initialize(["--config", str(tmp_path / "culler_config.py")])
+    culler.initialize(["--config", str(tmp_path / "services_config.py")])
     assert culler.allocator_class is KubernetesGPUAllocator
     assert culler.policy.default_timeout == 1800 and culler.policy.action == "stop" and culler.check_interval == 120
     assert culler.policy.away_timeout == 900

@@ -63,6 +63,15 @@ def config_json(values: dict) -> dict:
     return json.loads(json.dumps(out))  # as JSON would carry it
 
 
+def services_config_py() -> str:
+    """configmap.yaml's services_config.py: the --config file of the jobs service and the culler."""
+    text = (CHART / "templates" / "configmap.yaml").read_text()
+    block = text.split("services_config.py: |\n", 1)[1]
+    lines = [ln[4:] if ln.startswith("    ") else ln for ln in block.splitlines()]
+    assert "{{" not in block  # plain Python, no template expressions
+    return "\n".join(lines) + "\n"
+
+
 def test_chart_yaml_depends_on_zero_to_jupyterhub_4():
     chart = load_yaml(CHART / "Chart.yaml")
     assert chart["apiVersion"] == "v2" and chart["name"] == "trainhub"

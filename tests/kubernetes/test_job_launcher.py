@@ -447,8 +447,8 @@ def test_config_from_chart(example, tmp_path):
     from test_helm_chart import CHART, config_json, helm_merge, load_yaml
     from traitlets.utils.importstring import import_item
 
+    from trainhub.app.chart_config import config_from_chart
     from trainhub.metrics.prometheus import PrometheusDCGMSource
-    from trainhub.chart_config import config_from_chart
 
     values = load_yaml(CHART / "values.yaml")
     if example != "values.yaml":
@@ -467,6 +467,39 @@ def test_config_from_chart(example, tmp_path):
     # without a Prometheus URL the sources stay the service's defaults
     values["trainhub"]["metrics"]["prometheusUrl"] = ""
     assert "metrics_source_class" not in config_from_chart(config_json(values)).JobsService
+
+
+def test_chart_services_config_configures_the_jobs_service(tmp_path, monkeypatch):
+    """The chart runs the jobs service with --config services_config.py (configmap.yaml): the
+    composition root's config_from_chart over trainhub.json, as the culler gets it."""
+    from test_helm_chart import CHART, config_json, load_yaml, services_config_py
+
+    from trainhub.metrics.prometheus import PrometheusDCGMSource
+    from trainhub.services.jobs.app import JobsService
+    from trainhub.settings import Runtime
+    from trainhub.spawner.k8s_allocator import KubernetesGPUAllocator
+
+    values = load_yaml(CHART / "values.yaml")
+    values["trainhub"]["metrics"]["prometheusUrl"] = "http://prometheus:9090"
+    values["trainhub"]["quotas"]["userGpuLimit"] = 3
+    (tmp_path / "trainhub.json").write_text(json.dumps(config_json(values)))
+    (tmp_path / "services_config.py").write_text(services_config_py())
+    monkeypatch.setenv("TRAINHUB_K8S_CONFIG", str(tmp_path / "trainhub.json"))
+    monkeypatch.delenv("TRAINHUB_CONFIG", raising=False)
+    (tmp_path / "data").mkdir()
+    Runtime(data_dir=str(tmp_path / "data")).save()
+    service = JobsService()
+    service.initialize(["--data-dir", str(tmp_path / "data"), "--config", str(tmp_path / "services_config.py")])
+    try:
+        assert isinstance(service.launcher, KubernetesLauncher) and service.launcher.namespace == "trainhub"
+        assert isinstance(service.allocator, KubernetesGPUAllocator)
+        assert service.quota.user_gpu_limit == 3
+        assert [p.slug for p in service.catalog.all()] == [p["slug"] for p in values["trainhub"]["profiles"]]
+        assert service.metrics_source_class is PrometheusDCGMSource
+    finally:
+        service.allocator.close()
+    with pytest.raises(SystemExit, match="is not a file"):
+        JobsService().initialize(["--data-dir", str(tmp_path / "data"), "--config", str(tmp_path / "missing.py")])
 
 
 # ---------------------------------------------------------------------------------------------

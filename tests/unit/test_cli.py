@@ -8,7 +8,7 @@ import pytest
 
 from trainhub.cli import build_parser, main
 from trainhub.commands.up import gpus, port
-from trainhub.up import is_loopback
+from trainhub.app.up import is_loopback
 
 
 def subcommands(parser) -> dict:

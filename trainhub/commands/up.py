@@ -54,7 +54,7 @@ def add_parser(sub):
 
 
 def run(args):
-    from trainhub.up import UpError, run as up
+    from trainhub.app.up import UpError, run as up
 
     if bool(args.ssl_cert) != bool(args.ssl_key):
         raise CommandError("--ssl-cert and --ssl-key go together", 2)
