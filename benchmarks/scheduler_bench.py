@@ -21,8 +21,8 @@ import statistics
 import sys
 import time
 
-from trainhub.services.scheduler import Allocation, FifoGangScheduler, JobRequest, Quotas, TrainhubScheduler
-from trainhub.services.scheduler.sim import TraceParams, generate_trace, load_csv, simulate, uniform_cluster
+from trainhub.scheduler import Allocation, FifoGangScheduler, JobRequest, Quotas, TrainhubScheduler
+from trainhub.scheduler.sim import TraceParams, generate_trace, load_csv, simulate, uniform_cluster
 
 
 def hours(seconds: float) -> str:

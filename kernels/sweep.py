@@ -26,7 +26,7 @@ from IPython.core.magic import cell_magic, magics_class
 from trainhub.commands.jobs import nonneg_int, pos_int, add_spec_options, spec_from_args
 from trainhub.kernels.magics import TrainMagics, _UsageParser
 from trainhub.kernels.widget import svg_axes
-from trainhub.services.sweeps.space import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
+from trainhub.searchspace import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
                                             space_from_source)
 
 SWEEP_TERMINAL = frozenset({"completed", "failed", "cancelled"})

@@ -25,7 +25,7 @@ from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
-from trainhub.services.scheduler import Allocation, JobRequest, Quotas, Scheduler, TrainhubScheduler
+from trainhub.scheduler import Allocation, JobRequest, Quotas, Scheduler, TrainhubScheduler
 from trainhub.storage import StorageConfig
 
 from .launcher import JobView, Launcher
@@ -73,7 +73,7 @@ class JobEngine(LoggingConfigurable):
     tick = Float(1.0, help="Seconds between engine passes when nothing wakes it (submissions and cancels wake it at once).").tag(config=True)
     grace_period = Float(10.0, help="Seconds between SIGTERM and SIGKILL when a job is cancelled, preempted or over its time limit.").tag(config=True)
     gpu_sample_interval = Float(10.0, help="Seconds between GPU utilisation samples of running jobs.").tag(config=True)
-    scheduler_class = Type(TrainhubScheduler, klass=Scheduler, help="Queue policy (see trainhub.services.scheduler).").tag(config=True)
+    scheduler_class = Type(TrainhubScheduler, klass=Scheduler, help="Queue policy (see trainhub.scheduler).").tag(config=True)
     api_url = Unicode("", help="Public URL of this API, given to jobs as $TRAINHUB_API_URL.").tag(config=True)
 
     scheduler = Instance(Scheduler)

@@ -36,7 +36,7 @@ from trainhub.services.jobs.models import TERMINAL, job_key
 
 from .models import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, TRIAL_CANCELLED, TRIAL_FAILED,
                      TRIAL_FINAL, TRIAL_RUNNING, Sweep, SweepTrial, study_name)
-from .space import grid_points, to_distributions
+from trainhub.searchspace import grid_points, to_distributions
 from .store import SweepStore, best_trial, now_utc
 
 

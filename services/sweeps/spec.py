@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from trainhub.exceptions import InvalidRequest
 from trainhub.services.jobs.spec import JobSpec, validate_spec
 
-from .space import SpaceError, grid_points, grid_size, parse_space, reports_metric
+from trainhub.searchspace import SpaceError, grid_points, grid_size, parse_space, reports_metric
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("median", "hyperband", "none")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainhub.services.scheduler import Allocation, Plan, Start
+from trainhub.scheduler import Allocation, Plan, Start
 
 
 def holdings(capacity, allocations):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from traitlets.config import Config
 
-from trainhub.services.scheduler import (
+from trainhub.scheduler import (
     WAIT_CODES,
     Allocation,
     FifoGangScheduler,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from scheduler_reference import as_allocations, holdings, reservation
 
-from trainhub.services.scheduler import (
+from trainhub.scheduler import (
     WAIT_CODES,
     Allocation,
     FifoGangScheduler,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainhub.services.scheduler import FifoGangScheduler, TrainhubScheduler
-from trainhub.services.scheduler.sim import (
+from trainhub.scheduler import FifoGangScheduler, TrainhubScheduler
+from trainhub.scheduler.sim import (
     TraceJob,
     TraceParams,
     generate_trace,

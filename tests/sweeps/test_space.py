@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainhub.exceptions import InvalidRequest
-from trainhub.services.sweeps.space import (SpaceError, describe, grid_points, grid_size, merge_spaces, parse_param,
+from trainhub.searchspace import (SpaceError, describe, grid_points, grid_size, merge_spaces, parse_param,
                                             parse_space, reports_metric, space_from_source, to_distributions)
 from trainhub.services.sweeps.spec import validate_sweep
 

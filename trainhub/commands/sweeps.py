@@ -93,7 +93,7 @@ def add_parser(sub):
 
 def body_from_args(args) -> dict:
     """The POST /sweeps body; search-space mistakes raise CommandError (exit 2), nothing sent."""
-    from trainhub.services.sweeps.space import SpaceError, merge_spaces, parse_space, reports_metric, space_from_source
+    from trainhub.searchspace import SpaceError, merge_spaces, parse_space, reports_metric, space_from_source
 
     if bool(args.script) == bool(args.shell_command):
         raise CommandError("give either SCRIPT (a .py file) or --command 'CMD', not both or neither", 2)
@@ -199,7 +199,7 @@ def cmd_list(args):
 
 
 def format_sweep(sweep: dict) -> str:
-    from trainhub.services.sweeps.space import describe
+    from trainhub.searchspace import describe
 
     lines = [f"{sweep['id']}  {sweep.get('name') or ''}".rstrip(),
              f"  state:     {sweep.get('state')}" + (f" ({sweep['reason']})" if sweep.get("reason") else ""),

@@ -1,4 +1,4 @@
-"""Value types exchanged with a :class:`~trainhub.services.scheduler.policy.Scheduler`.
+"""Value types exchanged with a :class:`~trainhub.scheduler.policy.Scheduler`.
 
 All of them are frozen dataclasses: a scheduling pass reads them and returns new ones, it never
 mutates its inputs. Times are seconds (epoch or virtual, the scheduler does not care which, as long

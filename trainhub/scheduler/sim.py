@@ -1,4 +1,4 @@
-"""Trace-driven, event-driven simulator for :class:`~trainhub.services.scheduler.Scheduler` policies.
+"""Trace-driven, event-driven simulator for :class:`~trainhub.scheduler.Scheduler` policies.
 
 The simulator calls the very same ``schedule()`` the service calls, in virtual time: on every
 batch of simultaneous events (arrivals, completions) it passes the current queue and allocations,
