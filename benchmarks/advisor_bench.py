@@ -37,7 +37,7 @@ from pathlib import Path
 from trainhub.db import write_session
 from trainhub.metrics import ScriptedMetricsSource
 from trainhub.models import GPUAllocationRecord
-from trainhub.services.jobs.models import RUNNING
+from trainhub.states import RUNNING
 from trainhub.services.jobs.store import JobStore
 from trainhub.services.usage.procsample import CLK_TCK, scan, tree_of
 from trainhub.services.usage.sampler import UsageSampler

@@ -37,7 +37,7 @@ from pathlib import Path
 import requests
 from benchcommon import percentile, start_platform
 
-TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
+from trainhub.states import JOB_TERMINAL as TERMINAL
 
 
 class User:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 import time
 
-from trainhub.client import TERMINAL_STATES
 from trainhub.commands.jobs import elapsed_seconds, fmt_devices, fmt_duration, metrics_rows
+from trainhub.states import JOB_TERMINAL, SUCCEEDED
 
 
 class JobFailedError(RuntimeError):
@@ -92,7 +92,7 @@ class JobHandle:
 
     @property
     def done(self) -> bool:
-        return self.status in TERMINAL_STATES
+        return self.status in JOB_TERMINAL
 
     def logs(self, worker: int | None = None, tail: int | None = None) -> str:
         return self.client.logs(self.id, worker=worker, tail=tail)
@@ -118,12 +118,12 @@ class JobHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.refresh()
-            if job["state"] in TERMINAL_STATES:
+            if job["state"] in JOB_TERMINAL:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.id} still {job['state']} after {timeout}s")
             time.sleep(poll)
-        if raise_on_failure and job["state"] != "succeeded":
+        if raise_on_failure and job["state"] != SUCCEEDED:
             try:
                 tail = self.client.logs(self.id, tail=20)
             except Exception:

@@ -18,8 +18,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import Float, Integer, Unicode
 
-from trainhub.commands.jobs import STATES, add_spec_options, elapsed_seconds, fmt_duration, format_job, spec_from_args
+from trainhub.commands.jobs import add_spec_options, elapsed_seconds, fmt_duration, format_job, spec_from_args
 from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
+from trainhub.states import JOB_STATES, JOB_TERMINAL, SUCCEEDED
 
 CELL_HELP = """\
 Run this cell as a batch job on the platform's GPUs.
@@ -74,7 +75,7 @@ def line_parser() -> argparse.ArgumentParser:
                      allow_abbrev=False)
     sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=_UsageParser)
     ls = sub.add_parser("list", help="list your jobs", allow_abbrev=False)
-    ls.add_argument("--state", action="append", default=[], metavar="S", help=f"only these states ({', '.join(STATES)})")
+    ls.add_argument("--state", action="append", default=[], metavar="S", help=f"only these states ({', '.join(JOB_STATES)})")
     ls.add_argument("--all", action="store_true", help="everyone's jobs (admins)")
     ls.add_argument("--limit", type=int, default=20, metavar="N")
     st = sub.add_parser("status", help="show a job", allow_abbrev=False)
@@ -229,7 +230,7 @@ class TrainMagics(Magics):
                       + (f": {job['reason']}" if job.get("reason") else "") + ")", args.as_var)
         if args.wait:
             job = self._wait(handle)
-            if job.get("state") != "succeeded":
+            if job.get("state") != SUCCEEDED:
                 try:
                     tail = self.client.logs(job["id"], tail=20) if handle.panel is None else ""
                 except Exception:
@@ -279,7 +280,7 @@ class TrainMagics(Magics):
             for ln in lines[seen:]:
                 print(ln)
             seen = max(seen, len(lines))
-            if job["state"] in ("succeeded", "failed", "cancelled", "lost"):
+            if job["state"] in JOB_TERMINAL:
                 print(f"{handle.id} {job['state']} after {fmt_duration(elapsed_seconds(job))}")
                 return job
             time.sleep(self.poll_interval)
@@ -332,9 +333,9 @@ class TrainMagics(Magics):
         from trainhub.kernels.handle import Table
 
         states = [s.strip() for a in args.state for s in a.split(",") if s.strip()]
-        bad = [s for s in states if s not in STATES]
+        bad = [s for s in states if s not in JOB_STATES]
         if bad:
-            raise UsageError(f"unknown state {', '.join(bad)} (one of {', '.join(STATES)})")
+            raise UsageError(f"unknown state {', '.join(bad)} (one of {', '.join(JOB_STATES)})")
         user = None if args.all else self.client.whoami()
         page = self._call("cannot list jobs", self.client.list, state=states or None, user=user, limit=args.limit)
         rows = [{"id": j["id"], "name": j.get("name") or "", "user": j.get("user", ""), "state": j.get("state"),

@@ -28,11 +28,12 @@ from trainhub.kernels.magics import TrainMagics, _UsageParser
 from trainhub.kernels.widget import svg_axes
 from trainhub.searchspace import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
                                             space_from_source)
+from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, SWEEP_TERMINAL, TRIAL_CANCELLED,
+                             TRIAL_FAILED, TRIAL_RUNNING)
 
-SWEEP_TERMINAL = frozenset({"completed", "failed", "cancelled"})
-SWEEP_COLORS = {"running": "#1f6feb", "completed": "#1a7f37", "failed": "#cf222e", "cancelled": "#6e7781"}
-TRIAL_COLORS = {"pending": "#8a6d00", "running": "#1f6feb", "complete": "#1a7f37", "pruned": "#bc4c00",
-                "failed": "#cf222e", "cancelled": "#6e7781"}
+SWEEP_COLORS = {RUNNING: "#1f6feb", COMPLETED: "#1a7f37", FAILED: "#cf222e", CANCELLED: "#6e7781"}
+TRIAL_COLORS = {PENDING: "#8a6d00", TRIAL_RUNNING: "#1f6feb", COMPLETE: "#1a7f37", PRUNED: "#bc4c00",
+                TRIAL_FAILED: "#cf222e", TRIAL_CANCELLED: "#6e7781"}
 
 CELL_HELP = f"""\
 Run a hyperparameter sweep: each trial runs this cell as a batch job with its own parameters.
@@ -259,7 +260,7 @@ def progress_text(sweep: dict) -> str:
     p = sweep.get("progress") or {}
     n = sweep.get("trials", "?")
     parts = [f"{p.get('done', 0)}/{n} trials done"]
-    for key, label in (("complete", "complete"), ("pruned", "pruned"), ("failed", "failed"), ("cancelled", "cancelled")):
+    for key, label in ((COMPLETE, "complete"), (PRUNED, "pruned"), (TRIAL_FAILED, "failed"), (TRIAL_CANCELLED, "cancelled")):
         if p.get(key):
             parts.append(f"{p[key]} {label}")
     running = p.get("running", 0) + p.get("pending", 0)
@@ -315,7 +316,7 @@ def render_header(sweep: dict) -> str:
                 f"(trial {best['number']}, {html.escape(str(best.get('job_id')))}: {html.escape(params)})")
         if state in SWEEP_TERMINAL and (best.get("outputs_url") or best.get("outputs_path")):
             out += f"<br><span style='color:#57606a'>best outputs: <code>{html.escape(best.get('outputs_url') or best.get('outputs_path'))}</code></span>"
-    if sweep.get("reason") and state != "running" or (sweep.get("reason") or "").startswith(("cancelling", "stopping")):
+    if sweep.get("reason") and state != RUNNING or (sweep.get("reason") or "").startswith(("cancelling", "stopping")):
         out += f"<br><span style='color:#57606a'>{html.escape(sweep['reason'])}</span>"
     return f"<div style='font-family:var(--jp-ui-font-family,sans-serif);line-height:1.6'>{out}</div>"
 
@@ -451,7 +452,7 @@ class SweepPanel:
             self.header.value = render_header(sweep)
             self.bar.value = int((sweep.get("progress") or {}).get("done", 0))
             terminal = sweep.get("state") in SWEEP_TERMINAL
-            self.bar.bar_style = {"completed": "success", "failed": "danger", "cancelled": "warning"}.get(sweep.get("state"), "info")
+            self.bar.bar_style = {COMPLETED: "success", FAILED: "danger", CANCELLED: "warning"}.get(sweep.get("state"), "info")
             self.cancel_button.disabled = terminal
             self.cancel_button.layout.display = "none" if terminal else None
         if trials is not None:

@@ -15,11 +15,11 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from trainhub.client import TERMINAL_STATES
 from trainhub.commands.jobs import elapsed_seconds, fmt_devices, fmt_duration, parse_time
+from trainhub.states import CANCELLED, FAILED, JOB_TERMINAL, LOST, QUEUED, RUNNING, SUCCEEDED
 
-STATE_COLORS = {"queued": "#8a6d00", "running": "#1f6feb", "succeeded": "#1a7f37", "failed": "#cf222e",
-                "cancelled": "#6e7781", "lost": "#cf222e"}
+STATE_COLORS = {QUEUED: "#8a6d00", RUNNING: "#1f6feb", SUCCEEDED: "#1a7f37", FAILED: "#cf222e", CANCELLED: "#6e7781",
+                LOST: "#cf222e"}
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d))\S*\s+(\[\d+\])\s?(.*)$")
 
 
@@ -36,9 +36,9 @@ def render_header(job: dict, now: datetime | None = None) -> str:
     if (job.get("attempt") or 1) > 1:
         parts.append(f"attempt {job['attempt']}")
     out = " &middot; ".join(parts)
-    if job.get("reason") and (state != "running"):
+    if job.get("reason") and (state != RUNNING):
         out += f"<br><span style='color:#57606a'>{html.escape(job['reason'])}</span>"
-    if state in TERMINAL_STATES and job.get("outputs_url"):
+    if state in JOB_TERMINAL and job.get("outputs_url"):
         out += f"<br><span style='color:#57606a'>outputs: <code>{html.escape(job['outputs_url'])}</code></span>"
     return f"<div style='font-family:var(--jp-ui-font-family,sans-serif);line-height:1.6'>{out}</div>"
 
@@ -48,7 +48,7 @@ def _timing(job: dict, now: datetime | None) -> str:
     if elapsed is not None:
         return f"elapsed {fmt_duration(elapsed)}"
     created = parse_time(job.get("created"))
-    if created is None or job.get("state") in TERMINAL_STATES:
+    if created is None or job.get("state") in JOB_TERMINAL:
         return "elapsed -"
     waited = ((now or datetime.now(timezone.utc)) - created).total_seconds()
     return f"waiting {fmt_duration(max(0.0, waited))}"
@@ -201,7 +201,7 @@ class JobPanel:
         if job is not None:
             self.job = job
             self.header.value = render_header(job, now)
-            terminal = job.get("state") in TERMINAL_STATES
+            terminal = job.get("state") in JOB_TERMINAL
             self.cancel_button.disabled = terminal
             self.cancel_button.layout.display = "none" if terminal else None
         if metrics is not None:
@@ -224,9 +224,9 @@ class JobPanel:
         job_id = self.job["id"]
         job = self.client.get(job_id)
         logs = self.client.logs(job_id, tail=self.log_lines * 4)
-        metrics = self.client.metrics(job_id) if with_metrics or job.get("state") in TERMINAL_STATES else None
+        metrics = self.client.metrics(job_id) if with_metrics or job.get("state") in JOB_TERMINAL else None
         self.update(job, metrics, logs)
-        if (with_metrics or job.get("state") in TERMINAL_STATES) and job.get("state") != "queued":
+        if (with_metrics or job.get("state") in JOB_TERMINAL) and job.get("state") != QUEUED:
             self.refresh_diagnosis(job_id)
         return job
 
@@ -259,7 +259,7 @@ class JobPanel:
                     if errors:
                         self.message.value = ""
                     errors = 0
-                    if job.get("state") in TERMINAL_STATES:
+                    if job.get("state") in JOB_TERMINAL:
                         break
                 except Exception as e:
                     errors += 1

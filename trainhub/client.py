@@ -20,8 +20,7 @@ from typing import Callable, Iterator
 
 import requests
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
-ACTIVE_STATES = frozenset({"queued", "running"})
+from trainhub.states import job_is_terminal, sweep_is_terminal
 
 ENV_URL = "TRAINHUB_API_URL"
 ENV_TOKEN = "JUPYTERHUB_API_TOKEN"
@@ -39,10 +38,6 @@ class TrainhubAPIError(Exception):
 
 class TrainhubConfigError(ValueError):
     """No API URL or token: not in a trainhub notebook/terminal and none given."""
-
-
-def is_terminal(job: dict) -> bool:
-    return job.get("state") in TERMINAL_STATES
 
 
 class TrainhubClient:
@@ -166,7 +161,7 @@ class TrainhubClient:
             job = self.get(job_id)
             if callback:
                 callback(job)
-            if is_terminal(job):
+            if job_is_terminal(job):
                 return job
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id} still {job.get('state')} after {timeout}s")
@@ -264,9 +259,6 @@ def _short(e: Exception) -> str:
 
 
 # -- sweeps (docs/sweeps.md) ------------------------------------------------------------------------
-SWEEP_TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
-
-
 def _sweep_id(sweep_id) -> str:
     sweep_id = str(sweep_id).strip()
     if not sweep_id or "/" in sweep_id:
@@ -315,7 +307,7 @@ def _wait_sweep(self, sweep_id: str, poll: float = 1.0, callback: Callable[[dict
         sweep = self.get_sweep(sweep_id)
         if callback:
             callback(sweep)
-        if sweep.get("state") in SWEEP_TERMINAL_STATES:
+        if sweep_is_terminal(sweep):
             return sweep
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"sweep {sweep_id} still {sweep.get('state')} after {timeout}s")

@@ -26,10 +26,11 @@ from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
 from trainhub.scheduler import Allocation, JobRequest, Quotas, Scheduler, TrainhubScheduler
+from trainhub.states import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 from trainhub.storage import StorageConfig
 
 from .launcher import JobView, Launcher
-from .models import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED, Job, parse_job_key
+from .models import Job, parse_job_key
 from .outputs import OutputSyncer
 from .store import JobStore
 

@@ -9,9 +9,10 @@ from pathlib import Path
 from tornado import iostream, web
 
 from trainhub.exceptions import InvalidRequest, NotFound
+from trainhub.states import JOB_STATES, JOB_TERMINAL
 
 from .auth import APIHandler
-from .models import STATES, TERMINAL, parse_job_key
+from .models import parse_job_key
 from .spec import validate_spec
 from .store import job_to_dict
 
@@ -55,9 +56,9 @@ class OpenAPIHandler(APIHandler):
 class JobsHandler(JobAccessMixin, APIHandler):
     async def get(self):
         states = [s for v in self.get_arguments("state") for s in v.split(",") if s]
-        bad = [s for s in states if s not in STATES]
+        bad = [s for s in states if s not in JOB_STATES]
         if bad:
-            raise InvalidRequest(f"unknown state(s) {bad}; states are {list(STATES)}")
+            raise InvalidRequest(f"unknown state(s) {bad}; states are {list(JOB_STATES)}")
         limit, offset = self.page()
         who = self.listing_owner(READ, "jobs")
         sweep = self.get_argument("sweep", None)
@@ -169,7 +170,7 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
                     await self.flush()
                     continue
                 current = await self.service.store.read(self.service.store.get, job.id)
-                if current.state in TERMINAL:
+                if current.state in JOB_TERMINAL:
                     idle_after_end += 1
                     if idle_after_end >= 2:
                         break

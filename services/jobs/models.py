@@ -9,10 +9,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from trainhub.db import Base
 from trainhub.models import utcnow
-
-QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST = "queued", "running", "succeeded", "failed", "cancelled", "lost"
-STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST)
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, LOST})
+from trainhub.states import QUEUED
 
 
 def job_key(n: int) -> str:

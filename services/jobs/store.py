@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session
 
 from trainhub.db import get_engine, init_db, write_session
 from trainhub.exceptions import NotFound
+from trainhub.states import CANCELLED, JOB_TERMINAL
 
-from .models import (TERMINAL, GPUSampleRow, Job, JobEvent, JobMetric, MetricOffset, job_key)
+from .models import GPUSampleRow, Job, JobEvent, JobMetric, MetricOffset, job_key
 
 
 def iso(dt: datetime | None) -> str | None:
@@ -123,10 +124,10 @@ class JobStore:
             job = s.get(Job, job_id)
             if job is None:
                 raise NotFound(f"job {job_key(job_id)} not found")
-            if job.state in TERMINAL:
+            if job.state in JOB_TERMINAL:
                 return job
             if job.state == "queued":
-                job.state, job.reason = "cancelled", f"cancelled by {by} while queued"
+                job.state, job.reason = CANCELLED, f"cancelled by {by} while queued"
                 job.finished = datetime.now(timezone.utc)
             else:
                 job.cancel_requested = True

@@ -13,7 +13,8 @@ from traitlets import Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import Conflict, Forbidden, InvalidRequest, NotFound
-from trainhub.services.jobs.models import TERMINAL, Job, JobEvent, parse_job_key
+from trainhub.services.jobs.models import Job, JobEvent, parse_job_key
+from trainhub.states import JOB_TERMINAL
 from trainhub.storage import resolve_in_area
 
 from . import files as fileops
@@ -201,7 +202,7 @@ class Registry(LoggingConfigurable):
             raise NotFound(f"job {key} not found") from None
         if job.user != caller.name and not caller.may_all(WRITE):
             raise NotFound(f"job {key} not found")  # another user's job is not revealed
-        if job.state not in TERMINAL:
+        if job.state not in JOB_TERMINAL:
             raise Conflict(f"job {job.key} is {job.state}; register its outputs once it has finished")
         return job
 
@@ -235,7 +236,7 @@ class Registry(LoggingConfigurable):
         store = self.service.store
         with store.session() as s:
             done = {r for r in s.scalars(select(JobEvent.job_id).where(JobEvent.kind == "outputs_expired"))}
-            jobs = [j for j in s.scalars(select(Job).where(Job.state.in_(tuple(TERMINAL)), Job.finished.is_not(None)))
+            jobs = [j for j in s.scalars(select(Job).where(Job.state.in_(tuple(JOB_TERMINAL)), Job.finished.is_not(None)))
                     if j.id not in done and j.outputs_url and _aware(j.finished) < cutoff]
         fs = self.fs()
         expired = []

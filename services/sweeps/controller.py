@@ -30,13 +30,14 @@ from dataclasses import asdict
 from traitlets import Float, Integer
 from traitlets.config import LoggingConfigurable
 
-from trainhub.loops import PeriodicLoop
 from trainhub.exceptions import TrainhubError
-from trainhub.services.jobs.models import TERMINAL, job_key
-
-from .models import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, TRIAL_CANCELLED, TRIAL_FAILED,
-                     TRIAL_FINAL, TRIAL_RUNNING, Sweep, SweepTrial, study_name)
+from trainhub.loops import PeriodicLoop
 from trainhub.searchspace import grid_points, to_distributions
+from trainhub.services.jobs.models import job_key
+from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, JOB_TERMINAL, PENDING, PRUNED, RUNNING, SUCCEEDED,
+                             TRIAL_CANCELLED, TRIAL_FAILED, TRIAL_FINAL, TRIAL_RUNNING)
+
+from .models import Sweep, SweepTrial, study_name
 from .store import SweepStore, best_trial, now_utc
 
 
@@ -66,12 +67,12 @@ def never_reported(metric: str) -> str:
 def trial_outcome(job_state: str, job_reason: str, job_id: str, points: list, metric: str,
                   sweep_cancelled: bool = False) -> tuple[str, float | None, str]:
     """(trial state, value, reason) for a trial whose job ended in ``job_state``."""
-    if job_state == "succeeded":
+    if job_state == SUCCEEDED:
         if not points:
             return TRIAL_FAILED, None, never_reported(metric)
         value = points[-1][1]
         return COMPLETE, value, f"{metric} = {value:.6g} (job {job_id} succeeded)"
-    if job_state == "cancelled":
+    if job_state == CANCELLED:
         why = "the sweep was cancelled" if sweep_cancelled else f"its job {job_id} was cancelled: {job_reason}"
         return TRIAL_CANCELLED, None, why
     return TRIAL_FAILED, None, f"job {job_id} {job_state}: {job_reason}"
@@ -232,7 +233,7 @@ class SweepController(LoggingConfigurable):
         trials = await self.read(self.store.trials, sweep.id)
         jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
         for job in jobs.values():
-            if job.state not in TERMINAL:
+            if job.state not in JOB_TERMINAL:
                 await self.write(self.service.store.request_cancel, job.id, by)
         self.service.engine.wake()
         self.wake()
@@ -283,7 +284,7 @@ class SweepController(LoggingConfigurable):
         trials = await self.read(self.store.trials, sweep.id)
         jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
         unfinished = [t for t in trials if t.state not in TRIAL_FINAL
-                      or (t.job_id and jobs.get(t.job_id) is not None and jobs[t.job_id].state not in TERMINAL)]
+                      or (t.job_id and jobs.get(t.job_id) is not None and jobs[t.job_id].state not in JOB_TERMINAL)]
         if sum(t.state == COMPLETE for t in trials) != completed_before:
             await self._update_importance(sweep, trials)
         if sweep.cancel_requested:
@@ -335,7 +336,7 @@ class SweepController(LoggingConfigurable):
         if prune:
             stopped = await self.write(self.service.store.request_cancel, job.id, f"sweep {sweep.key} (pruned)")
             self.service.engine.wake()
-            if stopped.state not in TERMINAL or stopped.state == "cancelled":
+            if stopped.state not in JOB_TERMINAL or stopped.state == CANCELLED:
                 step, value = fresh[-1]
                 await self._close(sweep, t, PRUNED, value,
                                   f"pruned at step {step}: {sweep.metric} = {value:.6g} was worse than the median of "
@@ -344,7 +345,7 @@ class SweepController(LoggingConfigurable):
                               step, sweep.metric, value, job.key)
                 return
             job = stopped
-        if job.state in TERMINAL:
+        if job.state in JOB_TERMINAL:
             state, value, reason = trial_outcome(job.state, job.reason, job.key, points, sweep.metric,
                                                  sweep.cancel_requested)
             await self._close(sweep, t, state, value, reason, job_state=job.state)
@@ -421,7 +422,7 @@ class SweepController(LoggingConfigurable):
         """A cancelled (or failing) sweep: stop its unfinished jobs, end when all have stopped."""
         for t in unfinished:
             job = jobs.get(t.job_id) if t.job_id else None
-            if job is not None and job.state not in TERMINAL and not job.cancel_requested:
+            if job is not None and job.state not in JOB_TERMINAL and not job.cancel_requested:
                 await self.write(self.service.store.request_cancel, job.id, f"sweep {sweep.key}")
                 self.service.engine.wake()
         if unfinished:

@@ -11,8 +11,9 @@ from tornado import web
 from trainhub.exceptions import InvalidRequest, NotFound
 from trainhub.services.jobs.auth import APIHandler
 from trainhub.services.jobs.handlers import READ, WRITE
+from trainhub.states import SWEEP_STATES, SWEEP_TERMINAL
 
-from .models import SWEEP_STATES, SWEEP_TERMINAL, parse_sweep_key
+from .models import parse_sweep_key
 from .spec import validate_sweep
 from .store import sweep_to_dict, trial_to_dict
 

@@ -14,18 +14,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from trainhub.db import Base
 from trainhub.models import utcnow
-
-# sweep states
-RUNNING, COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
-SWEEP_STATES = (RUNNING, COMPLETED, FAILED, CANCELLED)
-SWEEP_TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
-
-# trial states: pending (asked, job not yet recorded) -> running (its job is queued or running)
-# -> complete | pruned | failed | cancelled
-PENDING, TRIAL_RUNNING, COMPLETE, PRUNED, TRIAL_FAILED, TRIAL_CANCELLED = (
-    "pending", "running", "complete", "pruned", "failed", "cancelled")
-TRIAL_STATES = (PENDING, TRIAL_RUNNING, COMPLETE, PRUNED, TRIAL_FAILED, TRIAL_CANCELLED)
-TRIAL_FINAL = frozenset({COMPLETE, PRUNED, TRIAL_FAILED, TRIAL_CANCELLED})
+from trainhub.states import PENDING, RUNNING
 
 
 def sweep_key(n: int) -> str:

@@ -12,9 +12,8 @@ import re
 from dataclasses import dataclass, field
 
 from trainhub.exceptions import InvalidRequest
-from trainhub.services.jobs.spec import JobSpec, validate_spec
-
 from trainhub.searchspace import SpaceError, grid_points, grid_size, parse_space, reports_metric
+from trainhub.services.jobs.spec import JobSpec, validate_spec
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("median", "hyperband", "none")

@@ -12,8 +12,9 @@ from trainhub.db import get_engine, init_db, write_session
 from trainhub.exceptions import NotFound
 from trainhub.services.jobs.models import Job, JobMetric
 from trainhub.services.jobs.store import iso
+from trainhub.states import COMPLETE, TRIAL_FINAL, TRIAL_STATES
 
-from .models import COMPLETE, TRIAL_FINAL, TRIAL_STATES, Sweep, SweepTrial, sweep_key
+from .models import Sweep, SweepTrial, sweep_key
 
 
 def now_utc() -> datetime:

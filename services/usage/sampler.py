@@ -105,7 +105,7 @@ class UsageSampler(LoggingConfigurable):
         records, since = await self._db(self._open_records, now)
         jobs = []
         if self.store is not None and self.advisor:
-            from trainhub.services.jobs.models import RUNNING
+            from trainhub.states import RUNNING
 
             jobs = await self.store.read(self.store.in_states, RUNNING)
         devices = sorted({r.device for r in records} | {d for j in jobs for w in (j.devices or []) for d in w})

@@ -25,9 +25,10 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
+from trainhub.states import JOB_TERMINAL as TERMINAL
+
 TOKEN = "contract-token"
 USER = "alice"
-TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
 
 
 def now_iso() -> str:

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
-pytestmark = pytest.mark.e2e
+from trainhub.states import JOB_TERMINAL as TERMINAL
 
-TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
+pytestmark = pytest.mark.e2e
 
 
 class Jobs:

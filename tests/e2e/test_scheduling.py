@@ -16,9 +16,9 @@ import time
 import pytest
 import requests
 
-pytestmark = pytest.mark.e2e
+from trainhub.states import JOB_TERMINAL as TERMINAL
 
-TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
+pytestmark = pytest.mark.e2e
 
 # appended to the shared admin config of tests/conftest.py
 SCHED_CONFIG = """

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from trainhub.states import SWEEP_TERMINAL as SWEEP_DONE
+
 pytestmark = pytest.mark.e2e
 
-SWEEP_DONE = {"completed", "failed", "cancelled"}
 
 # a small real objective: gradient descent on a numpy linear regression; lr and weight decay matter
 REGRESSION = """

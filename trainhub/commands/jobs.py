@@ -17,8 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trainhub.cli import CommandError
-
-STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+from trainhub.states import JOB_STATES, JOB_TERMINAL, QUEUED, RUNNING, SUCCEEDED
 
 
 def add_parser(sub):
@@ -53,7 +52,7 @@ def add_parser(sub):
     ls = jobs.add_parser("list", help="list jobs, newest first",
                          description="List jobs, newest first. Without --all only your own jobs are shown.")
     ls.add_argument("--state", action="append", default=[], metavar="STATE",
-                    help=f"only jobs in STATE (repeatable or comma-separated: {', '.join(STATES)})")
+                    help=f"only jobs in STATE (repeatable or comma-separated: {', '.join(JOB_STATES)})")
     ls.add_argument("--all", action="store_true", help="everyone's jobs (admins; others only ever see their own)")
     ls.add_argument("--user", metavar="NAME", help="only NAME's jobs (admins)")
     ls.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs (default 50)")
@@ -279,7 +278,7 @@ def cmd_submit(args):
     job = wait_with_progress(client, job["id"])
     if args.json:
         print(json.dumps(job, indent=2))
-    return 0 if job.get("state") == "succeeded" else 1
+    return 0 if job.get("state") == SUCCEEDED else 1
 
 
 def wait_with_progress(client, job_id: str, poll: float = 1.0, stream=None) -> dict:
@@ -302,10 +301,10 @@ def wait_with_progress(client, job_id: str, poll: float = 1.0, stream=None) -> d
                 stream.write("\r" + line[:width].ljust(width))
                 stream.flush()
             elif state != last_state:
-                reason = f": {job['reason']}" if job.get("reason") and state not in ("running",) else ""
+                reason = f": {job['reason']}" if job.get("reason") and state != RUNNING else ""
                 print(f"{job_id} {state}{reason}", file=stream)
             last_state = state
-            if state in ("succeeded", "failed", "cancelled", "lost"):
+            if state in JOB_TERMINAL:
                 break
             time.sleep(poll)
     except KeyboardInterrupt:
@@ -317,7 +316,7 @@ def wait_with_progress(client, job_id: str, poll: float = 1.0, stream=None) -> d
         stream.write("\n")
     reason = f" ({job['reason']})" if job.get("reason") else ""
     print(f"{job_id} {job['state']} after {fmt_duration(elapsed_seconds(job))}{reason}", file=stream)
-    if job["state"] != "succeeded":
+    if job["state"] != SUCCEEDED:
         try:
             tail = client.logs(job_id, tail=10)
         except Exception:
@@ -338,7 +337,7 @@ def parse_states(values, allowed) -> list[str]:
 
 def cmd_list(args):
     client = client_from_args(args)
-    states = parse_states(args.state, STATES)
+    states = parse_states(args.state, JOB_STATES)
     user = args.user
     if not user and not args.all:
         user = client.whoami()
@@ -382,7 +381,7 @@ def _diagnosis_or_none(client, job: dict):
     """The advisor's view of a job that ran, or None (queued, or no advisor on this service)."""
     from trainhub.client import TrainhubAPIError
 
-    if job.get("state") == "queued":
+    if job.get("state") == QUEUED:
         return None
     try:
         return client.diagnosis(job["id"])
@@ -426,7 +425,7 @@ def print_wait_reason(job: dict, why: dict, stream=None, now: float | None = Non
 def cmd_why(args):
     client = client_from_args(args)
     job = _api(client.get, args.id)
-    why = _api(client.why, args.id) if job.get("state") == "queued" else None
+    why = _api(client.why, args.id) if job.get("state") == QUEUED else None
     diagnosis = _diagnosis_or_none(client, job)
     if args.json:
         print(json.dumps({"id": job["id"], "state": job.get("state"), "why": why, "diagnosis": diagnosis}, indent=2))

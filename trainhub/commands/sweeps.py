@@ -17,8 +17,7 @@ from pathlib import Path
 from trainhub.cli import CommandError
 from trainhub.commands.jobs import (_api, _conn, _table, add_spec_options, cancel_each, client_from_args, parse_states, parse_time,
                                     spec_from_args)
-
-SWEEP_STATES = ("running", "completed", "failed", "cancelled")
+from trainhub.states import COMPLETED, SWEEP_STATES, SWEEP_TERMINAL
 
 
 def add_parser(sub):
@@ -160,7 +159,7 @@ def cmd_create(args):
             if line != last:
                 print(line, file=sys.stderr)
                 last = line
-            if sweep["state"] in ("completed", "failed", "cancelled"):
+            if sweep["state"] in SWEEP_TERMINAL:
                 break
             time.sleep(1.0)
     except KeyboardInterrupt:
@@ -170,7 +169,7 @@ def cmd_create(args):
         print(json.dumps(sweep, indent=2))
     else:
         print(format_sweep(sweep))
-    return 0 if sweep["state"] == "completed" else 1
+    return 0 if sweep["state"] == COMPLETED else 1
 
 
 def cmd_list(args):
