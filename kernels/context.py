@@ -23,6 +23,8 @@ import symtable
 import types
 from dataclasses import dataclass, field
 
+from trainhub.fmt import fmt_size
+
 DEFAULT_MAX_VALUE_BYTES = 1_000_000
 
 # names an IPython namespace holds that are never user data
@@ -338,14 +340,6 @@ def pickle_value(value) -> tuple[bytes, set[str]]:
     return buf.getvalue(), p.main_names
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
 # -- the script ---------------------------------------------------------------------------------
 def build_job_script(cell: str, history: list[str], user_ns: dict | None = None, *,
                      max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, transform=None,
@@ -400,7 +394,7 @@ def build_job_script(cell: str, history: list[str], user_ns: dict | None = None,
             left_out[name] = f"cannot be pickled ({type(e).__name__}: {str(e)[:120]})"
             continue
         if len(data) > max_value_bytes:
-            left_out[name] = f"{_human(len(data))} pickled, over the {_human(max_value_bytes)} limit"
+            left_out[name] = f"{fmt_size(len(data))} pickled, over the {fmt_size(max_value_bytes)} limit"
             continue
         missing_src = sorted(n for n in main_names if defs.get(n) is None)
         if missing_src:
@@ -456,7 +450,7 @@ def left_out_message(script: JobScript, max_value_bytes: int) -> str:
         "    path = os.environ['TRAINHUB_STORAGE_URL'] + '/data/train.parquet'   # df.to_parquet(path) in the notebook",
         "    df = pandas.read_parquet(path)                                        # in the %%train cell",
         "or build the value inside the cell. Values up to "
-        f"{_human(max_value_bytes)} are sent pickled (raise it with %config TrainMagics.max_value_bytes = N);",
+        f"{fmt_size(max_value_bytes)} are sent pickled (raise it with %config TrainMagics.max_value_bytes = N);",
         "pass --ignore-missing to submit anyway (the job fails with NameError if it uses them).",
     ]
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import time
 
-from trainhub.commands.jobs import elapsed_seconds, fmt_devices, fmt_duration, metrics_rows
+from trainhub.fmt import elapsed_seconds, fmt_devices, fmt_duration, fmt_number, metrics_rows, text_table
 from trainhub.states import JOB_TERMINAL, SUCCEEDED
 
 
@@ -37,25 +37,13 @@ class Table(list):
     def __repr__(self):
         if not self:
             return "(empty table: " + ", ".join(self.columns) + ")"
-        cells = [[_fmt(r.get(c)) for c in self.columns] for r in self]
-        widths = [max(len(x) for x in col) for col in zip(self.columns, *cells)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-        return "\n".join(lines)
+        return text_table([[fmt_number(r.get(c), none="") for c in self.columns] for r in self], self.columns)
 
     def _repr_html_(self):
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in self.columns) + "</tr>"
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt_number(r.get(c), none=''))}</td>" for c in self.columns) + "</tr>"
                        for r in self)
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
 
 
 def metrics_table(metrics: dict):

@@ -18,7 +18,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import Float, Integer, Unicode
 
-from trainhub.commands.jobs import add_spec_options, elapsed_seconds, fmt_duration, format_job, spec_from_args
+from trainhub.commands.jobs import add_spec_options, spec_from_args
+from trainhub.fmt import elapsed_seconds, fmt_duration, format_job
 from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
 from trainhub.states import JOB_STATES, JOB_TERMINAL, SUCCEEDED
 

@@ -24,6 +24,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
 from trainhub.commands.jobs import nonneg_int, pos_int, add_spec_options, spec_from_args
+from trainhub.fmt import fmt_number, sweep_progress
 from trainhub.kernels.magics import TrainMagics, _UsageParser
 from trainhub.kernels.widget import svg_axes
 from trainhub.searchspace import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
@@ -222,7 +223,7 @@ class SweepHandle:
         registry (its params and final metrics come along); returns the model version."""
         best = self.best_trial
         if best is None:
-            raise RuntimeError(f"sweep {self.id} has no completed trial yet ({progress_text(self.sweep)})")
+            raise RuntimeError(f"sweep {self.id} has no completed trial yet ({sweep_progress(self.sweep)})")
         register = getattr(self.client, "register_model", None)
         if register is None:
             raise RuntimeError("this platform has no model registry; the best trial's outputs are at "
@@ -250,41 +251,21 @@ class SweepHandle:
     def __repr__(self):
         s = self.sweep
         best = s.get("best")
-        return (f"<SweepHandle {self.id} {s.get('state')} (when last seen), {progress_text(s)}"
+        return (f"<SweepHandle {self.id} {s.get('state')} (when last seen), {sweep_progress(s)}"
                 + (f", best {s.get('metric')} {best['value']:.6g}" if best else "")
                 + ": .status .trials .best_trial .cancel() .wait()>")
 
 
 # -- pure rendering -----------------------------------------------------------------------------------
-def progress_text(sweep: dict) -> str:
-    p = sweep.get("progress") or {}
-    n = sweep.get("trials", "?")
-    parts = [f"{p.get('done', 0)}/{n} trials done"]
-    for key, label in ((COMPLETE, "complete"), (PRUNED, "pruned"), (TRIAL_FAILED, "failed"), (TRIAL_CANCELLED, "cancelled")):
-        if p.get(key):
-            parts.append(f"{p[key]} {label}")
-    running = p.get("running", 0) + p.get("pending", 0)
-    parts.append(f"{running} running")
-    return ", ".join(parts)
-
-
 def summary_line(sweep: dict) -> str:
     best = sweep.get("best")
-    text = f"sweep {sweep['id']} {sweep.get('state')}: {progress_text(sweep)}"
+    text = f"sweep {sweep['id']} {sweep.get('state')}: {sweep_progress(sweep)}"
     if best:
         text += (f"; best {sweep.get('metric')} = {best['value']:.6g} (trial {best['number']}, {best.get('job_id')}, "
                  f"params {best.get('params')})")
     elif sweep.get("reason"):
         text += f" ({sweep['reason']})"
     return text
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def trial_rows(trials: list[dict]) -> list[dict]:
@@ -305,13 +286,13 @@ def render_header(sweep: dict) -> str:
     name = html.escape(sweep.get("name") or "")
     parts = [f"<b>{html.escape(sweep.get('id', '?'))}</b>" + (f" {name}" if name else ""),
              f"<span style='color:#fff;background:{color};border-radius:3px;padding:0 6px'>{html.escape(state)}</span>",
-             html.escape(progress_text(sweep)),
+             html.escape(sweep_progress(sweep)),
              html.escape(f"{sweep.get('mode', '?')} {sweep.get('metric', '?')}, {sweep.get('sampler')}/{sweep.get('pruner')}, "
                          f"{sweep.get('parallel')} at a time")]
     out = " &middot; ".join(parts)
     best = sweep.get("best")
     if best:
-        params = ", ".join(f"{k}={_fmt(v)}" for k, v in (best.get("params") or {}).items())
+        params = ", ".join(f"{k}={fmt_number(v, 4, none='')}" for k, v in (best.get("params") or {}).items())
         out += (f"<br>best <b>{html.escape(sweep.get('metric', ''))} = {best['value']:.6g}</b> "
                 f"(trial {best['number']}, {html.escape(str(best.get('job_id')))}: {html.escape(params)})")
         if state in SWEEP_TERMINAL and (best.get("outputs_url") or best.get("outputs_path")):
@@ -332,7 +313,7 @@ def render_trials_table(trials: list[dict], max_rows: int = 50) -> str:
         cells = []
         for c in cols:
             v = r.get(c)
-            text = html.escape(_fmt(v) if c != "reason" else str(v)[:80])
+            text = html.escape(fmt_number(v, 4, none="") if c != "reason" else str(v)[:80])
             if c == "state":
                 text = f"<span style='color:{TRIAL_COLORS.get(v, '#57606a')}'>{text}</span>"
             cells.append(f"<td style='padding:0 6px'>{text}</td>")
@@ -343,7 +324,7 @@ def render_trials_table(trials: list[dict], max_rows: int = 50) -> str:
 
 def svg_history(trials: list[dict], mode: str = "min", width: int = 300, height: int = 150) -> str:
     """Optimisation history: each completed trial's value (dots) and the best so far (line)."""
-    pts = [(t["number"], t["value"]) for t in trials if t.get("state") == "complete" and isinstance(t.get("value"), (int, float))
+    pts = [(t["number"], t["value"]) for t in trials if t.get("state") == COMPLETE and isinstance(t.get("value"), (int, float))
            and math.isfinite(t["value"])]
     if not pts:
         return ""

@@ -15,7 +15,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from trainhub.commands.jobs import elapsed_seconds, fmt_devices, fmt_duration, parse_time
+from trainhub.fmt import diagnosis_summary, elapsed_seconds, fmt_devices, fmt_duration, measurement_line, parse_time
 from trainhub.states import CANCELLED, FAILED, JOB_TERMINAL, LOST, QUEUED, RUNNING, SUCCEEDED
 
 STATE_COLORS = {QUEUED: "#8a6d00", RUNNING: "#1f6feb", SUCCEEDED: "#1a7f37", FAILED: "#cf222e", CANCELLED: "#6e7781",
@@ -142,8 +142,6 @@ def render_diagnosis(body: dict | None) -> str:
     in a coloured box, or a quiet grey line while samples are collected / nothing is wrong."""
     if not body:
         return ""
-    from trainhub.commands.usage import diagnosis_summary, measurement_line
-
     found = body.get("diagnoses") or []
     if not found:
         return (f"<div style='color:#57606a;font-size:12px'>GPU efficiency: {html.escape(diagnosis_summary(body))}"

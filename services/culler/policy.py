@@ -25,25 +25,12 @@ from datetime import datetime, timezone
 from traitlets import Bool, Callable, Dict, Enum, Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
+from trainhub.fmt import fmt_duration
 from trainhub.models import utcnow
 from trainhub.profiles import Profile
 
 NONE, WARN, STOP, RELEASE = "none", "warn", "stop", "release"
 ACTIONS = (NONE, WARN, STOP, RELEASE)
-
-
-def format_duration(seconds: float | None) -> str:
-    """``7260`` -> ``2h01m``, ``720`` -> ``12m``, ``42`` -> ``42s``."""
-    if seconds is None:
-        return "unknown"
-    s = int(max(seconds, 0))
-    h, rest = divmod(s, 3600)
-    m, sec = divmod(rest, 60)
-    if h:
-        return f"{h}h{m:02d}m"
-    if m:
-        return f"{m}m"
-    return f"{sec}s"
 
 
 def _ts(dt: datetime | None) -> float | None:
@@ -373,14 +360,14 @@ class CullPolicy(LoggingConfigurable):
                 if away_start > start:
                     clock_by = "last seen"
                 start, timeout = away_start, self.away_timeout
-                where += f", nobody connected for {format_duration(now_ts - _ts(server.last_seen))}"
+                where += f", nobody connected for {fmt_duration(now_ts - _ts(server.last_seen), 'coarse')}"
                 m.update(timeout_s=timeout, away=True)
         idle = now_ts - start
         m.update(idle_s=round(idle, 1), idle_since=_iso(start), clock_reset_by=clock_by)
 
         warn_after = max(timeout - self.warning_period, 0.0)
         if idle < warn_after:
-            return none(f"idle {format_duration(idle)} of {format_duration(timeout)} {where}")
+            return none(f"idle {fmt_duration(idle, 'coarse')} of {fmt_duration(timeout, 'coarse')} {where}")
 
         warned = _ts(server.warned_at)
         verb = "release" if self.action == RELEASE else "stop"
@@ -389,7 +376,7 @@ class CullPolicy(LoggingConfigurable):
             m["act_in_s"] = act_in
             return Decision(
                 WARN,
-                f"idle {format_duration(idle)} {where}: will {verb} in {format_duration(act_in)} unless a GPU is "
+                f"idle {fmt_duration(idle, 'coarse')} {where}: will {verb} in {fmt_duration(act_in, 'coarse')} unless a GPU is "
                 "used or you press keep; unsaved kernel state (variables, models in memory) will be lost",
                 m,
             )
@@ -400,16 +387,16 @@ class CullPolicy(LoggingConfigurable):
             m["act_in_s"] = act_in
             return Decision(
                 NONE,
-                f"not culled: warned {format_duration(since_warn)} ago, idle {format_duration(idle)} {where}; "
-                f"{verb} in {format_duration(act_in)}",
+                f"not culled: warned {fmt_duration(since_warn, 'coarse')} ago, idle {fmt_duration(idle, 'coarse')} {where}; "
+                f"{verb} in {fmt_duration(act_in, 'coarse')}",
                 m,
                 warning_pending=True,
             )
         target = self.cpu_profile or None
         if self.action == RELEASE and target:
-            return Decision(RELEASE, f"idle {format_duration(idle)} {where}: releasing", m, target_profile=target)
+            return Decision(RELEASE, f"idle {fmt_duration(idle, 'coarse')} {where}: releasing", m, target_profile=target)
         note = "" if self.action == STOP else " (no CPU profile to release to)"
-        return Decision(STOP, f"idle {format_duration(idle)} {where}: stopping{note}", m)
+        return Decision(STOP, f"idle {fmt_duration(idle, 'coarse')} {where}: stopping{note}", m)
 
     async def decide(self, server: ServerInfo, history: UtilizationHistory, now: datetime | None = None) -> Decision:
         """evaluate(), then the admin's cull_hook (for any action) and dry_run."""

@@ -21,6 +21,7 @@ from traitlets import Float, Instance, Type, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import TrainhubError
+from trainhub.fmt import fmt_duration
 from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
@@ -59,15 +60,6 @@ def describe_exit(rank: int, code: int | None, lost: bool = False) -> str:
             name = f"signal {-code}"
         return f"worker {rank} was killed by {name}"
     return f"worker {rank} exited with code {code}"
-
-
-def fmt_seconds(s: float) -> str:
-    s = int(s)
-    if s >= 3600:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 class JobEngine(LoggingConfigurable):
@@ -162,7 +154,7 @@ class JobEngine(LoggingConfigurable):
                 self.log.info("job %s: stopping workers (%s)", job.key, stop_reason)
                 if stop_reason == "time-limit":
                     await self.store.write(self.store.update, job.id, launch_state={**state, "timed_out": True},
-                                           event=("time-limit", f"time limit of {fmt_seconds(job.time_limit)} reached: stopping"))
+                                           event=("time-limit", f"time limit of {fmt_duration(job.time_limit, 'units')} reached: stopping"))
                 elif stop_reason == "gang-failure":
                     first = next(s for s in ended if (s.exit_code or 0) != 0 or s.lost)
                     await self.store.write(self.store.update, job.id, launch_state={**state, "gang_failure": describe_exit(first.rank, first.exit_code, first.lost)},
@@ -180,7 +172,7 @@ class JobEngine(LoggingConfigurable):
             by = job.reason.removeprefix("cancelling (requested by ").rstrip(")") if job.reason.startswith("cancelling") else "the user"
             await self._end_attempt(job, CANCELLED, f"cancelled by {by} while running", codes)
         elif state.get("timed_out"):
-            await self._end_attempt(job, FAILED, f"exceeded its time limit of {fmt_seconds(job.time_limit)}", codes, retry=True)
+            await self._end_attempt(job, FAILED, f"exceeded its time limit of {fmt_duration(job.time_limit, 'units')}", codes, retry=True)
         elif state.get("preempting"):
             await self._end_attempt(job, QUEUED, f"preempted: {state.get('preempt_reason', 'a higher-priority job needed its GPUs')}; requeued", codes, requeue=True)
         elif all(c == 0 for c in codes):
@@ -300,7 +292,7 @@ class JobEngine(LoggingConfigurable):
             return
         reason = f"job {plan.head} (higher priority) needed its GPUs" if plan.head else "a higher-priority job needed its GPUs"
         await self.store.write(self.store.update, job.id, launch_state={**(job.launch_state or {}), "preempting": True, "preempt_reason": reason},
-                               event=("preempt", f"preempting: {reason}; SIGTERM with {fmt_seconds(self.grace_period)} grace"))
+                               event=("preempt", f"preempting: {reason}; SIGTERM with {fmt_duration(self.grace_period, 'units')} grace"))
 
     def why(self, job_id: int):
         return self._why.get(job_id)

@@ -9,9 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from trainhub.profiles import Profile
-from trainhub.services.culler.policy import (
-    CullPolicy, Decision, ServerInfo, UtilizationHistory, format_duration,
-)
+from trainhub.services.culler.policy import CullPolicy, Decision, ServerInfo, UtilizationHistory
 
 T0 = datetime(2026, 11, 21, 8, 0, tzinfo=timezone.utc)
 GPU1 = Profile(slug="gpu-1", display_name="1 GPU", gpus=1)
@@ -220,11 +218,6 @@ def test_hook_not_called_for_none():
 def test_hook_also_sees_warnings():
     d = asyncio.run(policy(cull_hook=_veto).decide(server(), idle_for(115), at(111)))
     assert d.action == "none" and "vetoed" in d.reason
-
-
-@pytest.mark.parametrize("seconds, text", [(7260, "2h01m"), (720, "12m"), (42, "42s"), (None, "unknown"), (-5, "0s")])
-def test_format_duration(seconds, text):
-    assert format_duration(seconds) == text
 
 
 def test_threshold_validated():

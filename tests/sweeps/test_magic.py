@@ -7,7 +7,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from sweeps_fakes import DONE, SWEEP, TRIALS
-from trainhub.kernels.sweep import (SweepHandle, progress_text, render_header, render_plots, render_trials_table,
+from trainhub.fmt import sweep_progress
+from trainhub.kernels.sweep import (SweepHandle, render_header, render_plots, render_trials_table,
                                     summary_line, svg_history, svg_importance, svg_intermediate, trial_rows)
 
 CELL = "import trainhub\np = trainhub.params()\ntrainhub.report(step=0, val_loss=helper(p['lr']))\n"
@@ -98,7 +99,7 @@ def test_dry_run_prints_and_submits_nothing(shell, sweep_magics, fake_client, ca
 
 # -- rendering -----------------------------------------------------------------------------------------
 def test_renderers():
-    assert progress_text(DONE) == "3/3 trials done, 2 complete, 1 pruned, 0 running"
+    assert sweep_progress(DONE) == "3/3 trials done, 2 complete, 1 pruned, 0 running"
     head = render_header(DONE)
     assert "s-000001" in head and "completed" in head and "val_loss = 0.2" in head and "j-000003" in head
     assert "file:///data/alice/jobs/j-000003" in head

@@ -3,7 +3,8 @@ and its line in the %%train widget (pure functions fed canned API answers)."""
 
 from __future__ import annotations
 
-from trainhub.commands.usage import diagnosis_summary, format_diagnosis, format_table
+from trainhub.commands.usage import format_table
+from trainhub.fmt import diagnosis_summary, format_diagnosis
 from trainhub.kernels.widget import render_diagnosis
 from trainhub.services.usage.advisor import AdvisorThresholds, WorkerSample, diagnose
 

@@ -12,25 +12,13 @@ import json
 import sys
 
 from trainhub.cli import CommandError
+from trainhub.fmt import fmt_size, text_table
 
 
 def _connection(p):
     g = p.add_argument_group("connection")
     g.add_argument("--url", metavar="URL", help="trainhub API base URL (default: $TRAINHUB_API_URL)")
     g.add_argument("--token", metavar="TOKEN", help="JupyterHub API token (default: $JUPYTERHUB_API_TOKEN)")
-
-
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
 
 
 def add_parser(sub):
@@ -87,7 +75,7 @@ def _api(call, *a, **kw):
 
 
 def version_line(v: dict) -> str:
-    state = v["status"] if v["status"] != "ready" else f"{v['file_count']} files, {human_size(v['size'])}"
+    state = v["status"] if v["status"] != "ready" else f"{v['file_count']} files, {fmt_size(v['size'])}"
     dep = f"  DEPRECATED: {v.get('deprecation_message') or ''}" if v.get("deprecated") else ""
     return f"v{v['version']}  {state}  {v.get('format') or '-'}  {v['url']}  {v['created'][:19]}  {v['created_by']}{dep}"
 
@@ -104,9 +92,9 @@ def run_list(args):
     for d in body["items"]:
         lv = d.get("latest") or {}
         rows.append([d["name"], f"v{lv.get('version', '-')}", str(len(d["versions"])), str(lv.get("file_count", "")),
-                     human_size(lv.get("size", 0)), lv.get("format") or "-", d["owner"],
+                     fmt_size(lv.get("size", 0)), lv.get("format") or "-", d["owner"],
                      "deprecated" if d["deprecated"] else "", (d.get("description") or "")[:50]])
-    print(table(rows, ["NAME", "LATEST", "VERSIONS", "FILES", "SIZE", "FORMAT", "OWNER", "", "DESCRIPTION"]))
+    print(text_table(rows, ["NAME", "LATEST", "VERSIONS", "FILES", "SIZE", "FORMAT", "OWNER", "", "DESCRIPTION"]))
     return 0
 
 
@@ -137,7 +125,7 @@ def run_register(args):
 
     def progress(v):
         p = v.get("progress") or {}
-        print(f"\rscanning: {p.get('files', 0)} files, {human_size(p.get('bytes', 0))}", end="", file=sys.stderr, flush=True)
+        print(f"\rscanning: {p.get('files', 0)} files, {fmt_size(p.get('bytes', 0))}", end="", file=sys.stderr, flush=True)
 
     v = _api(c.register_dataset, args.name, args.path, format=args.format, description=args.description, metadata=meta,
              wait=not args.no_wait, callback=progress)

@@ -13,10 +13,11 @@ import re
 import shutil
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from trainhub.cli import CommandError
+from trainhub.fmt import (elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_job, last_log_line, metrics_rows,
+                          parse_time, text_table, wait_reason_text)
 from trainhub.states import JOB_STATES, JOB_TERMINAL, QUEUED, RUNNING, SUCCEEDED
 
 
@@ -183,72 +184,6 @@ def _api(call, *a, **kw):
         raise CommandError(str(e), 2) from None
 
 
-def parse_time(value) -> datetime | None:
-    if not value:
-        return None
-    try:
-        t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-
-
-def elapsed_seconds(job: dict, now: datetime | None = None) -> float | None:
-    """Run time so far (started -> finished/now); None before the job started."""
-    start = parse_time(job.get("started"))
-    if start is None:
-        return None
-    end = parse_time(job.get("finished")) or now or datetime.now(timezone.utc)
-    return max(0.0, (end - start).total_seconds())
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
-
-
-def fmt_devices(job: dict) -> str:
-    gpus, workers = job.get("gpus"), job.get("workers") or 1
-    text = (f"{gpus if gpus is not None else '?'} GPU{'' if gpus == 1 else 's'} x "
-            f"{workers} worker{'' if workers == 1 else 's'}")
-    devices = job.get("devices")
-    if devices:
-        text += " (devices " + " | ".join(",".join(str(d) for d in w) or "-" for w in devices) + ")"
-    return text
-
-
-def metrics_rows(metrics: dict) -> tuple[list[str], list[dict]]:
-    """Flatten the API's metrics records into rows {step, worker, time, <metric>...} and the column names."""
-    names: list[str] = []
-    rows = []
-    for rec in (metrics or {}).get("metrics", []):
-        row = {"step": rec.get("step"), "worker": rec.get("worker", 0), "time": rec.get("time")}
-        for k, v in (rec.get("values") or {}).items():
-            if k not in names:
-                names.append(k)
-            row[k] = v
-        rows.append(row)
-    return ["step", "worker", "time", *names], rows
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join(lines)
-
-
-def last_log_line(text: str) -> str:
-    for line in reversed((text or "").splitlines()):
-        if line.strip():
-            return line
-    return ""
-
-
 # -- commands ---------------------------------------------------------------------------------
 def cmd_submit(args):
     if bool(args.script) == bool(args.shell_command):
@@ -355,7 +290,7 @@ def cmd_list(args):
         rows.append([j["id"], (j.get("name") or "")[:24], j.get("user", ""), j.get("state", ""),
                      f"{j.get('gpus', '?')}x{j.get('workers', 1)}", created.strftime("%Y-%m-%d %H:%M") if created else "-",
                      fmt_duration(elapsed_seconds(j)), (j.get("reason") or "")[:60]])
-    print(_table(rows, ["ID", "NAME", "USER", "STATE", "GPUSxW", "CREATED", "ELAPSED", "REASON"]))
+    print(text_table(rows, ["ID", "NAME", "USER", "STATE", "GPUSxW", "CREATED", "ELAPSED", "REASON"]))
     total = page.get("total", len(items))
     if total > page.get("offset", 0) + len(items):
         print(f"({len(items)} of {total}; more with --offset {page.get('offset', 0) + len(items)})")
@@ -371,8 +306,6 @@ def cmd_show(args):
     print(format_job(job))
     diagnosis = _diagnosis_or_none(client, job)
     if diagnosis is not None:
-        from trainhub.commands.usage import format_diagnosis
-
         print(format_diagnosis(diagnosis, remedies=False, indent="  "))
     return 0
 
@@ -389,39 +322,6 @@ def _diagnosis_or_none(client, job: dict):
         return None
 
 
-# what each scheduler wait code means (docs/scheduler.md), shown under the scheduler's message
-WAIT_CODES = {
-    "too-large": "the job can never fit the cluster",
-    "quota-user": "starting it would put you over your GPU quota; it starts when your other jobs or servers free GPUs",
-    "quota-group": "starting it would put one of your groups over its GPU quota",
-    "cpu-limit": "every CPU-only job slot is taken",
-    "no-gpus": "first in line, waiting for enough GPUs to be free at once",
-    "behind": "a job ahead of it in the queue is waiting for GPUs",
-    "fair-share": "a job of a user holding fewer GPUs goes first (fair share)",
-    "reserved": "GPUs are free but held for the job first in line",
-}
-
-
-def print_wait_reason(job: dict, why: dict, stream=None, now: float | None = None) -> None:
-    """Why a queued job waits, from ``GET /jobs/{id}/why``: the scheduler's message first (verbatim),
-    then its code, the job it waits behind and that job's reserved start."""
-    stream = stream or sys.stdout
-    print(f"{job['id']} is queued: {why.get('message') or job.get('reason') or 'waiting for the scheduler'}", file=stream)
-    code = why.get("code")
-    if code:
-        print(f"  code:        {code}" + (f" ({WAIT_CODES[code]})" if code in WAIT_CODES else ""), file=stream)
-    if why.get("blocking_job"):
-        print(f"  waiting for: {why['blocking_job']} (trainhub jobs show {why['blocking_job']})", file=stream)
-    start = why.get("reserved_start")
-    if isinstance(start, (int, float)):
-        at = datetime.fromtimestamp(start, timezone.utc)
-        wait = start - (time.time() if now is None else now)
-        print(f"  starts by:   {at.strftime('%Y-%m-%d %H:%M:%S UTC')}"
-              + (f" (in {fmt_duration(wait)})" if wait > 0 else " (due now)"), file=stream)
-    if not code:
-        print("  (no scheduling pass has explained it yet; the reason above is the job's last recorded one)", file=stream)
-
-
 def cmd_why(args):
     client = client_from_args(args)
     job = _api(client.get, args.id)
@@ -431,40 +331,14 @@ def cmd_why(args):
         print(json.dumps({"id": job["id"], "state": job.get("state"), "why": why, "diagnosis": diagnosis}, indent=2))
         return 0
     if why is not None:
-        print_wait_reason(job, why)
+        print(wait_reason_text(job, why))
         return 0
     print(f"{job['id']} {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""))
     if diagnosis is None:
         print("  no GPU efficiency diagnosis available (the usage advisor is not running on this service)")
         return 0
-    from trainhub.commands.usage import format_diagnosis
-
     print(format_diagnosis(diagnosis, remedies=True, indent="  "))
     return 0
-
-
-def format_job(job: dict) -> str:
-    lines = [f"{job['id']}  {job.get('name') or ''}".rstrip(),
-             f"  state:    {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""),
-             f"  user:     {job.get('user', '')}",
-             f"  gpus:     {fmt_devices(job)}" + (f", profile {job['profile']}" if job.get("profile") else ""),
-             "  run:      " + (job.get("command") or f"python script.py ({len((job.get('script') or '').splitlines())} lines)"),
-             f"  created:  {job.get('created') or '-'}",
-             f"  started:  {job.get('started') or '-'}",
-             f"  finished: {job.get('finished') or '-'}",
-             f"  elapsed:  {fmt_duration(elapsed_seconds(job))}"]
-    if job.get("attempt") or job.get("retries"):
-        lines.append(f"  attempt:  {job.get('attempt', 1)} of {1 + (job.get('retries') or 0)}")
-    if job.get("exit_codes"):
-        lines.append(f"  exit codes: {job['exit_codes']}")
-    if job.get("time_limit"):
-        lines.append(f"  time limit: {job['time_limit']}")
-    if job.get("env"):
-        lines.append("  env:      " + " ".join(f"{k}={v}" for k, v in job["env"].items()))
-    for key in ("outputs_url", "outputs_path"):
-        if job.get(key):
-            lines.append(f"  {key.replace('_', ' ')}: {job[key]}")
-    return "\n".join(lines)
 
 
 def cmd_logs(args):
@@ -529,13 +403,5 @@ def cmd_metrics(args):
         print(f"{args.id} has reported no metrics (call trainhub.log_metrics(step=..., loss=...) in the job)")
         return 0
     cols = [c for c in columns if c != "time"]
-    print(_table([[_fmt_num(r.get(c, "")) for c in cols] for r in rows], [c.upper() if c in ("step", "worker") else c for c in cols]))
+    print(text_table([[fmt_number(r.get(c, "")) for c in cols] for r in rows], [c.upper() if c in ("step", "worker") else c for c in cols]))
     return 0
-
-
-def _fmt_num(v):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)

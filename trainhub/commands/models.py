@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainhub.commands.datasets import _api, _client, _connection, human_size, table
+from trainhub.commands.datasets import _api, _client, _connection
+from trainhub.fmt import fmt_size, text_table
 
 STAGES = ("none", "staging", "production", "archived")
 
@@ -76,7 +77,7 @@ def version_line(v: dict) -> str:
     if lin.get("sweep") is not None:
         src += f" (sweep {lin['sweep']})"
     ds = ", ".join(f"{d['name']}:{d['version']}" for d in lin.get("datasets", []))
-    return (f"v{v['version']}  {v['stage']:<10}  {v['status']}  {len(v.get('files', []))} files {human_size(v.get('size', 0))}"
+    return (f"v{v['version']}  {v['stage']:<10}  {v['status']}  {len(v.get('files', []))} files {fmt_size(v.get('size', 0))}"
             f"  {src}{'  data ' + ds if ds else ''}  {_metrics(v)}")
 
 
@@ -90,7 +91,7 @@ def run_list(args):
         return 0
     rows = [[m["name"], str(len(m["versions"])), " ".join(f"{s}:v{','.join(map(str, vs))}" for s, vs in m["stages"].items()) or "-",
              m["owner"], _metrics(m.get("latest") or {})[:60]] for m in body["items"]]
-    print(table(rows, ["NAME", "VERSIONS", "STAGES", "OWNER", "LATEST METRICS"]))
+    print(text_table(rows, ["NAME", "VERSIONS", "STAGES", "OWNER", "LATEST METRICS"]))
     return 0
 
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from trainhub.cli import CommandError
-from trainhub.commands.jobs import (_api, _conn, _table, add_spec_options, cancel_each, client_from_args, parse_states, parse_time,
-                                    spec_from_args)
+from trainhub.commands.jobs import _api, _conn, add_spec_options, cancel_each, client_from_args, parse_states, spec_from_args
+from trainhub.fmt import fmt_number, parse_time, sweep_progress, text_table
 from trainhub.states import COMPLETED, SWEEP_STATES, SWEEP_TERMINAL
 
 
@@ -131,12 +131,6 @@ def body_from_args(args) -> dict:
     return body
 
 
-def progress_text(sweep: dict) -> str:
-    from trainhub.kernels.sweep import progress_text as text
-
-    return text(sweep)
-
-
 def cmd_create(args):
     body = body_from_args(args)
     client = client_from_args(args)
@@ -153,7 +147,7 @@ def cmd_create(args):
     try:
         while True:
             sweep = _api(client.get_sweep, sweep["id"])
-            line = f"{sweep['id']} {sweep['state']}: {progress_text(sweep)}"
+            line = f"{sweep['id']} {sweep['state']}: {sweep_progress(sweep)}"
             if sweep.get("best"):
                 line += f"; best {sweep['metric']} = {sweep['best']['value']:.6g}"
             if line != last:
@@ -193,7 +187,7 @@ def cmd_list(args):
                      f"{p.get('done', 0)}/{s.get('trials')}", str(p.get("running", 0) + p.get("pending", 0)),
                      str(p.get("pruned", 0)), f"{s.get('mode')} {s.get('metric')}",
                      f"{best['value']:.6g}" if best else "-", created.strftime("%Y-%m-%d %H:%M") if created else "-"])
-    print(_table(rows, ["ID", "NAME", "USER", "STATE", "DONE", "RUNNING", "PRUNED", "OBJECTIVE", "BEST", "CREATED"]))
+    print(text_table(rows, ["ID", "NAME", "USER", "STATE", "DONE", "RUNNING", "PRUNED", "OBJECTIVE", "BEST", "CREATED"]))
     return 0
 
 
@@ -204,7 +198,7 @@ def format_sweep(sweep: dict) -> str:
              f"  state:     {sweep.get('state')}" + (f" ({sweep['reason']})" if sweep.get("reason") else ""),
              f"  objective: {sweep.get('mode')} {sweep.get('metric')} ({sweep.get('sampler')} sampler, {sweep.get('pruner')} pruner)",
              f"  space:     {describe(sweep.get('space') or {})}",
-             f"  progress:  {progress_text(sweep)} ({sweep.get('parallel')} at a time)"]
+             f"  progress:  {sweep_progress(sweep)} ({sweep.get('parallel')} at a time)"]
     best = sweep.get("best")
     if best:
         lines.append(f"  best:      {sweep.get('metric')} = {best['value']:.6g}, trial {best['number']} ({best.get('job_id')}), "
@@ -224,12 +218,8 @@ def format_trials(trials: list[dict]) -> str:
     for t in trials:
         params = t.get("params") or {}
         rows.append([str(t["number"]), t.get("state", ""), "-" if t.get("value") is None else f"{t['value']:.6g}",
-                     *[_fmt(params.get(k)) for k in names], t.get("job_id") or "-", (t.get("reason") or "")[:60]])
-    return _table(rows, ["#", "STATE", "VALUE", *names, "JOB", "REASON"])
-
-
-def _fmt(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+                     *[fmt_number(params.get(k), 4, none="None") for k in names], t.get("job_id") or "-", (t.get("reason") or "")[:60]])
+    return text_table(rows, ["#", "STATE", "VALUE", *names, "JOB", "REASON"])
 
 
 def cmd_show(args):
@@ -260,7 +250,7 @@ def cmd_best(args):
         print(json.dumps(best, indent=2))
         return 0 if best else 1
     if not best:
-        print(f"{sweep['id']} has no completed trial yet ({progress_text(sweep)})")
+        print(f"{sweep['id']} has no completed trial yet ({sweep_progress(sweep)})")
         return 1
     print(f"trial {best['number']}: {sweep['metric']} = {best['value']:.6g}\n  params:  {json.dumps(best['params'])}\n"
           f"  job:     {best.get('job_id')}\n  outputs: {best.get('outputs_url') or best.get('outputs_path') or '-'}")

@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from traitlets import Bool, Dict, Float, Integer
 from traitlets.config import LoggingConfigurable
 
+from trainhub.fmt import fmt_duration
+
 from .model import Allocation, JobRequest, Plan, Quotas, Start, WaitReason
 from .placement import FreeIndex, free_gpus
 
@@ -76,14 +78,8 @@ class Scheduler(LoggingConfigurable):
 
 
 def _fmt_delay(seconds: float) -> str:
-    seconds = max(0, int(math.ceil(seconds)))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, s = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{s:02d}s"
-    hours, m = divmod(minutes, 60)
-    return f"{hours}h{m:02d}m"
+    """A delay rounded up to the second (a promise must not be early): 7s, 1m05s, 2h00m."""
+    return fmt_duration(math.ceil(seconds), "units")
 
 
 class _Reasons(Mapping):

@@ -1,0 +1,73 @@
+"""trainhub.fmt: the one place durations, sizes, times and tables are written for people."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from trainhub.fmt import (elapsed_seconds, fmt_duration, fmt_number, fmt_size, last_log_line, parse_time, text_table,
+                          wait_reason_text)
+
+
+@pytest.mark.parametrize("seconds, style, text", [
+    # clock: elapsed times in tables and panels
+    (None, "clock", "-"), (0, "clock", "00:00"), (65, "clock", "01:05"), (3723, "clock", "1:02:03"),
+    (59.9, "clock", "00:59"), (-5, "clock", "00:00"),
+    # units: time limits, delays, grace periods (the engine's and the scheduler's messages)
+    (45, "units", "45s"), (185, "units", "3m05s"), (600, "units", "10m00s"), (3600, "units", "1h00m"),
+    (7260, "units", "2h01m"), (None, "units", "unknown"),
+    # coarse: the culler's idle times (was services.culler.policy.format_duration)
+    (7260, "coarse", "2h01m"), (720, "coarse", "12m"), (42, "coarse", "42s"), (None, "coarse", "unknown"),
+    (-5, "coarse", "0s"), (185, "coarse", "3m"),
+])
+def test_fmt_duration(seconds, style, text):
+    assert fmt_duration(seconds, style) == text
+
+
+def test_fmt_duration_refuses_an_unknown_style():
+    with pytest.raises(ValueError, match="one of clock, units, coarse"):
+        fmt_duration(5, "hms")
+
+
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (999, "999 B"), (1500, "1.5 KB"), (2_000_000, "2.0 MB"),
+                                     (3.1e12, "3.1 TB"), (5e15, "5000.0 TB")])
+def test_fmt_size(n, text):
+    assert fmt_size(n) == text
+
+
+@pytest.mark.parametrize("v, kw, text", [(None, {}, "-"), (None, {"none": ""}, ""), (0.123456789, {}, "0.123457"),
+                                         (0.123456789, {"digits": 4}, "0.1235"), (3, {}, "3"), ("x", {}, "x")])
+def test_fmt_number(v, kw, text):
+    assert fmt_number(v, **kw) == text
+
+
+def test_parse_time_and_elapsed():
+    assert parse_time("2026-11-21T20:01:02Z") == datetime(2026, 11, 21, 20, 1, 2, tzinfo=timezone.utc)
+    assert parse_time("2026-11-21T20:01:02") == datetime(2026, 11, 21, 20, 1, 2, tzinfo=timezone.utc)  # naive = UTC
+    assert parse_time("") is None and parse_time(None) is None and parse_time("soon") is None
+    job = {"started": "2026-11-21T20:00:00Z", "finished": "2026-11-21T20:01:05Z"}
+    assert elapsed_seconds(job) == 65.0 and fmt_duration(elapsed_seconds(job)) == "01:05"
+    assert elapsed_seconds({"started": None}) is None
+    now = datetime(2026, 11, 21, 20, 0, 30, tzinfo=timezone.utc)
+    assert elapsed_seconds({"started": "2026-11-21T20:00:00Z"}, now) == 30.0
+
+
+def test_text_table_aligns_and_strips():
+    assert text_table([["j-1", "a"], ["j-000002", ""]], ["ID", "NAME"]) == "ID        NAME\nj-1       a\nj-000002"
+
+
+def test_last_log_line():
+    assert last_log_line("a\nb\n\n  \n") == "b" and last_log_line("") == ""
+
+
+def test_wait_reason_text():
+    job = {"id": "j-000007", "reason": "waiting"}
+    why = {"message": "waiting for 8 GPUs: 2 of 8 free", "code": "no-gpus", "blocking_job": "j-000003",
+           "reserved_start": 1_000_090.0}
+    text = wait_reason_text(job, why, now=1_000_000.0)
+    assert text.splitlines()[0] == "j-000007 is queued: waiting for 8 GPUs: 2 of 8 free"
+    assert "  code:        no-gpus (first in line, waiting for enough GPUs to be free at once)" in text
+    assert "  waiting for: j-000003 (trainhub jobs show j-000003)" in text
+    assert "(in 01:30)" in text
+    assert "no scheduling pass" in wait_reason_text(job, {}, now=0) and "is queued: waiting" in wait_reason_text(job, {})

@@ -1,0 +1,251 @@
+"""Text for people: durations, sizes, times, tables, jobs, metrics, diagnoses and wait reasons.
+
+The CLI (``trainhub.commands``), the kernel side (``%%train``, its panel and handle), the
+services' messages and the scheduler all write these the same way because they all use this
+module; none of them imports another's formatting. Pure functions: API dicts in, text out.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from trainhub.states import PENDING, TRIAL_FINAL, TRIAL_RUNNING, TRIAL_STATES
+
+# -- durations and sizes --------------------------------------------------------------------------
+DURATION_STYLES = ("clock", "units", "coarse")
+
+
+def fmt_duration(seconds: float | None, style: str = "clock") -> str:
+    """The one duration formatter. Negative durations count as 0; fractions of a second are dropped.
+
+    ``clock``: ``1:02:03``, ``02:03`` (``-`` for None): elapsed times in tables and live panels.
+    ``units``: ``1h02m``, ``3m05s``, ``45s`` (``unknown`` for None): time limits, delays and grace
+    periods in messages. ``coarse``: ``1h02m``, ``3m``, ``45s``: like ``units`` without the seconds
+    past a minute (idle times, where seconds are noise).
+    """
+    if style not in DURATION_STYLES:
+        raise ValueError(f"duration style {style!r}: one of {', '.join(DURATION_STYLES)}")
+    if seconds is None:
+        return "-" if style == "clock" else "unknown"
+    s = int(max(seconds, 0))
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    if style == "clock":
+        return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m" if style == "coarse" else f"{m}m{sec:02d}s"
+    return f"{sec}s"
+
+
+def fmt_size(n: float) -> str:
+    """Bytes in decimal units: ``512 B``, ``1.5 KB``, ``2.0 GB``, ``3.1 TB``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)  # pragma: no cover - the loop always returns
+
+
+def fmt_number(v, digits: int = 6, none: str = "-") -> str:
+    """A table cell: floats with ``digits`` significant digits, None as ``none``, anything else as str."""
+    if v is None:
+        return none
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+# -- times ----------------------------------------------------------------------------------------
+def parse_time(value) -> datetime | None:
+    """An ISO 8601 time from the API (``...Z`` or an offset; naive = UTC) as an aware datetime;
+    None when empty or not a time."""
+    if not value:
+        return None
+    try:
+        t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def elapsed_seconds(job: dict, now: datetime | None = None) -> float | None:
+    """Run time so far (started -> finished/now); None before the job started."""
+    start = parse_time(job.get("started"))
+    if start is None:
+        return None
+    end = parse_time(job.get("finished")) or now or datetime.now(timezone.utc)
+    return max(0.0, (end - start).total_seconds())
+
+
+# -- tables ---------------------------------------------------------------------------------------
+def text_table(rows: list[list], header: list[str]) -> str:
+    """Plain-text columns, left-aligned, two spaces apart, no trailing blanks."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+def fmt_devices(job: dict) -> str:
+    """``2 GPUs x 2 workers (devices 0,1 | 2,3)``."""
+    gpus, workers = job.get("gpus"), job.get("workers") or 1
+    text = (f"{gpus if gpus is not None else '?'} GPU{'' if gpus == 1 else 's'} x "
+            f"{workers} worker{'' if workers == 1 else 's'}")
+    devices = job.get("devices")
+    if devices:
+        text += " (devices " + " | ".join(",".join(str(d) for d in w) or "-" for w in devices) + ")"
+    return text
+
+
+def format_job(job: dict) -> str:
+    """A job as lines of ``field: value`` (``trainhub jobs show``, ``%train status`` without widgets)."""
+    lines = [f"{job['id']}  {job.get('name') or ''}".rstrip(),
+             f"  state:    {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""),
+             f"  user:     {job.get('user', '')}",
+             f"  gpus:     {fmt_devices(job)}" + (f", profile {job['profile']}" if job.get("profile") else ""),
+             "  run:      " + (job.get("command") or f"python script.py ({len((job.get('script') or '').splitlines())} lines)"),
+             f"  created:  {job.get('created') or '-'}",
+             f"  started:  {job.get('started') or '-'}",
+             f"  finished: {job.get('finished') or '-'}",
+             f"  elapsed:  {fmt_duration(elapsed_seconds(job))}"]
+    if job.get("attempt") or job.get("retries"):
+        lines.append(f"  attempt:  {job.get('attempt', 1)} of {1 + (job.get('retries') or 0)}")
+    if job.get("exit_codes"):
+        lines.append(f"  exit codes: {job['exit_codes']}")
+    if job.get("time_limit"):
+        lines.append(f"  time limit: {job['time_limit']}")
+    if job.get("env"):
+        lines.append("  env:      " + " ".join(f"{k}={v}" for k, v in job["env"].items()))
+    for key in ("outputs_url", "outputs_path"):
+        if job.get(key):
+            lines.append(f"  {key.replace('_', ' ')}: {job[key]}")
+    return "\n".join(lines)
+
+
+def metrics_rows(metrics: dict) -> tuple[list[str], list[dict]]:
+    """Flatten the API's metrics records into rows {step, worker, time, <metric>...} and the column names."""
+    names: list[str] = []
+    rows = []
+    for rec in (metrics or {}).get("metrics", []):
+        row = {"step": rec.get("step"), "worker": rec.get("worker", 0), "time": rec.get("time")}
+        for k, v in (rec.get("values") or {}).items():
+            if k not in names:
+                names.append(k)
+            row[k] = v
+        rows.append(row)
+    return ["step", "worker", "time", *names], rows
+
+
+def last_log_line(text: str) -> str:
+    """The last non-blank line of a log text ('' when there is none)."""
+    for line in reversed((text or "").splitlines()):
+        if line.strip():
+            return line
+    return ""
+
+
+# -- why a queued job waits (GET /jobs/{id}/why; codes: trainhub.scheduler.WAIT_CODES) ------------
+WAIT_CODE_MEANINGS = {
+    "too-large": "the job can never fit the cluster",
+    "quota-user": "starting it would put you over your GPU quota; it starts when your other jobs or servers free GPUs",
+    "quota-group": "starting it would put one of your groups over its GPU quota",
+    "cpu-limit": "every CPU-only job slot is taken",
+    "no-gpus": "first in line, waiting for enough GPUs to be free at once",
+    "behind": "a job ahead of it in the queue is waiting for GPUs",
+    "fair-share": "a job of a user holding fewer GPUs goes first (fair share)",
+    "reserved": "GPUs are free but held for the job first in line",
+}
+
+
+def wait_reason_text(job: dict, why: dict, now: float | None = None) -> str:
+    """Why a queued job waits: the scheduler's message first (verbatim), then its code and what it
+    means, the job it waits behind and that job's reserved start."""
+    lines = [f"{job['id']} is queued: {why.get('message') or job.get('reason') or 'waiting for the scheduler'}"]
+    code = why.get("code")
+    if code:
+        lines.append(f"  code:        {code}" + (f" ({WAIT_CODE_MEANINGS[code]})" if code in WAIT_CODE_MEANINGS else ""))
+    if why.get("blocking_job"):
+        lines.append(f"  waiting for: {why['blocking_job']} (trainhub jobs show {why['blocking_job']})")
+    start = why.get("reserved_start")
+    if isinstance(start, (int, float)):
+        at = datetime.fromtimestamp(start, timezone.utc)
+        wait = start - (time.time() if now is None else now)
+        lines.append(f"  starts by:   {at.strftime('%Y-%m-%d %H:%M:%S UTC')}"
+                     + (f" (in {fmt_duration(wait)})" if wait > 0 else " (due now)"))
+    if not code:
+        lines.append("  (no scheduling pass has explained it yet; the reason above is the job's last recorded one)")
+    return "\n".join(lines)
+
+
+# -- the GPU efficiency advisor (GET /jobs/{id}/diagnosis) -------------------------------------
+def _num(v, unit="", nd=0):
+    return "?" if v is None else f"{v:.{nd}f}{unit}"
+
+
+def measurement_line(w: dict) -> str:
+    """'worker 0: GPU 5%, mem 12%, CPU 98% of 2 cores (busiest process 97%), I/O wait 0%, 8 samples'."""
+    parts = [f"GPU {_num(w.get('gpu_util'), '%')}"]
+    if w.get("mem_fraction") is not None:
+        parts.append(f"mem {_num(100 * w['mem_fraction'], '%')}")
+    if w.get("cpu_percent") is not None:
+        cpu = f"CPU {_num(w['cpu_percent'], '%')}"
+        if w.get("cpu_cores"):
+            cpu += f" of {w['cpu_cores']:g} core{'s' if w['cpu_cores'] != 1 else ''}"
+        if w.get("max_process_cpu_percent") is not None and w.get("max_process_cpu_percent") != w.get("cpu_percent"):
+            cpu += f" (busiest process {_num(w['max_process_cpu_percent'], '%')})"
+        parts.append(cpu)
+    if w.get("iowait_fraction") is not None:
+        parts.append(f"I/O wait {_num(100 * w['iowait_fraction'], '%')}")
+    if w.get("read_mb_s") is not None:
+        parts.append(f"read {_num(w['read_mb_s'], ' MB/s', 1)}")
+    if w.get("step_rate") is not None:
+        parts.append(f"{w['step_rate']:.3g} steps/s")
+    parts.append(f"{w.get('samples', 0)} samples")
+    return f"worker {w.get('rank', '?')}: " + ", ".join(parts)
+
+
+def diagnosis_summary(body: dict) -> str:
+    """One line: the codes found, or why there are none yet."""
+    found = body.get("diagnoses") or []
+    if found:
+        return "; ".join(d["code"] for d in found)
+    return body.get("note") or "no problem found"
+
+
+def format_diagnosis(body: dict, remedies: bool = True, indent: str = "") -> str:
+    """The advisor's diagnoses with their measurements (and remedies), as ``trainhub jobs why/show`` print them."""
+    lines = []
+    found = body.get("diagnoses") or []
+    sim = " (simulated GPUs: utilisation is scripted)" if body.get("simulated") else ""
+    head = f"GPU efficiency: {diagnosis_summary(body)}{sim}"
+    if body.get("note") and found:
+        head += f" — {body['note']}"
+    lines.append(indent + head)
+    for d in found:
+        lines.append(f"{indent}  [{d['severity']}] {d['message']}")
+        if remedies:
+            for r in d.get("remedies") or []:
+                lines.append(f"{indent}    - {r}")
+    workers = body.get("workers") or []
+    if workers:
+        lines.append(f"{indent}  measured (means over the last {max(w.get('samples', 0) for w in workers)} samples, "
+                     f"every {body.get('sample_interval', '?')}s):")
+        for w in workers:
+            lines.append(f"{indent}    {measurement_line(w)}")
+    return "\n".join(lines)
+
+
+# -- sweeps ---------------------------------------------------------------------------------------
+def sweep_progress(sweep: dict) -> str:
+    """``3/10 trials done, 2 complete, 1 pruned, 4 running``."""
+    p = sweep.get("progress") or {}
+    n = sweep.get("trials", "?")
+    parts = [f"{p.get('done', 0)}/{n} trials done"]
+    for key in (s for s in TRIAL_STATES if s in TRIAL_FINAL):  # complete, pruned, failed, cancelled
+        if p.get(key):
+            parts.append(f"{p[key]} {key}")
+    running = p.get(TRIAL_RUNNING, 0) + p.get(PENDING, 0)
+    parts.append(f"{running} running")
+    return ", ".join(parts)
