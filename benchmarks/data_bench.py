@@ -34,6 +34,8 @@ import tempfile
 import time
 import urllib.request
 
+from trainhub.backoff import WaitTimeout, poll
+
 ACCESS = {"key": "bench", "secret": "bench"}
 MiB = 2**20
 
@@ -54,15 +56,21 @@ def start_moto() -> tuple[subprocess.Popen, str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     atexit.register(stop, proc)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
+
+    def answers() -> bool:
         try:
             urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-            return proc, url
+            return True
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None:
                 sys.exit(f"moto_server did not start on {url}")
-            time.sleep(0.1)
+            return False
+
+    try:
+        poll(answers, what=f"moto_server on {url}", start=0.1, factor=1.0, timeout=30)
+    except WaitTimeout:
+        sys.exit(f"moto_server did not start on {url}")
+    return proc, url
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -37,6 +37,7 @@ from pathlib import Path
 import requests
 from benchcommon import percentile, start_platform
 
+from trainhub.backoff import WaitTimeout, poll
 from trainhub.states import JOB_TERMINAL as TERMINAL
 
 
@@ -134,8 +135,8 @@ def cpu_seconds(pid: int) -> float:
 
 def wait_all_done(user_sessions, deadline_s: float) -> dict[str, dict]:
     """Every job of every user, once none is queued or running (or the deadline passed)."""
-    deadline = time.monotonic() + deadline_s
-    while True:
+
+    def fetch() -> dict[str, dict]:
         jobs: dict[str, dict] = {}
         for user, s in user_sessions:
             offset = 0
@@ -146,9 +147,13 @@ def wait_all_done(user_sessions, deadline_s: float) -> dict[str, dict]:
                 offset += len(page["items"])
                 if not page["items"] or offset >= page["total"]:
                     break
-        if all(j["state"] in TERMINAL for j in jobs.values()) or time.monotonic() > deadline:
-            return jobs
-        time.sleep(1)
+        return jobs
+
+    try:
+        return poll(fetch, lambda jobs: all(j["state"] in TERMINAL for j in jobs.values()), what="every job to end",
+                    start=1.0, factor=1.0, timeout=deadline_s)
+    except WaitTimeout as e:
+        return e.last
 
 
 def main(argv=None) -> int:

@@ -32,6 +32,8 @@ import time
 
 import requests
 
+from trainhub.backoff import WaitTimeout, poll
+
 TOKEN = "bench-token"
 
 
@@ -42,16 +44,20 @@ def free_port() -> int:
 
 
 def wait_http(url: str, proc, timeout=60, headers=None):
-    deadline = time.monotonic() + timeout
-    while True:
+    def answers() -> bool:
         try:
             if requests.get(url, timeout=2, headers=headers).status_code < 500:
-                return
+                return True
         except requests.RequestException:
             pass
-        if proc.poll() is not None or time.monotonic() > deadline:
+        if proc.poll() is not None:
             raise SystemExit(f"{url} did not come up")
-        time.sleep(0.2)
+        return False
+
+    try:
+        poll(answers, what=f"{url} to answer", start=0.2, factor=1.0, timeout=timeout)
+    except WaitTimeout:
+        raise SystemExit(f"{url} did not come up") from None
 
 
 def main(argv=None) -> int:

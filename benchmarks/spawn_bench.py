@@ -33,6 +33,7 @@ from pathlib import Path
 import requests
 
 from trainhub.app import up
+from trainhub.backoff import WaitTimeout, poll
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,21 +73,21 @@ class Hub:
         r = self.api("POST", f"/users/{user}/server", json=self.body)
         if r.status_code not in (201, 202):
             raise SystemExit(f"{self.name}: spawn refused: {r.status_code} {r.text[:300]}")
-        while True:
-            server = (self.api("GET", f"/users/{user}").json().get("servers") or {}).get("")
-            if server and server.get("ready"):
-                return time.perf_counter() - t0
-            if time.perf_counter() - t0 > timeout:
-                raise SystemExit(f"{self.name}: server not ready within {timeout} s")
-            time.sleep(0.05)
+        try:
+            poll(lambda: (self.api("GET", f"/users/{user}").json().get("servers") or {}).get(""),
+                 lambda server: server and server.get("ready"), what=f"{self.name}: {user}'s server to be ready",
+                 start=0.05, factor=1.0, timeout=timeout)
+        except WaitTimeout:
+            raise SystemExit(f"{self.name}: server not ready within {timeout} s") from None
+        return time.perf_counter() - t0
 
     def stop_server(self, user: str, timeout: float = 60) -> None:
         self.api("DELETE", f"/users/{user}/server")
-        deadline = time.monotonic() + timeout
-        while (self.api("GET", f"/users/{user}").json().get("servers") or {}).get(""):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{self.name}: server did not stop within {timeout} s")
-            time.sleep(0.1)
+        try:
+            poll(lambda: (self.api("GET", f"/users/{user}").json().get("servers") or {}).get(""), lambda server: not server,
+                 what=f"{self.name}: {user}'s server to stop", start=0.1, factor=1.0, timeout=timeout)
+        except WaitTimeout:
+            raise SystemExit(f"{self.name}: server did not stop within {timeout} s") from None
 
     def close(self) -> None:
         if self.proc.poll() is None:

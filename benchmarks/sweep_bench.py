@@ -34,6 +34,9 @@ from pathlib import Path
 import requests
 from benchcommon import Platform  # the e2e tests' `trainhub up` driver
 
+from trainhub.backoff import poll
+from trainhub.states import COMPLETED, sweep_is_terminal
+
 CONFIG = """
 c.QuotaPolicy.user_gpu_limit = 4
 """
@@ -64,14 +67,16 @@ def run_sweep(api: str, headers: dict, *, trials: int, parallel: int, work: floa
         raise SystemExit(f"sweep not created: {r.status_code} {r.text}")
     sid = r.json()["id"]
     peak = 0
-    while True:
+
+    def fetch():
+        nonlocal peak
         s = requests.get(f"{api}/sweeps/{sid}", headers=headers, timeout=30).json()
         peak = max(peak, s["progress"]["running"] + s["progress"]["pending"])
-        if s["state"] in ("completed", "failed", "cancelled"):
-            break
-        time.sleep(0.1)
+        return s
+
+    s = poll(fetch, sweep_is_terminal, what=f"sweep {sid} to end", start=0.1, factor=1.0)
     wall = time.monotonic() - t0
-    if s["state"] != "completed" or s["progress"]["complete"] != trials:
+    if s["state"] != COMPLETED or s["progress"]["complete"] != trials:
         raise SystemExit(f"sweep {sid} ended {s['state']}: {s['reason']}")
     items = requests.get(f"{api}/sweeps/{sid}/trials", headers=headers, timeout=30).json()["items"]
     jobs = [requests.get(f"{api}/jobs/{t['job_id']}", headers=headers, timeout=30).json() for t in items]

@@ -39,6 +39,10 @@ from pathlib import Path
 import requests
 from benchcommon import percentile, start_platform
 
+from trainhub.backoff import WaitTimeout
+from trainhub.backoff import poll as poll_until  # `poll` is a polling interval below
+from trainhub.states import SUCCEEDED, job_is_terminal
+
 CELL_BODY = "print('step 0 loss 1.0', flush=True)\n"
 
 
@@ -117,14 +121,12 @@ class Api:
         return int(items[0]["id"].split("-")[1]) if items else 0
 
     def wait_done(self, key: str, timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.get(f"/jobs/{key}").json()
-            if job["state"] in ("succeeded", "failed", "cancelled", "lost"):
-                return job
-            if time.monotonic() > deadline:
-                raise SystemExit(f"job {key} still {job['state']} after {timeout} s: {job.get('reason')}")
-            time.sleep(0.05)
+        try:
+            return poll_until(lambda: self.get(f"/jobs/{key}").json(), job_is_terminal, what=f"job {key} to end",
+                        describe=lambda job: f"still {job['state']}: {job.get('reason')}", start=0.05, factor=1.0,
+                        timeout=timeout)
+        except WaitTimeout as e:
+            raise SystemExit(str(e)) from None
 
 
 def train_first_line(kernel: Kernel, api: Api, name: str, gpus: int, poll: float = 0.01) -> tuple[float, dict]:
@@ -134,22 +136,24 @@ def train_first_line(kernel: Kernel, api: Api, name: str, gpus: int, poll: float
     t_wall = time.time()
     t0 = time.perf_counter()
     msg_id = kernel.send(cell)
-    deadline = t0 + 60
-    while True:
+
+    def logs():
         r = api.get(f"/jobs/{key}/logs")
-        if r.status_code == 200 and r.text.strip():
-            elapsed = time.perf_counter() - t0
-            break
         if r.status_code not in (200, 404):
             raise SystemExit(f"GET /jobs/{key}/logs: {r.status_code} {r.text[:300]}")
-        if time.perf_counter() > deadline:
-            raise SystemExit(f"no log line from {key} within 60 s")
-        time.sleep(poll)
+        return r
+
+    try:
+        r = poll_until(logs, lambda r: r.status_code == 200 and r.text.strip(), what=f"a log line from {key}",
+                       start=poll, factor=1.0, timeout=60)
+    except WaitTimeout:
+        raise SystemExit(f"no log line from {key} within 60 s") from None
+    elapsed = time.perf_counter() - t0
     kernel.reply(msg_id)
     job = api.wait_done(key)
     if job["name"] != name:
         raise SystemExit(f"{key} is {job['name']!r}, not this run's job {name!r}: is something else submitting?")
-    if job["state"] != "succeeded":
+    if job["state"] != SUCCEEDED:
         raise SystemExit(f"{key} {job['state']}: {job['reason']}")
     line_at = iso_ts(r.text.split(" ", 1)[0])
     phases = {"cell->created": iso_ts(job["created"]) - t_wall, "created->started": iso_ts(job["started"]) - iso_ts(job["created"]),

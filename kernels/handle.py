@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import time
 
 from trainhub.fmt import elapsed_seconds, fmt_devices, fmt_duration, fmt_number, metrics_rows, text_table
 from trainhub.states import JOB_TERMINAL, SUCCEEDED
@@ -103,14 +102,7 @@ class JobHandle:
     def wait(self, poll: float = 1.0, timeout: float | None = None, raise_on_failure: bool = True) -> dict:
         """Block until the job ends; raise :class:`JobFailedError` if it did not succeed
         (unless ``raise_on_failure=False``). Returns the job."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            job = self.refresh()
-            if job["state"] in JOB_TERMINAL:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self.id} still {job['state']} after {timeout}s")
-            time.sleep(poll)
+        job = self.client.wait(self.id, poll=poll, callback=lambda j: setattr(self, "job", j), timeout=timeout)
         if raise_on_failure and job["state"] != SUCCEEDED:
             try:
                 tail = self.client.logs(self.id, tail=20)

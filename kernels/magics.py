@@ -12,16 +12,16 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import Float, Integer, Unicode
 
+from trainhub.backoff import Backoff
 from trainhub.commands.jobs import add_spec_options, spec_from_args
 from trainhub.fmt import elapsed_seconds, fmt_duration, format_job
 from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
-from trainhub.states import JOB_STATES, JOB_TERMINAL, SUCCEEDED
+from trainhub.states import JOB_STATES, SUCCEEDED
 
 CELL_HELP = """\
 Run this cell as a batch job on the platform's GPUs.
@@ -258,7 +258,9 @@ class TrainMagics(Magics):
         """Block until the job ends (Ctrl-C / interrupt stops waiting, not the job)."""
         try:
             if handle.panel is not None:
-                while not handle.panel.done.wait(0.2):
+                # the panel's own thread polls; wake every 0.2 s so an interrupt reaches this loop
+                pause = Backoff(f"the panel of {handle.id} to see the job end", start=0.2, factor=1.0)
+                while not pause.sleep(until=handle.panel.done):
                     pass
                 return handle.refresh()
             return self._wait_text(handle)
@@ -268,9 +270,12 @@ class TrainMagics(Magics):
             raise
 
     def _wait_text(self, handle) -> dict:
+        """Where widgets cannot render: print each state change and the new log lines until the job ends."""
         last_state, seen = None, 0
-        while True:
-            job = handle.refresh()
+
+        def show(job):
+            nonlocal last_state, seen
+            handle.job = job
             if job["state"] != last_state:
                 print(f"{handle.id} {job['state']}" + (f": {job['reason']}" if job.get("reason") else ""))
                 last_state = job["state"]
@@ -281,10 +286,10 @@ class TrainMagics(Magics):
             for ln in lines[seen:]:
                 print(ln)
             seen = max(seen, len(lines))
-            if job["state"] in JOB_TERMINAL:
-                print(f"{handle.id} {job['state']} after {fmt_duration(elapsed_seconds(job))}")
-                return job
-            time.sleep(self.poll_interval)
+
+        job = self.client.wait(handle.id, poll=self.poll_interval, callback=show)
+        print(f"{handle.id} {job['state']} after {fmt_duration(elapsed_seconds(job))}")
+        return job
 
     # -- line magics ------------------------------------------------------------------------------
     def _line(self, line: str):

@@ -26,7 +26,7 @@ from IPython.core.magic import cell_magic, magics_class
 from trainhub.commands.jobs import nonneg_int, pos_int, add_spec_options, spec_from_args
 from trainhub.fmt import fmt_number, sweep_progress
 from trainhub.kernels.magics import TrainMagics, _UsageParser
-from trainhub.kernels.widget import svg_axes
+from trainhub.kernels.widget import panel_backoff, svg_axes
 from trainhub.searchspace import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
                                             space_from_source)
 from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, SWEEP_TERMINAL, TRIAL_CANCELLED,
@@ -465,6 +465,7 @@ class SweepPanel:
 
     def _run(self) -> None:
         errors = 0
+        pause = panel_backoff(f"sweep {self.sweep['id']} to end", self.poll)  # as JobPanel's
         try:
             while not self._stop.is_set():
                 try:
@@ -472,12 +473,14 @@ class SweepPanel:
                     if errors:
                         self.message.value = ""
                     errors = 0
+                    pause.reset()
                     if sweep.get("state") in SWEEP_TERMINAL:
                         break
                 except Exception as e:
                     errors += 1
                     self.message.value = f"<span style='color:#8a6d00'>cannot refresh ({html.escape(str(e))}); retrying</span>"
-                self._stop.wait(min(self.poll * (2 ** min(errors, 5)), 30.0))
+                if pause.sleep(until=self._stop):
+                    break
         finally:
             self.done.set()
 

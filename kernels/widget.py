@@ -15,6 +15,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
+from trainhub.backoff import Backoff
 from trainhub.fmt import diagnosis_summary, elapsed_seconds, fmt_devices, fmt_duration, measurement_line, parse_time
 from trainhub.states import CANCELLED, FAILED, JOB_TERMINAL, LOST, QUEUED, RUNNING, SUCCEEDED
 
@@ -159,6 +160,12 @@ def render_diagnosis(body: dict | None) -> str:
     return "<div style='font-size:12px'>" + "".join(items) + "</div>"
 
 
+def panel_backoff(what: str, poll: float) -> Backoff:
+    """The pauses of a live panel's polling thread: ``poll`` seconds while the API answers; after each
+    failure twice the last (at most 32 x ``poll`` and 30 s) until it answers again (``reset()``)."""
+    return Backoff(what, start=poll, factor=2.0, cap=min(poll * 32, 30.0))
+
+
 class JobPanel:
     """Live view of one job. ``update(job, metrics, logs)`` sets the widgets from API dicts;
     ``start()`` runs a daemon thread that polls every ``poll`` seconds (metrics every
@@ -247,6 +254,8 @@ class JobPanel:
     def _run(self) -> None:
         last_metrics = 0.0
         errors = 0
+        # every `poll` seconds; after failures twice as long each time (at most 30 s), back to `poll` once it works
+        pause = panel_backoff(f"job {self.job['id']} to end", self.poll)
         try:
             while not self._stop.is_set():
                 try:
@@ -257,12 +266,14 @@ class JobPanel:
                     if errors:
                         self.message.value = ""
                     errors = 0
+                    pause.reset()
                     if job.get("state") in JOB_TERMINAL:
                         break
                 except Exception as e:
                     errors += 1
                     self.message.value = (f"<span style='color:#8a6d00'>cannot refresh ({html.escape(str(e))}); "
                                           f"retrying</span>")
-                self._stop.wait(min(self.poll * (2 ** min(errors, 5)), 30.0))
+                if pause.sleep(until=self._stop):
+                    break
         finally:
             self.done.set()

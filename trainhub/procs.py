@@ -12,7 +12,8 @@ import ctypes
 import logging
 import os
 import signal
-import time
+
+from trainhub.backoff import WaitTimeout, poll
 
 log = logging.getLogger("trainhub.procs")
 
@@ -59,10 +60,14 @@ def terminate(pids: list[int], grace: float = 5.0, sig: int = signal.SIGTERM) ->
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
+    def all_gone() -> bool:
         _reap()
+        return not any(_alive(p) for p in pids)
+
+    try:
+        poll(all_gone, what=f"processes {pids} to exit", start=0.05, factor=1.0, timeout=grace)
+    except WaitTimeout:
+        pass  # the grace period is over: SIGKILL what is left
     killed = [p for p in pids if _alive(p)]
     for pid in killed:
         try:

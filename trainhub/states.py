@@ -7,7 +7,8 @@ spells a state list.
 Jobs: ``queued -> running -> succeeded | failed | cancelled | lost`` (``lost``: the job's
 processes or pods vanished without an exit status). Sweeps: ``running -> completed | failed |
 cancelled``. Trials: ``pending`` (asked, job not yet recorded) ``-> running`` (its job is queued
-or running) ``-> complete | pruned | failed | cancelled``.
+or running) ``-> complete | pruned | failed | cancelled``. Registry versions (datasets, models):
+``pending -> ready | failed``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ TRIAL_RUNNING, TRIAL_FAILED, TRIAL_CANCELLED = RUNNING, FAILED, CANCELLED
 
 TRIAL_STATES = (PENDING, TRIAL_RUNNING, COMPLETE, PRUNED, TRIAL_FAILED, TRIAL_CANCELLED)
 TRIAL_FINAL = frozenset({COMPLETE, PRUNED, TRIAL_FAILED, TRIAL_CANCELLED})
+
+
+# -- versions in the dataset and model registries ------------------------------------------------
+# pending (the size/count scan or the file copy runs) -> ready | failed
+READY = "ready"
+
+VERSION_STATUSES = (PENDING, READY, FAILED)
 
 
 def job_is_terminal(job: dict) -> bool:

@@ -6,14 +6,14 @@ One small class so the service's loop can be unit-tested with an in-process stan
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from urllib.parse import quote, urlencode, urlsplit
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets.config import LoggingConfigurable
 from traitlets import Float, Unicode
+
+from trainhub.backoff import apoll
 
 
 class HubClient(LoggingConfigurable):
@@ -98,14 +98,10 @@ class HubClient(LoggingConfigurable):
         return (json.loads(resp.body).get("servers") or {}).get(server_name)
 
     async def wait_stopped(self, user: str, server_name: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            model = await self.server_model(user, server_name)
-            if not model or (not model.get("ready") and not model.get("pending")):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server {user}/{server_name} still {model.get('pending') or 'running'} after {timeout:.0f}s")
-            await asyncio.sleep(1)
+        await apoll(lambda: self.server_model(user, server_name),
+                    lambda model: not model or (not model.get("ready") and not model.get("pending")),
+                    what=f"server {user}/{server_name} to stop", describe=lambda model: f"still {model.get('pending') or 'running'}",
+                    start=1.0, factor=1.0, timeout=timeout)
 
     async def start_server(self, user: str, server_name: str, profile: str) -> None:
         try:

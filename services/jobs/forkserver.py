@@ -450,7 +450,8 @@ class ForkServer:
         """(Re)start the server: ask a previous one on the socket (an earlier service) to stop, start a
         new one, wait until it answers. Raises ForkServerError."""
         import subprocess
-        import time
+
+        from trainhub.backoff import WaitTimeout, poll  # here: the server process (this file run as a script) never needs it
 
         with self._lock:
             if self.pid is not None:
@@ -472,19 +473,22 @@ class ForkServer:
                                                  stdout=subprocess.DEVNULL, stderr=err, cwd="/")
             except OSError as e:
                 raise ForkServerError(f"cannot start the fork server: {e}") from e
-            deadline = time.monotonic() + self.timeout
-            while True:
+
+            def answers() -> bool:
                 try:
                     if self._request({"op": "ping"}).get("pid") == self.proc.pid:
-                        return
+                        return True
                 except (OSError, ValueError):
                     pass
                 if self.proc.poll() is not None:
                     raise ForkServerError(f"the fork server exited with {self.proc.returncode} (see {self.log_path})")
-                if time.monotonic() > deadline:
-                    self._stop_locked()
-                    raise ForkServerError(f"the fork server did not answer within {self.timeout:g} s")
-                time.sleep(0.005)
+                return False
+
+            try:
+                poll(answers, what="the fork server to answer", start=0.005, factor=1.0, timeout=self.timeout)
+            except WaitTimeout:
+                self._stop_locked()
+                raise ForkServerError(f"the fork server did not answer within {self.timeout:g} s") from None
 
     def spawn(self, request: dict) -> int:
         """Fork one worker; its wrapper's pid (= its process group). Starts the server if needed and

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tornado import iostream, web
 
+from trainhub.backoff import Backoff
 from trainhub.exceptions import InvalidRequest, NotFound
 from trainhub.states import JOB_STATES, JOB_TERMINAL
 
@@ -162,8 +163,9 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
         try:
             await self.flush()
             idle_after_end = 0
+            pause = Backoff(f"new log lines of {job.key}", start=0.25, factor=1.0)  # until the job has ended
             while True:
-                await asyncio.sleep(0.25)
+                await pause.asleep()
                 new = await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets))
                 if new:
                     self.write(b"".join(new))

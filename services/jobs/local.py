@@ -27,6 +27,7 @@ from pathlib import Path
 
 from traitlets import Bool, Float, Unicode
 
+from trainhub.backoff import WaitTimeout, apoll
 from trainhub.ledger import pid_alive, process_start_time
 from trainhub.procs import HOLDER_VAR, processes_with
 
@@ -207,13 +208,11 @@ class LocalLauncher(Launcher):
     async def terminate(self, job, state, grace):
         pgids = [w["pid"] for w in state.get("workers", [])]
         await asyncio.to_thread(_signal_groups, pgids, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while loop.time() < deadline:
-            statuses = await self.poll(job, state)
-            if all(not s.running for s in statuses):
-                break
-            await asyncio.sleep(0.1)
+        try:
+            await apoll(lambda: self.poll(job, state), lambda statuses: all(not s.running for s in statuses),
+                        what=f"the workers of {job.key} to exit", start=0.1, factor=1.0, timeout=grace)
+        except WaitTimeout:
+            pass  # the grace period is over: SIGKILL
         await asyncio.to_thread(_signal_groups, pgids, signal.SIGKILL)
         # anything that left the process group (daemonised children) but carries the job's marker
         tag = state.get("tag")

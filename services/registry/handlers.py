@@ -11,6 +11,7 @@ from tornado import web
 
 from trainhub.exceptions import Conflict, InvalidRequest
 from trainhub.services.jobs.auth import APIHandler
+from trainhub.states import PENDING, READY
 
 from .store import dataset_dict, dataset_version_dict, model_dict, model_version_dict
 
@@ -76,7 +77,7 @@ class DatasetsHandler(RegistryHandler):
         body = self.json_body()
         name = check_name(name or body.get("name"))
         d = await self.registry.register_dataset(caller, name, body, wait=float(body.get("wait", 5)))
-        self.write_json(d, 201 if d["status"] != "pending" else 202)
+        self.write_json(d, 201 if d["status"] != PENDING else 202)
 
 
 class DatasetHandler(RegistryHandler):
@@ -173,7 +174,7 @@ class ModelExportHandler(RegistryHandler):
         self.reader()
         m, v, history = await self.db_read(self.registry.store.get_model_version, name, version)
         d = model_version_dict(m, v, history)
-        if v.status != "ready":
+        if v.status != READY:
             raise Conflict(f"model {name} version {v.version} is {v.status}; it cannot be exported yet")
         path = await self.registry.build_bundle(d)
         try:

@@ -9,10 +9,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from trainhub.db import Base
 from trainhub.models import utcnow
+from trainhub.states import PENDING
 
 STAGES = ("none", "staging", "production", "archived")
-# version status: files being counted/copied, usable, or failed (kept for the record)
-PENDING, READY, FAILED = "pending", "ready", "failed"
 
 
 class Dataset(Base):

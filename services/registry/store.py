@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 from trainhub.db import Base, get_engine, write_session
 from trainhub.exceptions import Conflict, Forbidden, InvalidRequest, NotFound
 from trainhub.services.jobs.store import iso
+from trainhub.states import FAILED, PENDING, READY
 
-from .models import FAILED, PENDING, READY, STAGES, Dataset, DatasetVersion, Model, ModelVersion, StageEvent
+from .models import STAGES, Dataset, DatasetVersion, Model, ModelVersion, StageEvent
 
 
 def dataset_version_dict(ds: Dataset, v: DatasetVersion, progress: dict | None = None) -> dict:

@@ -57,6 +57,15 @@ def test_list_get_cancel(client):
     assert cancelled["state"] == "cancelled" and cancelled["reason"]
 
 
+def test_wait_gives_up_after_its_timeout_naming_the_job(client):
+    job = client.submit({"command": "sleep 30", "name": "sleeper"})
+    seen = []
+    with pytest.raises(TimeoutError, match=rf"waiting for job {job['id']} to end \(still (queued|running)\)") as e:
+        client.wait(job["id"], poll=0.05, callback=seen.append, timeout=0.3)
+    assert seen and e.value.last == seen[-1]  # the job as last seen
+    assert client.cancel(job["id"])["state"] == "cancelled"
+
+
 def test_logs_tail_and_follow(client):
     job = client.submit({"command": "for i in 1 2 3 4; do echo line$i; sleep 0.05; done"})
     lines = list(client.follow_logs(job["id"]))

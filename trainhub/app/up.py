@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import requests
 
 from trainhub import gpus as gpu_inventory
+from trainhub.backoff import WaitTimeout, poll
 from trainhub.procs import INSTANCE_VAR, become_subreaper, terminate_tagged
 from trainhub.settings import DataDir, Runtime, read_or_create_secret
 
@@ -179,17 +179,19 @@ def _pump(stream, sinks):
 
 def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float, exited_hint: str = "") -> None:
     """Wait until ``url`` answers 200; UpError if ``proc`` exits first or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if proc.poll() is not None:
             raise UpError(f"{what} exited with code {proc.returncode} while starting{exited_hint}")
         try:
-            if requests.get(url, timeout=2).status_code == 200:
-                return
+            return requests.get(url, timeout=2).status_code == 200
         except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise UpError(f"{what} did not answer at {url} within {timeout:.0f} s")
+            return False
+
+    try:
+        poll(answers, what=f"{what} at {url}", start=0.2, factor=1.0, timeout=timeout)
+    except WaitTimeout:
+        raise UpError(f"{what} did not answer at {url} within {timeout:.0f} s") from None
 
 
 def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) -> None:
@@ -271,9 +273,8 @@ def run(args, out=sys.stdout) -> int:
             stopping.set()
             raise
         print(banner(runtime, new_password, dd), file=out, flush=True)
-        while proc.poll() is None:
-            time.sleep(0.2)
-        code = proc.returncode
+        # until the hub exits (Ctrl-C or SIGTERM above ask it to); short pauses keep signals prompt
+        code = poll(proc.poll, lambda rc: rc is not None, what="JupyterHub to exit", start=0.2, factor=1.0)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ import sys
 
 from trainhub.cli import CommandError
 from trainhub.fmt import fmt_size, text_table
+from trainhub.states import FAILED, PENDING, READY
 
 
 def _connection(p):
@@ -75,7 +76,7 @@ def _api(call, *a, **kw):
 
 
 def version_line(v: dict) -> str:
-    state = v["status"] if v["status"] != "ready" else f"{v['file_count']} files, {fmt_size(v['size'])}"
+    state = v["status"] if v["status"] != READY else f"{v['file_count']} files, {fmt_size(v['size'])}"
     dep = f"  DEPRECATED: {v.get('deprecation_message') or ''}" if v.get("deprecated") else ""
     return f"v{v['version']}  {state}  {v.get('format') or '-'}  {v['url']}  {v['created'][:19]}  {v['created_by']}{dep}"
 
@@ -129,9 +130,9 @@ def run_register(args):
 
     v = _api(c.register_dataset, args.name, args.path, format=args.format, description=args.description, metadata=meta,
              wait=not args.no_wait, callback=progress)
-    if v.get("status") == "pending" and not args.no_wait:
+    if v.get("status") == PENDING and not args.no_wait:
         print(file=sys.stderr)
-    if v.get("status") == "failed":
+    if v.get("status") == FAILED:
         raise CommandError(f"{args.name} v{v['version']}: {v.get('error')}")
     print(json.dumps(v, indent=2) if args.json else f"registered {v['name']} " + version_line(v))
     return 0

@@ -12,13 +12,12 @@ import json
 import re
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from trainhub.cli import CommandError
 from trainhub.fmt import (elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_job, last_log_line, metrics_rows,
                           parse_time, text_table, wait_reason_text)
-from trainhub.states import JOB_STATES, JOB_TERMINAL, QUEUED, RUNNING, SUCCEEDED
+from trainhub.states import JOB_STATES, QUEUED, RUNNING, SUCCEEDED
 
 
 def add_parser(sub):
@@ -222,26 +221,26 @@ def wait_with_progress(client, job_id: str, poll: float = 1.0, stream=None) -> d
     stream = stream or sys.stderr
     live = stream.isatty()
     last_state = None
+
+    def show(job):
+        nonlocal last_state
+        state = job.get("state")
+        if live:
+            try:
+                tail = last_log_line(client.logs(job_id, tail=1))
+            except Exception:
+                tail = ""
+            line = f"{job_id} {state:<9} {fmt_duration(elapsed_seconds(job))}  {tail}"
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            stream.write("\r" + line[:width].ljust(width))
+            stream.flush()
+        elif state != last_state:
+            reason = f": {job['reason']}" if job.get("reason") and state != RUNNING else ""
+            print(f"{job_id} {state}{reason}", file=stream)
+        last_state = state
+
     try:
-        while True:
-            job = _api(client.get, job_id)
-            state = job.get("state")
-            if live:
-                try:
-                    tail = last_log_line(client.logs(job_id, tail=1))
-                except Exception:
-                    tail = ""
-                line = f"{job_id} {state:<9} {fmt_duration(elapsed_seconds(job))}  {tail}"
-                width = shutil.get_terminal_size((100, 20)).columns - 1
-                stream.write("\r" + line[:width].ljust(width))
-                stream.flush()
-            elif state != last_state:
-                reason = f": {job['reason']}" if job.get("reason") and state != RUNNING else ""
-                print(f"{job_id} {state}{reason}", file=stream)
-            last_state = state
-            if state in JOB_TERMINAL:
-                break
-            time.sleep(poll)
+        job = _api(client.wait, job_id, poll=poll, callback=show)
     except KeyboardInterrupt:
         if live:
             stream.write("\n")

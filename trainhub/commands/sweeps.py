@@ -11,13 +11,12 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 from trainhub.cli import CommandError
 from trainhub.commands.jobs import _api, _conn, add_spec_options, cancel_each, client_from_args, parse_states, spec_from_args
 from trainhub.fmt import fmt_number, parse_time, sweep_progress, text_table
-from trainhub.states import COMPLETED, SWEEP_STATES, SWEEP_TERMINAL
+from trainhub.states import COMPLETED, SWEEP_STATES
 
 
 def add_parser(sub):
@@ -144,18 +143,18 @@ def cmd_create(args):
         print(f"follow it with: trainhub sweeps show {sweep['id']}")
         return 0
     last = None
+
+    def show(s):
+        nonlocal last
+        line = f"{s['id']} {s['state']}: {sweep_progress(s)}"
+        if s.get("best"):
+            line += f"; best {s['metric']} = {s['best']['value']:.6g}"
+        if line != last:
+            print(line, file=sys.stderr)
+            last = line
+
     try:
-        while True:
-            sweep = _api(client.get_sweep, sweep["id"])
-            line = f"{sweep['id']} {sweep['state']}: {sweep_progress(sweep)}"
-            if sweep.get("best"):
-                line += f"; best {sweep['metric']} = {sweep['best']['value']:.6g}"
-            if line != last:
-                print(line, file=sys.stderr)
-                last = line
-            if sweep["state"] in SWEEP_TERMINAL:
-                break
-            time.sleep(1.0)
+        sweep = _api(client.wait_sweep, sweep["id"], poll=1.0, callback=show)
     except KeyboardInterrupt:
         print(f"stopped waiting; {sweep['id']} keeps running (cancel it with: trainhub sweeps cancel {sweep['id']})", file=sys.stderr)
         raise

@@ -1,0 +1,66 @@
+"""The jobs API (docs/jobs-api.md): submit, list, inspect, follow, wait for and cancel jobs."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from trainhub.states import job_is_terminal
+
+from .base import ClientBase, check_ref, page_params
+
+
+def _job(job_id) -> str:
+    return check_ref(job_id, "job id")
+
+
+class JobsAPI(ClientBase):
+    def submit(self, spec: dict) -> dict:
+        """POST /jobs: submit a job spec (exactly one of ``command``/``script``); returns the job."""
+        return self._json("POST", "/jobs", json={k: v for k, v in spec.items() if v is not None})
+
+    def list(self, state=None, *, user: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+        """GET /jobs: ``{"items": [...], "total", "limit", "offset"}``, newest first.
+        ``state`` is a state or a list of states."""
+        return self._json("GET", "/jobs", params=page_params(state, user=user, limit=limit, offset=offset))
+
+    def get(self, job_id: str) -> dict:
+        """GET /jobs/{id}."""
+        return self._json("GET", f"/jobs/{_job(job_id)}")
+
+    def cancel(self, job_id: str) -> dict:
+        """DELETE /jobs/{id}: ask the service to stop the job; returns the job."""
+        return self._json("DELETE", f"/jobs/{_job(job_id)}")
+
+    def logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> str:
+        """GET /jobs/{id}/logs: the log text, lines ``<ISO time> [<rank>] <text>``."""
+        params = {k: v for k, v in (("worker", worker), ("tail", tail)) if v is not None}
+        return self.request("GET", f"/jobs/{_job(job_id)}/logs", params=params).text
+
+    def follow_logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> Iterator[str]:
+        """Yield log lines as they are written, until the job ends (GET .../logs?follow=1)."""
+        params = {"follow": 1}
+        params.update({k: v for k, v in (("worker", worker), ("tail", tail)) if v is not None})
+        # no read timeout: a quiet job may print nothing for a long time
+        r = self.request("GET", f"/jobs/{_job(job_id)}/logs", params=params, stream=True,
+                         timeout=(self.timeout, None))
+        try:
+            r.encoding = r.encoding or "utf-8"
+            for line in r.iter_lines(decode_unicode=True):
+                yield line
+        finally:
+            r.close()
+
+    def metrics(self, job_id: str) -> dict:
+        """GET /jobs/{id}/metrics: ``{"metrics": [...], "gpu": [...]}``."""
+        return self._json("GET", f"/jobs/{_job(job_id)}/metrics")
+
+    def why(self, job_id: str) -> dict:
+        """GET /jobs/{id}/why: why a queued job waits (code, message, blocking job)."""
+        return self._json("GET", f"/jobs/{_job(job_id)}/why")
+
+    def wait(self, job_id: str, poll: float = 1.0, callback: Callable[[dict], None] | None = None,
+             timeout: float | None = None) -> dict:
+        """Poll until the job reaches a terminal state and return it. ``callback(job)`` is called
+        after every poll; ``timeout`` (seconds, None = no limit) raises TimeoutError."""
+        return self._wait_until_terminal(lambda: self.get(job_id), job_is_terminal, f"job {job_id} to end",
+                                         poll_interval=poll, callback=callback, timeout=timeout)
