@@ -18,8 +18,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import Float, Integer, Unicode
 
 from trainhub.backoff import Backoff
-from trainhub.commands.jobs import add_spec_options, spec_from_args
 from trainhub.fmt import elapsed_seconds, fmt_duration, format_job
+from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
 from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
 from trainhub.states import JOB_STATES, SUCCEEDED
 
@@ -338,10 +338,10 @@ class TrainMagics(Magics):
     def _list(self, args):
         from trainhub.kernels.handle import Table
 
-        states = [s.strip() for a in args.state for s in a.split(",") if s.strip()]
-        bad = [s for s in states if s not in JOB_STATES]
-        if bad:
-            raise UsageError(f"unknown state {', '.join(bad)} (one of {', '.join(JOB_STATES)})")
+        try:
+            states = parse_states(args.state, JOB_STATES)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         user = None if args.all else self.client.whoami()
         page = self._call("cannot list jobs", self.client.list, state=states or None, user=user, limit=args.limit)
         rows = [{"id": j["id"], "name": j.get("name") or "", "user": j.get("user", ""), "state": j.get("state"),

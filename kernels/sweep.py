@@ -23,12 +23,11 @@ import threading
 from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
-from trainhub.commands.jobs import nonneg_int, pos_int, add_spec_options, spec_from_args
 from trainhub.fmt import fmt_number, sweep_progress
+from trainhub.jobspec import add_spec_options, add_sweep_options, sweep_spec
 from trainhub.kernels.magics import TrainMagics, _UsageParser
 from trainhub.kernels.widget import panel_backoff, svg_axes
-from trainhub.searchspace import (SPACE_VARIABLE, SpaceError, merge_spaces, parse_space, reports_metric,
-                                            space_from_source)
+from trainhub.searchspace import SPACE_VARIABLE
 from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, SWEEP_TERMINAL, TRIAL_CANCELLED,
                              TRIAL_FAILED, TRIAL_RUNNING)
 
@@ -56,24 +55,7 @@ class _SweepParser(_UsageParser):
 def sweep_parser() -> argparse.ArgumentParser:
     p = _SweepParser(prog="%%sweep", description=CELL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                      allow_abbrev=False)
-    g = p.add_argument_group("sweep")
-    g.add_argument("--trials", type=pos_int, metavar="N", help="trials to run in all (required)")
-    g.add_argument("--parallel", type=pos_int, default=1, metavar="P", help="trials running at once (default 1; "
-                   "your GPU quota may hold fewer)")
-    g.add_argument("--metric", metavar="NAME", help="the metric the cell reports with trainhub.report(NAME=...) (required)")
-    g.add_argument("--mode", metavar="min|max", help="minimise or maximise the metric (required)")
-    g.add_argument("--param", action="append", default=[], metavar="NAME=KIND:ARGS",
-                   help="a parameter, e.g. lr=loguniform:1e-5:1e-1, layers=int:2:8, opt=choice:adam,sgd (repeatable)")
-    g.add_argument("--sampler", choices=("tpe", "random", "grid", "cmaes"), default="tpe", help="Optuna sampler (default tpe)")
-    g.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median",
-                   help="Optuna pruner stopping bad trials early from their intermediate values (default median)")
-    g.add_argument("--seed", type=int, metavar="S", help="sampler seed (reproducible suggestions)")
-    g.add_argument("--startup-trials", type=nonneg_int, metavar="K",
-                   help="finished trials before TPE models and the median pruner compares (default trials/4, 1..5)")
-    g.add_argument("--prune-after", type=nonneg_int, default=0, metavar="STEPS",
-                   help="steps a trial reports before it may be pruned (default 0)")
-    g.add_argument("--no-metric-check", action="store_true",
-                   help="start even if the cell has no report(..., NAME=...) call (a helper module reports it)")
+    add_sweep_options(p)
     add_spec_options(p)
     p.add_argument("--wait", action="store_true", help="block until the sweep ends")
     p.add_argument("--as", dest="as_var", metavar="VAR", help="bind the SweepHandle to VAR (it is also the cell's result)")
@@ -85,38 +67,10 @@ def sweep_parser() -> argparse.ArgumentParser:
 
 def sweep_body(args, cell: str, script_source: str) -> dict:
     """The POST /sweeps body from parsed flags; raises UsageError for mistakes (nothing submitted)."""
-    if args.trials is None:
-        raise UsageError("--trials N is required: how many trials to run; nothing was submitted.")
-    if not args.metric:
-        raise UsageError("--metric NAME is required: the value the cell reports with trainhub.report(step=..., NAME=...); "
-                         "nothing was submitted.")
-    if not args.mode:
-        raise UsageError(f"--mode is required: min or max (does a smaller or a larger {args.metric} win?); "
-                         "nothing was submitted.")
-    if args.mode not in ("min", "max"):
-        raise UsageError(f"--mode must be min or max, not {args.mode!r}; nothing was submitted.")
     try:
-        flags = parse_space(args.param) if args.param else {}
-        in_cell = space_from_source(cell)
-        from_cell = parse_space(in_cell) if in_cell else {}
-        space = merge_spaces(flags, from_cell)
-        if not space:
-            parse_space({})  # raises the "empty search space" message
-    except SpaceError as e:
+        return sweep_spec(args, script=script_source, space_source=cell, subject="the cell")
+    except ValueError as e:
         raise UsageError(f"{e}; nothing was submitted.") from None
-    if not args.no_metric_check and reports_metric(script_source, args.metric) is False:
-        raise UsageError(f"the cell never reports {args.metric!r}: call trainhub.report(step=..., {args.metric}=...) "
-                         "in it (or pass --no-metric-check if a helper module reports it); nothing was submitted.")
-    body = spec_from_args(args, script=script_source)
-    body.update(trials=args.trials, parallel=args.parallel, metric=args.metric, mode=args.mode, space=space,
-                sampler=args.sampler, pruner=args.pruner, prune_after=args.prune_after)
-    if args.seed is not None:
-        body["seed"] = args.seed
-    if args.startup_trials is not None:
-        body["startup_trials"] = args.startup_trials
-    if args.no_metric_check:
-        body["check_metric"] = False
-    return body
 
 
 @magics_class

@@ -6,33 +6,13 @@ import re
 from dataclasses import dataclass, field
 
 from trainhub.exceptions import InvalidRequest
+from trainhub.jobspec import ENV_KEY, parse_duration
 
 FIELDS = {"name", "command", "script", "gpus", "workers", "env", "time_limit", "retries", "profile",
           "priority", "preemptible", "submit_key", "sweep_id", "params"}
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s?)?\s*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$")
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                 "MASTER_ADDR", "MASTER_PORT", "TRAINHUB_JOB_ID", "TRAINHUB_OUTPUTS_DIR", "TRAINHUB_METRICS_FILE"}
-
-
-def parse_duration(value, field_name: str = "time_limit") -> float | None:
-    """Seconds from a number or text like "90s", "30m", "2h", "1h30m"; None stays None."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise InvalidRequest(f"{field_name} must be seconds or a duration like '30m', not {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        m = _DURATION.match(str(value))
-        if not m or not any(m.groups()):
-            raise InvalidRequest(f"{field_name} {value!r} is not a duration: use seconds (3600) or text like '90s', '30m', '2h', '1h30m'")
-        d, h, mi, s = (float(x) if x else 0.0 for x in m.groups())
-        seconds = d * 86400 + h * 3600 + mi * 60 + s
-    if seconds <= 0:
-        raise InvalidRequest(f"{field_name} must be positive, not {value!r}")
-    return seconds
 
 
 def _int(spec, name, default, minimum, maximum=None):

@@ -12,12 +12,10 @@ import re
 from dataclasses import dataclass, field
 
 from trainhub.exceptions import InvalidRequest
+from trainhub.jobspec import MODES, PRUNERS, SAMPLERS
 from trainhub.searchspace import SpaceError, grid_points, grid_size, parse_space, reports_metric
 from trainhub.services.jobs.spec import JobSpec, validate_spec
 
-SAMPLERS = ("tpe", "random", "grid", "cmaes")
-PRUNERS = ("median", "hyperband", "none")
-MODES = ("min", "max")
 SWEEP_FIELDS = {"name", "trials", "parallel", "metric", "mode", "sampler", "pruner", "space", "seed",
                 "check_metric", "prune_after", "startup_trials"}
 METRIC_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,127}$")

@@ -17,6 +17,7 @@ from pathlib import Path
 from trainhub.cli import CommandError
 from trainhub.fmt import (elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_job, last_log_line, metrics_rows,
                           parse_time, text_table, wait_reason_text)
+from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
 from trainhub.states import JOB_STATES, QUEUED, RUNNING, SUCCEEDED
 
 
@@ -99,61 +100,6 @@ def add_parser(sub):
     m.add_argument("--json", action="store_true", help="the API's metrics object as JSON")
     _conn(m)
     m.set_defaults(func=cmd_metrics)
-
-
-def add_spec_options(p: argparse.ArgumentParser) -> None:
-    """The job-spec flags shared by `trainhub jobs submit` and the %%train magic."""
-    p.add_argument("--gpus", type=nonneg_int, metavar="N", help="GPUs per worker (default: the profile's, else the service's)")
-    p.add_argument("--workers", type=pos_int, metavar="W", help="number of workers (default 1); each gets RANK/WORLD_SIZE")
-    p.add_argument("--name", metavar="NAME", help="a name to recognise the job by")
-    p.add_argument("--profile", metavar="SLUG", help="a server profile slug (its GPU count is the default for --gpus)")
-    p.add_argument("--env", action="append", default=[], metavar="K=V", type=_env_pair,
-                   help="environment variable for the job (repeatable)")
-    p.add_argument("--time-limit", metavar="T", type=_time_limit,
-                   help="stop the job after T: seconds or 90s, 30m, 2h (default: no limit)")
-    p.add_argument("--retries", type=nonneg_int, metavar="R", help="re-run a failed job up to R times (default 0)")
-
-
-def spec_from_args(args, *, command: str | None = None, script: str | None = None) -> dict:
-    spec = {"name": args.name, "command": command, "script": script, "gpus": args.gpus, "workers": args.workers,
-            "profile": args.profile, "time_limit": args.time_limit, "retries": args.retries}
-    if args.env:
-        spec["env"] = dict(args.env)
-    return {k: v for k, v in spec.items() if v is not None}
-
-
-# -- argument types ---------------------------------------------------------------------------
-def nonneg_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def pos_int(text):
-    v = nonneg_int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _env_pair(text):
-    key, sep, value = text.partition("=")
-    if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return key, value
-
-
-def _time_limit(text):
-    text = text.strip()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text) if "." in text else int(text)
-    if re.fullmatch(r"(\d+(\.\d+)?\s*[smhd]\s*)+", text):
-        return text.replace(" ", "")  # the service parses it: 90s, 30m, 2h, 1h30m
-    raise argparse.ArgumentTypeError(f"expected seconds or a duration like 90s, 30m, 2h, 1h30m; got {text!r}")
 
 
 def _conn(p):
@@ -260,18 +206,9 @@ def wait_with_progress(client, job_id: str, poll: float = 1.0, stream=None) -> d
     return job
 
 
-def parse_states(values, allowed) -> list[str]:
-    """``--state`` values (repeatable, comma-separated), each checked against ``allowed`` (exit 2 if not)."""
-    states = [s.strip() for arg in values for s in arg.split(",") if s.strip()]
-    bad = [s for s in states if s not in allowed]
-    if bad:
-        raise CommandError(f"unknown state {', '.join(bad)} (one of {', '.join(allowed)})", 2)
-    return states
-
-
 def cmd_list(args):
     client = client_from_args(args)
-    states = parse_states(args.state, JOB_STATES)
+    states = _api(parse_states, args.state, JOB_STATES)
     user = args.user
     if not user and not args.all:
         user = client.whoami()

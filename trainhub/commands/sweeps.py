@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from trainhub.cli import CommandError
-from trainhub.commands.jobs import _api, _conn, add_spec_options, cancel_each, client_from_args, parse_states, spec_from_args
+from trainhub.commands.jobs import _api, _conn, cancel_each, client_from_args
 from trainhub.fmt import fmt_number, parse_time, sweep_progress, text_table
+from trainhub.jobspec import add_spec_options, add_sweep_options, parse_states, sweep_spec
 from trainhub.states import COMPLETED, SWEEP_STATES
 
 
@@ -40,17 +41,7 @@ def add_parser(sub):
                       "uniform:LOW:HIGH[:STEP], loguniform:LOW:HIGH, int:LOW:HIGH[:STEP], logint:LOW:HIGH, choice:A,B,...")
     c.add_argument("script", nargs="?", metavar="SCRIPT", help="a Python file: the trial code")
     c.add_argument("--command", "-c", dest="shell_command", metavar="CMD", help="a shell command to run as each trial instead")
-    c.add_argument("--trials", type=int, metavar="N", required=True, help="trials to run in all")
-    c.add_argument("--parallel", type=int, default=1, metavar="P", help="trials running at once (default 1)")
-    c.add_argument("--metric", required=True, metavar="NAME", help="the metric trials report")
-    c.add_argument("--mode", choices=("min", "max"), metavar="min|max", help="minimise or maximise the metric (required)")
-    c.add_argument("--param", action="append", default=[], metavar="NAME=KIND:ARGS", help="a parameter (repeatable)")
-    c.add_argument("--sampler", choices=("tpe", "random", "grid", "cmaes"), default="tpe")
-    c.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median")
-    c.add_argument("--seed", type=int, metavar="S")
-    c.add_argument("--startup-trials", type=int, metavar="K", help="finished trials before TPE models / the pruner compares")
-    c.add_argument("--prune-after", type=int, default=0, metavar="STEPS", help="steps reported before a trial may be pruned")
-    c.add_argument("--no-metric-check", action="store_true", help="start even if SCRIPT has no report(..., NAME=...) call")
+    add_sweep_options(c)
     add_spec_options(c)
     c.add_argument("--wait", action="store_true", help="follow the sweep until it ends (exit 1 unless it completed)")
     c.add_argument("--json", action="store_true", help="print the sweep as JSON")
@@ -90,13 +81,9 @@ def add_parser(sub):
 
 
 def body_from_args(args) -> dict:
-    """The POST /sweeps body; search-space mistakes raise CommandError (exit 2), nothing sent."""
-    from trainhub.searchspace import SpaceError, merge_spaces, parse_space, reports_metric, space_from_source
-
+    """The POST /sweeps body; mistakes (flags, search space, a metric never reported) raise CommandError (exit 2), nothing sent."""
     if bool(args.script) == bool(args.shell_command):
         raise CommandError("give either SCRIPT (a .py file) or --command 'CMD', not both or neither", 2)
-    if not args.mode:
-        raise CommandError(f"--mode is required: min or max (does a smaller or a larger {args.metric} win?)", 2)
     script = None
     if args.script:
         path = Path(args.script)
@@ -107,26 +94,11 @@ def body_from_args(args) -> dict:
         except OSError as e:
             raise CommandError(f"cannot read {path}: {e.strerror}", 2) from None
     try:
-        flags = parse_space(args.param) if args.param else {}
-        in_file = space_from_source(script) if script else None
-        space = merge_spaces(flags, parse_space(in_file) if in_file else {})
-        if not space:
-            parse_space({})
-    except SpaceError as e:
+        body = sweep_spec(args, command=args.shell_command, script=script, space_source=script, subject=str(args.script))
+    except ValueError as e:
         raise CommandError(str(e), 2) from None
-    if script is not None and not args.no_metric_check and reports_metric(script, args.metric) is False:
-        raise CommandError(f"{args.script} never reports {args.metric!r}: call trainhub.report(step=..., {args.metric}=...) "
-                           "in it (or pass --no-metric-check)", 2)
-    body = spec_from_args(args, command=args.shell_command, script=script)
     if args.script and "name" not in body:
         body["name"] = re.sub(r"[^A-Za-z0-9._ -]", "-", Path(args.script).stem)[:100] or "sweep"
-    body.update(trials=args.trials, parallel=args.parallel, metric=args.metric, mode=args.mode, space=space,
-                sampler=args.sampler, pruner=args.pruner, prune_after=args.prune_after)
-    for key in ("seed", "startup_trials"):
-        if getattr(args, key) is not None:
-            body[key] = getattr(args, key)
-    if args.no_metric_check:
-        body["check_metric"] = False
     return body
 
 
@@ -167,7 +139,7 @@ def cmd_create(args):
 
 def cmd_list(args):
     client = client_from_args(args)
-    states = parse_states(args.state, SWEEP_STATES)
+    states = _api(parse_states, args.state, SWEEP_STATES)
     user = None if args.all else client.whoami()
     page = _api(client.list_sweeps, state=states or None, user=user, limit=args.limit)
     if args.json:
