@@ -8,27 +8,18 @@ manifest against the Kubernetes OpenAPI schemas.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
 from collections import Counter
 from typing import Iterable, Mapping
 from urllib.parse import urlparse
 
+# names shared with the job launcher (trainhub.kube); the spawner's modules read them here as m.<name>
+from trainhub.kube.names import (  # noqa: F401
+    JOB_USER_ANNOTATION, NOTEBOOK_USER_ANNOTATION, PROFILE_ANNOTATION, PROFILE_LABEL, SECRET_ENV_KEYS, k8s_name)
 from trainhub.profiles import Profile
 
-# Pod annotations naming the JupyterHub user a pod belongs to.
-NOTEBOOK_USER_ANNOTATION = "hub.jupyter.org/username"  # set by KubeSpawner on notebook pods
-JOB_USER_ANNOTATION = "trainhub.io/username"  # set by the trainhub job launcher on job pods
-PROFILE_ANNOTATION = "trainhub.io/profile"
-PROFILE_LABEL = "trainhub.io/profile"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
-
-# Environment keys that carry credentials; they go in a Secret, never in a plain env value.
-# (TRAINHUB_STORAGE_OPTIONS is written without key/secret/token when a Secret is used.)
-SECRET_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,17 +433,3 @@ def storage_paths_env(mount_root: str) -> dict:
     """Where the mounts are inside the notebook (both mount modes use the same layout)."""
     return {"TRAINHUB_STORAGE_PATH": f"{mount_root}/home", "TRAINHUB_DATASETS_PATH": f"{mount_root}/datasets"}
 
-
-# ---------------------------------------------------------------------------------------------
-# names
-
-def k8s_name(*parts: str, max_len: int = 63) -> str:
-    """A DNS-1123 name from parts ("trainhub", "alice@x.org" -> "trainhub-alice-x-org")."""
-    raw = "-".join(p for p in parts if p)
-    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
-    name = re.sub(r"-{2,}", "-", name)
-    if name != raw or len(name) > max_len:
-        # sanitizing lost information: a digest keeps distinct inputs distinct
-        digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
-        name = name[: max_len - 9].rstrip("-") + "-" + digest
-    return name

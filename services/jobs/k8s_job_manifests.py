@@ -22,7 +22,7 @@ import re
 from datetime import datetime, timezone
 from typing import Iterable, Mapping
 
-from trainhub.spawner.k8s_manifests import JOB_USER_ANNOTATION, PROFILE_LABEL, SECRET_ENV_KEYS, k8s_name
+from trainhub.kube.names import COMPONENT_LABEL, JOB_USER_ANNOTATION, PROFILE_LABEL, SECRET_ENV_KEYS, k8s_name
 
 from .launcher import WorkerStatus
 
@@ -31,7 +31,6 @@ JOB_KEY_LABEL = "trainhub.io/job-key"
 JOB_NAME_LABEL = "trainhub.io/job-name"
 ATTEMPT_LABEL = "trainhub.io/attempt"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "trainhub-jobs"
 COMPONENT = "training-job"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -343,7 +343,7 @@ class KubernetesLauncher(Launcher):
 
             slug = safe_slug(user)
         except ImportError:  # pragma: no cover - kubespawner is in the kubernetes extra
-            from trainhub.spawner.k8s_manifests import k8s_name
+            from trainhub.kube.names import k8s_name
 
             slug = k8s_name(user)
         return self.credentials_secret_template.format(username=slug)

@@ -86,7 +86,7 @@ class Cluster:
 
     async def add_user_pod(self, name: str, user: str, resources: dict, *, job: bool = True, node: str | None = None):
         """A running pod holding ``resources`` for ``user`` (a trainhub job pod by default)."""
-        from trainhub.spawner.k8s_manifests import JOB_USER_ANNOTATION, NOTEBOOK_USER_ANNOTATION
+        from trainhub.kube.names import JOB_USER_ANNOTATION, NOTEBOOK_USER_ANNOTATION
 
         pod = {
             "apiVersion": "v1", "kind": "Pod",
