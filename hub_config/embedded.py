@@ -67,6 +67,14 @@ def service_scopes(name: str) -> list[str]:
     return []
 
 
+def install_kernel_startup(spawner, home) -> None:
+    """``LocalGPUSpawner.prepare_home_hook``: %%train and %train load in every kernel of a platform notebook
+    (the spawner and the kernel side are independent parts; the hub's configuration wires them)."""
+    from trainhub.kernels.startup import install_ipython_startup
+
+    install_ipython_startup(home)
+
+
 def reconcile_ledger(c) -> None:
     """On hub start, free devices whose server process is gone (crash, reboot, SIGKILL)."""
     allocator = LocalGPUAllocator(config=c)
@@ -114,6 +122,8 @@ def configure(c, data_dir: str) -> None:
     if "spawner_class" not in c.JupyterHub:
         c.JupyterHub.spawner_class = "trainhub.spawner.local.LocalGPUSpawner"
     c.LocalGPUSpawner.home_dir_template = str(dd.homes / "{username}")
+    if "prepare_home_hook" not in c.LocalGPUSpawner:
+        c.LocalGPUSpawner.prepare_home_hook = install_kernel_startup
     if runtime.service_ports.get("trainhub"):
         c.LocalGPUSpawner.api_url = f"{runtime.public_url.rstrip('/')}/services/trainhub/api"
     c.Spawner.server_token_scopes = c.Spawner.get("server_token_scopes", scopes.SERVER_TOKEN_SCOPES)

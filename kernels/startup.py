@@ -1,7 +1,8 @@
 """Load ``%%train`` automatically in platform notebooks.
 
-The spawner calls :func:`install_ipython_startup` with the user's home directory before the
-single-user server starts. It writes ``~/.ipython/profile_default/startup/00-trainhub.py``, which
+The local spawner calls :func:`install_ipython_startup` with the user's home directory before the
+single-user server starts (through ``LocalGPUSpawner.prepare_home_hook``, which the hub's
+configuration sets: the spawner never imports the kernel side). It writes ``~/.ipython/profile_default/startup/00-trainhub.py``, which
 IPython runs in every new kernel: when ``$TRAINHUB_API_URL`` is set (the spawner sets it for
 platform servers) it loads the ``trainhub.kernels`` extension, silently; anywhere else it does
 nothing. A failure to load prints one line and never breaks the kernel.

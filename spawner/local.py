@@ -15,10 +15,9 @@ from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from tornado import web
-from traitlets import Instance, List, Type, Unicode, default
+from traitlets import Callable, Instance, List, Type, Unicode, default
 
 from trainhub.exceptions import NoFreeGPUs, TrainhubError
-from trainhub.kernels.startup import install_ipython_startup
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator, server_holder
 from trainhub.procs import HOLDER_VAR, terminate_tagged
 from trainhub.profiles import Profile, ProfileCatalog
@@ -58,6 +57,14 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     link_storage = Unicode(
         "storage",
         help="Name of the link in the home folder to the user's storage area (local-folder storage only). Empty = no link.",
+    ).tag(config=True)
+
+    prepare_home_hook = Callable(
+        None,
+        allow_none=True,
+        help="Called as hook(spawner, home: pathlib.Path) once the server's home folder exists, before the server "
+        "starts (sync). `trainhub up` sets it to install the IPython startup file that loads %%train in every kernel "
+        "(trainhub.hub_config.embedded.install_kernel_startup). None = nothing.",
     ).tag(config=True)
 
     devices = List(help="Device indices this server holds (state).")
@@ -273,8 +280,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     def _prepare_home(self):
         home = Path(self.home_dir)
         home.mkdir(parents=True, exist_ok=True)
-        # %%train and %train load in every kernel of a platform notebook
-        install_ipython_startup(str(home))
+        if self.prepare_home_hook is not None:  # e.g. %%train and %train load in every kernel of a platform notebook
+            self.prepare_home_hook(self, home)
         if not self.storage.url:
             return
         self.storage.ensure_layout([self.user.name])
