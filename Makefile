@@ -13,7 +13,7 @@ PROXY  := $(NODE_PREFIX)/node_modules/.bin/configurable-http-proxy
 UP_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test-deps system-deps up test test-unit test-e2e bench clean
+.PHONY: install test-deps system-deps up test test-unit test-e2e lint-imports bench clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "trainhub needs Python >= 3.11"'
@@ -58,6 +58,10 @@ test-unit: test-deps
 
 test-e2e: test-deps
 	$(PY) -m pytest -q -m "e2e or browser" $(PYTEST_ARGS)
+
+# the import contracts of docs/architecture.md (also run by `make test`: tests/unit/test_import_layers.py)
+lint-imports: test-deps
+	$(PY) tests/unit/test_import_layers.py
 
 bench: test-deps
 	@set -e; for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b; done
