@@ -10,7 +10,7 @@ from tornado import iostream, web
 
 from trainhub.backoff import Backoff
 from trainhub.exceptions import InvalidRequest, NotFound
-from trainhub.states import JOB_STATES, JOB_TERMINAL
+from trainhub.states import JOB_STATES, JOB_TERMINAL, QUEUED
 
 from .auth import APIHandler
 from .models import parse_job_key
@@ -97,7 +97,7 @@ class JobEventsHandler(JobAccessMixin, APIHandler):
 class JobWhyHandler(JobAccessMixin, APIHandler):
     async def get(self, key):
         job = await self.load_job(key)
-        why = self.service.engine.why(job.id) if job.state == "queued" else None
+        why = self.service.engine.why(job.id) if job.state == QUEUED else None
         body = {"id": job.key, "state": job.state, "reason": job.reason}
         if why is not None:
             body.update(code=why.code, message=why.message, blocking_job=(f"j-{int(why.blocking_job):06d}" if why.blocking_job and str(why.blocking_job).isdigit() else why.blocking_job),

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from trainhub.db import get_engine, init_db, write_session
 from trainhub.exceptions import NotFound
-from trainhub.states import CANCELLED, JOB_TERMINAL
+from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
 from .models import GPUSampleRow, Job, JobEvent, JobMetric, MetricOffset, job_key
 
@@ -126,7 +126,7 @@ class JobStore:
                 raise NotFound(f"job {job_key(job_id)} not found")
             if job.state in JOB_TERMINAL:
                 return job
-            if job.state == "queued":
+            if job.state == QUEUED:
                 job.state, job.reason = CANCELLED, f"cancelled by {by} while queued"
                 job.finished = datetime.now(timezone.utc)
             else:

@@ -329,7 +329,7 @@ class SweepController(LoggingConfigurable):
                 fresh.append((s, v))
         prune = False
         if fresh:
-            may_prune = job.state == "running" and not sweep.cancel_requested and not job.cancel_requested
+            may_prune = job.state == RUNNING and not sweep.cancel_requested and not job.cancel_requested
             prune = await self.optuna(self._report, sweep, t, fresh, may_prune)
             t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
             await self.write(self.store.update_trial, t.id, intermediate=t.intermediate, job_state=job.state)

@@ -18,6 +18,7 @@ from tornado import web
 from trainhub.exceptions import InvalidRequest
 from trainhub.services.jobs.auth import APIHandler
 from trainhub.services.jobs.handlers import JOB_ID, JobAccessMixin
+from trainhub.states import RUNNING
 
 from .accounting import BY, aggregate, day_of, parse_day, since_default, to_csv
 
@@ -100,11 +101,11 @@ class DiagnosisHandler(JobAccessMixin, APIHandler):
         if body is None:
             body = {"id": job.key, "user": job.user, "samples": 0, "diagnoses": [], "workers": [],
                     "min_samples": sampler.thresholds.min_samples, "sample_interval": sampler.sample_interval,
-                    "note": ("the advisor samples running jobs only" if job.state != "running"
+                    "note": ("the advisor samples running jobs only" if job.state != RUNNING
                              else "collecting samples: none yet") if sampler.advisor else "the advisor is off"}
         else:
             body = dict(body)
-            if job.state != "running":
+            if job.state != RUNNING:
                 body["note"] = f"as last seen while it ran ({body.get('updated')})" + (
                     f"; {body['note']}" if body.get("note") else "")
         body["state"] = job.state
