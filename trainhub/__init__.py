@@ -1,9 +1,11 @@
 """trainhub: a JupyterHub-based notebook platform for deep-learning teams.
 
-The core package holds what every part shares (settings, state, GPU pool, storage);
-the design card's folders import beside it as ``trainhub.spawner``,
+The core package holds what every part shares (settings, state, GPU pool, storage, the jobs
+vocabulary); the design card's folders import beside it as ``trainhub.spawner``,
 ``trainhub.kernels``, ``trainhub.extensions``, ``trainhub.hub_config`` and
-``trainhub.services``.
+``trainhub.services``. Layers, highest first: the CLI (``trainhub.cli``, ``trainhub.commands``),
+the composition root (``trainhub.app``, ``trainhub.hub_config``), the independent parts, the
+core; a module imports only its own layer and those below (docs/architecture.md).
 """
 
 __version__ = "0.1.0"
