@@ -48,6 +48,9 @@ export interface IPanelOptions {
   insertCode: (code: string) => boolean;
 }
 
+/** Thrown when a section's answer arrives after the user moved on to another section. */
+class Stale extends Error {}
+
 const refreshButton = (onClick: () => void) => button({ title: 'Reload', icon: refreshIcon, className: 'th-refresh' }, onClick);
 
 export class TrainhubPanel extends Widget {
@@ -80,6 +83,8 @@ export class TrainhubPanel extends Widget {
   private area = 'home';
   private path = '';
   private areas: IArea[] = [];
+  /** Bumped by every show_: a render whose number is no longer current stops at its next await. */
+  private gen = 0;
 
   get api(): TrainhubAPI {
     return this.options.api;
@@ -102,7 +107,17 @@ export class TrainhubPanel extends Widget {
     this.setStatus(message, true);
   }
 
-  async show_(section: Section): Promise<void> {
+  /** `value` if render `gen` is still the one shown, else throw Stale (the answer came too late). */
+  private current<T>(gen: number, value: T): T {
+    if (gen !== this.gen) {
+      throw new Stale();
+    }
+    return value;
+  }
+
+  /** Show `section` (with search text `q` for datasets and models), loading it afresh. */
+  async show_(section: Section, q = ''): Promise<void> {
+    const gen = ++this.gen;
     this.section = section;
     for (const t of Array.from(this.tabs.children)) {
       const active = (t as HTMLElement).dataset.section === section;
@@ -113,18 +128,20 @@ export class TrainhubPanel extends Widget {
     this.setStatus('Loading…');
     try {
       if (section === 'storage') {
-        await this.renderStorage();
+        await this.renderStorage(gen);
       } else if (section === 'datasets') {
-        await this.renderDatasets();
+        await this.renderDatasets(gen, q);
       } else if (section === 'models') {
-        await this.renderModels();
+        await this.renderModels(gen, q);
       } else if (section === 'usage') {
-        await this.renderUsage();
+        await this.renderUsage(gen);
       } else {
-        await this.renderJobs();
+        await this.renderJobs(gen);
       }
     } catch (error) {
-      this.fail(error);
+      if (!(error instanceof Stale) && gen === this.gen) {
+        this.fail(error);
+      }
     }
   }
 
@@ -135,9 +152,9 @@ export class TrainhubPanel extends Widget {
     await this.show_('storage');
   }
 
-  private async renderStorage(): Promise<void> {
+  private async renderStorage(gen: number): Promise<void> {
     if (!this.areas.length) {
-      this.areas = (await this.api.areas()).areas;
+      this.areas = this.current(gen, await this.api.areas()).areas;
     }
     const bar = el('div', { class: 'th-toolbar' });
     for (const a of this.areas) {
@@ -171,11 +188,11 @@ export class TrainhubPanel extends Widget {
     const list = el('ul', { class: 'th-list th-files' });
     const preview = el('div', { class: 'th-preview' });
     this.body.append(bar, crumbs, list, preview);
-    await this.loadPage(list, preview, null, area?.writable ?? false);
+    await this.loadPage(gen, list, preview, null, area?.writable ?? false);
   }
 
-  private async loadPage(list: HTMLElement, preview: HTMLElement, after: string | null, writable: boolean): Promise<void> {
-    const page = await this.api.list(this.area, this.path, after);
+  private async loadPage(gen: number, list: HTMLElement, preview: HTMLElement, after: string | null, writable: boolean): Promise<void> {
+    const page = this.current(gen, await this.api.list(this.area, this.path, after));
     list.querySelector('.th-more')?.remove();
     for (const e of page.entries) {
       list.append(this.entryRow(e, preview, writable));
@@ -183,7 +200,15 @@ export class TrainhubPanel extends Widget {
     const shown = list.querySelectorAll('.th-entry').length;
     if (page.next_after) {
       const more = el('li', { class: 'th-more' });
-      more.append(button({ title: 'Next page', label: 'Load more' }, () => void this.loadPage(list, preview, page.next_after, writable)));
+      more.append(
+        button({ title: 'Next page', label: 'Load more' }, () =>
+          this.loadPage(this.gen, list, preview, page.next_after, writable).catch(error => {
+            if (!(error instanceof Stale)) {
+              this.fail(error);
+            }
+          })
+        )
+      );
       list.append(more);
     }
     this.setStatus(shown ? `${shown}${page.next_after ? '+' : ''} items in ${page.url}` : `empty: ${page.url}`);
@@ -265,20 +290,21 @@ export class TrainhubPanel extends Widget {
   }
 
   // -- datasets ----------------------------------------------------------------------------
-  private searchBox(section: Section, onSearch: (q: string) => void): HTMLElement {
+  private searchBox(section: Section, q: string, onSearch: (q: string) => void): HTMLElement {
     const input = el('input', { type: 'search', class: 'th-search', placeholder: `Search ${section}…` });
+    input.value = q;
     input.addEventListener('keydown', ev => {
       if (ev.key === 'Enter') {
         onSearch(input.value);
       }
     });
-    return el('div', { class: 'th-toolbar' }, input, refreshButton(() => void this.show_(section)));
+    return el('div', { class: 'th-toolbar' }, input, refreshButton(() => onSearch(input.value)));
   }
 
-  private async renderDatasets(q = ''): Promise<void> {
+  private async renderDatasets(gen: number, q: string): Promise<void> {
     const list = el('ul', { class: 'th-list th-datasets' });
-    this.body.replaceChildren(this.searchBox('datasets', text => void this.renderDatasets(text)), list);
-    const page = await this.api.datasets(q);
+    this.body.replaceChildren(this.searchBox('datasets', q, text => void this.show_('datasets', text)), list);
+    const page = this.current(gen, await this.api.datasets(q));
     for (const d of page.items) {
       list.append(this.datasetRow(d));
     }
@@ -338,10 +364,10 @@ export class TrainhubPanel extends Widget {
   }
 
   // -- models ------------------------------------------------------------------------------
-  private async renderModels(q = ''): Promise<void> {
+  private async renderModels(gen: number, q: string): Promise<void> {
     const list = el('ul', { class: 'th-list th-models' });
-    this.body.replaceChildren(this.searchBox('models', text => void this.renderModels(text)), list);
-    const page = await this.api.models(q);
+    this.body.replaceChildren(this.searchBox('models', q, text => void this.show_('models', text)), list);
+    const page = this.current(gen, await this.api.models(q));
     for (const m of page.items) {
       const row = el('li', { class: 'th-item th-model', 'data-name': m.name });
       const stages = Object.entries(m.stages)
@@ -416,7 +442,7 @@ export class TrainhubPanel extends Widget {
   }
 
   // -- jobs --------------------------------------------------------------------------------
-  private async renderJobs(): Promise<void> {
+  private async renderJobs(gen: number): Promise<void> {
     const views = this.options.views;
     const bar = el(
       'div',
@@ -428,7 +454,7 @@ export class TrainhubPanel extends Widget {
     );
     const list = el('ul', { class: 'th-list th-jobs' });
     this.body.replaceChildren(bar, list);
-    const [page, tb] = await Promise.all([this.api.jobs(), tensorboardStatus(this.api)]);
+    const [page, tb] = this.current(gen, await Promise.all([this.api.jobs(), tensorboardStatus(this.api)]));
     for (const j of page.items) {
       const row = el('li', { class: `th-item th-job th-state-${j.state}`, 'data-id': j.id });
       row.append(
@@ -461,7 +487,7 @@ export class TrainhubPanel extends Widget {
 
   // -- usage -------------------------------------------------------------------------------
   /** The user's own GPU-hours per day: allocated (held) vs. used (utilisation-weighted). */
-  private async renderUsage(): Promise<void> {
+  private async renderUsage(gen: number): Promise<void> {
     const bar = el(
       'div',
       { class: 'th-toolbar' },
@@ -470,7 +496,7 @@ export class TrainhubPanel extends Widget {
       ),
       refreshButton(() => void this.show_('usage'))
     );
-    const u = await this.api.usage({ by: 'day', user: PageConfig.getOption('hubUser') || null });
+    const u = this.current(gen, await this.api.usage({ by: 'day', user: PageConfig.getOption('hubUser') || null }));
     this.body.replaceChildren(bar, ...usageFigure(u, true));
     this.setStatus(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
   }

@@ -56,14 +56,14 @@ export function usageFigure(u: IUsage, compact = false): HTMLElement[] {
     })
   });
   const table = el('table', { class: 'th-usage' });
-  const unit = compact ? '' : 'GPU-h ';
-  table.append(el('tr', {}, el('th', {}, 'day'), el('th', {}, `${unit}held`), el('th', {}, `${unit}used`), el('th', {}, 'use')));
+  const gpuh = () => el('span', { class: 'th-nowrap' }, 'GPU-h');
+  table.append(el('tr', {}, el('th', {}, 'day'), el('th', {}, gpuh(), ' held'), el('th', {}, gpuh(), ' used'), el('th', {}, 'use')));
   for (const r of u.items.slice().reverse()) {
     table.append(
       el(
         'tr',
         { class: 'th-usage-row', 'data-day': r.day ?? '' },
-        el('td', {}, r.day ?? ''),
+        el('td', { title: r.day ?? '' }, compact ? (r.day ?? '').slice(5) : (r.day ?? '')),
         el('td', {}, r.gpu_hours_allocated.toFixed(2)),
         el('td', {}, r.gpu_hours_used.toFixed(2)),
         el('td', {}, pct(r.utilization))

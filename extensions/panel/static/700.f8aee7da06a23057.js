@@ -52,7 +52,8 @@
 
 /* usage (side panel and main area) */
 .th-usage { border-collapse: collapse; font-size: var(--jp-ui-font-size1); margin-top: 4px; }
-.th-usage th, .th-usage td { padding: 1px 6px; text-align: right; white-space: nowrap; }
+.th-usage th, .th-usage td { padding: 1px 6px; text-align: right; }
+.th-usage td, .th-nowrap { white-space: nowrap; }
 .th-usage th:first-child, .th-usage td:first-child { text-align: left; }
 .th-usage-total { margin: 4px 0; }
 
