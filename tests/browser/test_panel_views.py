@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from datetime import date, timedelta
 
 import pytest
 import requests
 
-from browserlab import ARGS, CHROMIUM, Screenshots, log_in_to_lab, open_side_panel, require_chromium, run_command
+from browserlab import ARGS, CHROMIUM, Screenshots, log_in_to_lab, open_side_panel, require_chromium, run_command, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -41,17 +40,6 @@ print('trained {name}')
 NAMES = ["views-beta", "views-alpha", "views-gamma"]
 DEFAULT, NARROW = {"width": 1400, "height": 900}, {"width": 640, "height": 800}
 EMOJI = re.compile("[\u2190-\u2bff\u29c9\U0001f000-\U0001faff]")
-
-
-def wait_for(what: str, check, timeout: float = 120, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +66,7 @@ def seeded(platform):
         states = [requests.get(f"{api}/jobs/{j}", headers=h, timeout=30).json()["state"] for j in jobs.values()]
         return all(s in ("succeeded", "failed", "cancelled", "lost") for s in states)
 
-    wait_for("the seeded jobs to finish", finished)
+    wait_for(finished, 120, what="the seeded jobs to finish")
     # a GPU server, so the usage chart has GPU-hours to show
     platform.spawn(USER, "gpu-1", timeout=180)
     platform.spawn(ADMIN, "cpu", timeout=180)
@@ -87,7 +75,7 @@ def seeded(platform):
         u = requests.get(api + "/usage", params={"by": "day"}, headers=h, timeout=30).json()
         return u["items"] and u["items"][-1]["gpu_hours_allocated"] > 0
 
-    wait_for("the usage sampler to count the GPU server", used, timeout=120, interval=1)
+    wait_for(used, 120, interval=1, what="the usage sampler to count the GPU server")
     yield {"api": api, "headers": h, "jobs": jobs}
     platform.stop_server(USER)
     platform.stop_server(ADMIN)
@@ -210,7 +198,7 @@ def test_tabs_fit_and_icons_are_svg(platform, seeded, browser, tmp_path):
         for _ in range(4):
             change_ui_font(page, "Increase UI Font Size")
         page.set_viewport_size(NARROW)  # also makes JupyterLab lay out again for the larger top bar
-        wait_for("the UI font to grow", lambda: len({round(t["tab"]["y"]) for t in tab_geometry(panel)["tabs"]}) > 1, timeout=30)
+        wait_for(lambda: len({round(t["tab"]["y"]) for t in tab_geometry(panel)["tabs"]}) > 1, 30, what="the tabs to wrap")
         g = tab_geometry(panel)
         rows = assert_tabs_fit(g)
         assert len(rows) >= 2, g

@@ -61,6 +61,20 @@ export function button(options: IButtonOptions, onClick: () => void): HTMLButton
   return b;
 }
 
+/** The one-line status under a toolbar (announced to screen readers); errors in the error colour. */
+export class StatusLine {
+  readonly node = el('div', { class: 'th-status', 'aria-live': 'polite' });
+
+  set(text: string, error = false): void {
+    this.node.textContent = text;
+    this.node.classList.toggle('th-error', error);
+  }
+
+  fail(error: unknown): void {
+    this.set(error instanceof Error ? error.message : String(error), true);
+  }
+}
+
 /** Ask for a model name to register a job's outputs under (a JupyterLab input dialog). */
 export async function askModelName(job: string): Promise<string | null> {
   const result = await InputDialog.getText({

@@ -9,7 +9,7 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { IJob, JOB_STATES, TrainhubAPI } from './api';
-import { button, el, humanDuration, shortTime } from './dom';
+import { button, el, humanDuration, shortTime, StatusLine } from './dom';
 import { logsIcon, metricsIcon, refreshIcon, registerIcon, tensorboardIcon } from './icons';
 import { ITensorBoardStatus, tensorboardStatus } from './tensorboard';
 
@@ -122,9 +122,8 @@ export class JobsTable extends Widget {
       this.compare,
       button({ title: 'Reload the jobs', icon: refreshIcon, label: 'Refresh', className: 'th-refresh' }, () => void this.refresh())
     );
-    this.status = el('div', { class: 'th-status', 'aria-live': 'polite' });
     this.table = el('table', { class: 'th-table th-jobs-table' });
-    this.node.append(toolbar, this.status, el('div', { class: 'th-table-wrap' }, this.table));
+    this.node.append(toolbar, this.status.node, el('div', { class: 'th-table-wrap' }, this.table));
     this.poll = new Poll({
       factory: async () => {
         if (this.jobs.some(j => ACTIVE.has(j.state))) {
@@ -140,7 +139,7 @@ export class JobsTable extends Widget {
   private stateFilter: HTMLSelectElement;
   private search: HTMLInputElement;
   private compare: HTMLElement;
-  private status: HTMLElement;
+  readonly status = new StatusLine();
   private table: HTMLTableElement;
   private poll: Poll;
   private jobs: IJob[] = [];
@@ -160,11 +159,6 @@ export class JobsTable extends Widget {
     void this.refresh();
   }
 
-  setStatus(text: string, error = false): void {
-    this.status.textContent = text;
-    this.status.classList.toggle('th-error', error);
-  }
-
   /** Load the jobs (with the state filter) and TensorBoard's availability, then redraw. */
   async refresh(): Promise<void> {
     if (this.loading) {
@@ -177,7 +171,7 @@ export class JobsTable extends Widget {
   }
 
   private async load(): Promise<void> {
-    this.setStatus('Loading…');
+    this.status.set('Loading…');
     try {
       const [page, tb] = await Promise.all([this.api.jobs({ limit: 500, state: this.stateFilter.value }), tensorboardStatus(this.api)]);
       this.jobs = page.items;
@@ -191,7 +185,7 @@ export class JobsTable extends Widget {
       }
       this.render();
     } catch (error) {
-      this.setStatus(error instanceof Error ? error.message : String(error), true);
+      this.status.fail(error);
     }
   }
 
@@ -245,7 +239,7 @@ export class JobsTable extends Widget {
     this.renderCompare();
     const filter = this.stateFilter.value ? ` ${this.stateFilter.value}` : '';
     const more = this.total > this.jobs.length ? ` (the newest ${this.jobs.length} of ${this.total} loaded)` : '';
-    this.setStatus(`${rows.length}${filter} job(s) shown${more}`);
+    this.status.set(`${rows.length}${filter} job(s) shown${more}`);
   }
 
   private row(j: IJob): HTMLTableRowElement {

@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IJob, IMetrics, TrainhubAPI } from './api';
 import { fmt, ISeries, legend, lineChart } from './chart';
-import { button, el } from './dom';
+import { button, el, StatusLine } from './dom';
 import { refreshIcon } from './icons';
 
 const ACTIVE = new Set(['queued', 'running']);
@@ -24,12 +24,11 @@ abstract class JobView extends Widget {
     this.addClass('th-view');
     this.addClass(`th-${kind}-view`);
     this.node.dataset.job = job;
-    this.status = el('div', { class: 'th-status', 'aria-live': 'polite' });
     this.content = el('div', { class: 'th-view-body' });
     const title = `${kind[0].toUpperCase()}${kind.slice(1)} of ${job}`;
     const toolbar = el('div', { class: 'th-toolbar' }, el('strong', { class: 'th-view-title' }, title));
     toolbar.append(button({ title: 'Reload', icon: refreshIcon, label: 'Refresh', className: 'th-refresh' }, () => void this.refresh()));
-    this.node.append(toolbar, this.status, this.content);
+    this.node.append(toolbar, this.status.node, this.content);
     this.poll = new Poll({
       factory: async () => {
         if (this.state && ACTIVE.has(this.state)) {
@@ -42,7 +41,7 @@ abstract class JobView extends Widget {
     });
   }
 
-  protected status: HTMLElement;
+  readonly status = new StatusLine();
   protected content: HTMLElement;
   protected state: IJob['state'] | null = null;
   private poll: Poll;
@@ -61,17 +60,12 @@ abstract class JobView extends Widget {
     void this.refresh();
   }
 
-  setStatus(text: string, error = false): void {
-    this.status.textContent = text;
-    this.status.classList.toggle('th-error', error);
-  }
-
   async refresh(): Promise<void> {
     try {
       this.state = (await this.api.job(this.job)).state;
       await this.load();
     } catch (error) {
-      this.setStatus(error instanceof Error ? error.message : String(error), true);
+      this.status.fail(error);
     }
   }
 
@@ -95,7 +89,7 @@ export class LogView extends JobView {
       this.content.scrollTop = this.content.scrollHeight;
     }
     const lines = text ? text.replace(/\n$/, '').split('\n').length : 0;
-    this.setStatus(`${this.stateText()}: ${lines} line(s)`);
+    this.status.set(`${this.stateText()}: ${lines} line(s)`);
   }
 }
 
@@ -169,7 +163,7 @@ export class MetricsView extends JobView {
     }
     this.content.replaceChildren(...charts);
     const points = m.metrics.length;
-    this.setStatus(
+    this.status.set(
       points || m.gpu.length
         ? `${this.stateText()}: ${series.size} metric(s) from ${points} report(s)${m.gpu.length ? `, ${m.gpu.length} GPU sample(s)` : ''}`
         : `${this.stateText()}: no metrics yet (report them with trainhub.log_metrics(step=..., loss=...))`

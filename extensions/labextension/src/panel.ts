@@ -10,7 +10,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { humanSize, IArea, IDataset, IDatasetVersion, IEntry, IModelVersion, loadingSnippet, Stage, STAGES, TrainhubAPI } from './api';
-import { button, confirmDialog, el, iconNode } from './dom';
+import { button, confirmDialog, el, iconNode, StatusLine } from './dom';
 import {
   copyIcon,
   datasetsIcon,
@@ -70,13 +70,12 @@ export class TrainhubPanel extends Widget {
       tab.addEventListener('click', () => this.show_(key));
       this.tabs.append(tab);
     }
-    this.status = el('div', { class: 'th-status', 'aria-live': 'polite' });
     this.body = el('div', { class: 'th-body' });
-    this.node.append(this.tabs, this.status, this.body);
+    this.node.append(this.tabs, this.status.node, this.body);
   }
 
   private tabs: HTMLElement;
-  private status: HTMLElement;
+  private status = new StatusLine();
   private body: HTMLElement;
   private section: Section = 'storage';
   private loaded = false;
@@ -98,13 +97,11 @@ export class TrainhubPanel extends Widget {
   }
 
   private setStatus(text: string, error = false): void {
-    this.status.textContent = text;
-    this.status.classList.toggle('th-error', error);
+    this.status.set(text, error);
   }
 
   private fail(error: unknown): void {
-    const message = error instanceof Error ? error.message : String(error);
-    this.setStatus(message, true);
+    this.status.fail(error);
   }
 
   /** `value` if render `gen` is still the one shown, else throw Stale (the answer came too late). */

@@ -9,7 +9,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IUsage, TrainhubAPI } from './api';
 import { barChart, legend } from './chart';
-import { button, el } from './dom';
+import { button, el, StatusLine } from './dom';
 import { refreshIcon } from './icons';
 
 export const PERIODS = [7, 30, 90];
@@ -90,7 +90,6 @@ export class UsageView extends Widget {
     this.userSelect = el('select', { class: 'th-usage-user', 'aria-label': 'User' });
     this.userSelect.addEventListener('change', () => void this.load());
     this.userField = el('label', { class: 'th-field th-usage-user-field', hidden: '' }, 'User ', this.userSelect);
-    this.status = el('div', { class: 'th-status', 'aria-live': 'polite' });
     this.content = el('div', { class: 'th-view-body' });
     this.node.append(
       el(
@@ -101,7 +100,7 @@ export class UsageView extends Widget {
         this.userField,
         button({ title: 'Reload', icon: refreshIcon, label: 'Refresh', className: 'th-refresh' }, () => void this.refresh())
       ),
-      this.status,
+      this.status.node,
       this.content
     );
   }
@@ -110,18 +109,13 @@ export class UsageView extends Widget {
   private period: HTMLSelectElement;
   private userSelect: HTMLSelectElement;
   private userField: HTMLElement;
-  private status: HTMLElement;
+  readonly status = new StatusLine();
   private content: HTMLElement;
   /** The last answer drawn (tests and the side panel read what is shown). */
   usage: IUsage | null = null;
 
   protected onAfterAttach(): void {
     void this.refresh();
-  }
-
-  setStatus(text: string, error = false): void {
-    this.status.textContent = text;
-    this.status.classList.toggle('th-error', error);
   }
 
   private since(): string {
@@ -149,12 +143,12 @@ export class UsageView extends Widget {
       }
       await this.load();
     } catch (error) {
-      this.setStatus(error instanceof Error ? error.message : String(error), true);
+      this.status.fail(error);
     }
   }
 
   private async load(): Promise<void> {
-    this.setStatus('Loading…');
+    this.status.set('Loading…');
     try {
       const choice = this.userField.hidden ? this.me : this.userSelect.value;
       const user = choice === EVERYONE ? null : choice || null;
@@ -162,9 +156,9 @@ export class UsageView extends Widget {
       this.usage = u;
       this.node.dataset.user = u.user ?? EVERYONE;
       this.content.replaceChildren(...usageFigure(u));
-      this.setStatus(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
+      this.status.set(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
     } catch (error) {
-      this.setStatus(error instanceof Error ? error.message : String(error), true);
+      this.status.fail(error);
     }
   }
 }
