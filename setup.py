@@ -1,7 +1,13 @@
-"""Package discovery for trainhub's folder-to-namespace mapping.
+"""Package discovery for trainhub's folder-to-namespace mapping, and the Jupyter data files.
 
 The top-level folders (spawner/, kernels/, ...) install as ``trainhub.<folder>``;
 setuptools needs every sub-package named, so we walk the tree once here.
+
+The prebuilt JupyterLab panel (extensions/panel) and the config file enabling the server extension
+(extensions/jupyter-config/trainhub.json) are also installed as data files under the environment's
+prefix, where JupyterLab and jupyter-server look (the same places as
+``trainhub.extensions.LABEXTENSION_DEST`` / ``SERVER_CONFIG_DEST``; tests/storage/test_panel_wheel.py
+checks a built wheel against them).
 """
 
 import os
@@ -29,4 +35,22 @@ def find_packages():
     return packages
 
 
-setup(packages=find_packages())
+PANEL = "extensions/panel"
+LABEXTENSION_DEST = "share/jupyter/labextensions/trainhub-panel"
+SERVER_CONFIG = "extensions/jupyter-config/trainhub.json"
+SERVER_CONFIG_DEST = "etc/jupyter/jupyter_server_config.d"
+
+
+def data_files():
+    out = [(SERVER_CONFIG_DEST, [SERVER_CONFIG])]
+    for dirpath, dirnames, filenames in os.walk(PANEL):
+        dirnames.sort()
+        rel = os.path.relpath(dirpath, PANEL)
+        dest = LABEXTENSION_DEST if rel == "." else f"{LABEXTENSION_DEST}/{rel.replace(os.sep, '/')}"
+        files = [f"{dirpath}/{f}".replace(os.sep, "/") for f in sorted(filenames)]
+        if files:
+            out.append((dest, files))
+    return out
+
+
+setup(packages=find_packages(), data_files=data_files())

@@ -4,14 +4,18 @@
   panel's proxy to the trainhub API).
 - ``panel/``: the prebuilt JupyterLab extension ``trainhub-panel`` (source in ``labextension/``;
   rebuild with ``npm install && npx tsc && jupyter-builder build .`` there).
+- ``jupyter-config/trainhub.json``: the jupyter-server config file enabling the server extension.
 
-:func:`install_labextension` puts both where a single-user server in this Python environment
-finds them; ``trainhub up`` and CI call it, so no npm step is needed at install time.
+A wheel installs both as data files (``share/jupyter/labextensions/trainhub-panel`` and
+``etc/jupyter/jupyter_server_config.d/trainhub.json`` under the environment's prefix, see
+setup.py), so ``pip install trainhub`` alone gives every single-user server of that environment
+the panel. :func:`install_labextension` puts the same files there from this package (``trainhub
+up`` and the tests call it, so an editable checkout with a freshly rebuilt panel is current); no
+npm step is needed at install time.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -20,6 +24,11 @@ from pathlib import Path
 LABEXTENSION_NAME = "trainhub-panel"
 PANEL_DIR = Path(__file__).with_name("panel")
 SERVER_EXTENSION = "trainhub.extensions.storage"
+#: The jupyter-server config file enabling :data:`SERVER_EXTENSION` (shipped as is in the wheel).
+SERVER_CONFIG = Path(__file__).parent / "jupyter-config" / "trainhub.json"
+#: Where the panel and the config file go, relative to an environment's prefix.
+LABEXTENSION_DEST = Path("share", "jupyter", "labextensions", LABEXTENSION_NAME)
+SERVER_CONFIG_DEST = Path("etc", "jupyter", "jupyter_server_config.d", "trainhub.json")
 
 
 def _jupyter_labextension_paths():
@@ -41,7 +50,7 @@ def install_labextension(prefix: str | os.PathLike | None = None, enable_server_
     prefix = Path(prefix or sys.prefix)
     if not (PANEL_DIR / "package.json").exists():
         raise FileNotFoundError(f"the prebuilt panel is missing at {PANEL_DIR}; build it in {PANEL_DIR.parent / 'labextension'}")
-    dest = prefix / "share" / "jupyter" / "labextensions" / LABEXTENSION_NAME
+    dest = prefix / LABEXTENSION_DEST
     if _differs(PANEL_DIR, dest):
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -50,9 +59,9 @@ def install_labextension(prefix: str | os.PathLike | None = None, enable_server_
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp.rename(dest)
     if enable_server_extension:
-        conf = prefix / "etc" / "jupyter" / "jupyter_server_config.d" / "trainhub.json"
+        conf = prefix / SERVER_CONFIG_DEST
         conf.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"ServerApp": {"jpserver_extensions": {SERVER_EXTENSION: True}}}, indent=2) + "\n"
+        text = SERVER_CONFIG.read_text()
         if not conf.exists() or conf.read_text() != text:
             conf.write_text(text)
     return dest

@@ -1,7 +1,7 @@
 """The trainhub JupyterLab side panel in a real browser (Debian's chromium via Playwright)
 against a real `trainhub up`: log in, open the panel, browse storage and preview a file,
 insert a dataset's loading code into a notebook, promote a model stage, see jobs.
-A screenshot is saved under test-artifacts/browser/."""
+A screenshot goes to the test's tmp folder, and to test-artifacts/browser/side-panel/ when it fails."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from browserlab import ARGS, ARTIFACTS, CHROMIUM, log_in_to_lab, require_chromium
+from browserlab import ARGS, CHROMIUM, Screenshots, log_in_to_lab, require_chromium
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -46,16 +46,16 @@ def seeded(platform):
     platform.stop_server(USER)
 
 
-def test_side_panel(platform, seeded):
+def test_side_panel(platform, seeded, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     errors: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "trainhub" in m.text.lower() else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
+        shots = Screenshots(page, "side-panel", tmp_path)
         try:
             log_in_to_lab(page, platform.url, USER, PASSWORD)
 
@@ -104,9 +104,9 @@ def test_side_panel(platform, seeded):
             panel.locator('.th-tab[data-section="usage"]').click()
             expect(panel.locator(".th-usage-total")).to_contain_text("GPU-h held")
             expect(panel.locator("table.th-usage")).to_contain_text("GPU-h used")
-            page.screenshot(path=str(ARTIFACTS / "side-panel.png"))
+            shots.take("usage")
         except Exception:
-            page.screenshot(path=str(ARTIFACTS / "side-panel-failure.png"))
+            shots.save_failure()
             raise
         finally:
             browser.close()

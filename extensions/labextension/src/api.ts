@@ -109,18 +109,29 @@ export interface IModel {
   items?: IModelVersion[];
 }
 
+export const JOB_STATES = ['queued', 'running', 'succeeded', 'failed', 'cancelled', 'lost'] as const;
+export type JobState = (typeof JOB_STATES)[number];
+
 export interface IJob {
   id: string;
   name: string;
   user: string;
-  state: string;
+  state: JobState;
   reason: string;
   gpus: number;
   workers: number;
+  profile?: string | null;
   created: string | null;
+  started?: string | null;
   finished: string | null;
   outputs_url: string;
   sweep_id: number | null;
+}
+
+/** `GET {api}/jobs/{id}/metrics`: scalars from trainhub.log_metrics and GPU samples. */
+export interface IMetrics {
+  metrics: { time: string; step: number | null; worker: number; values: Record<string, number> }[];
+  gpu: { time: string; worker: number; device: number; utilization: number; memory_used_mb?: number; simulated?: boolean }[];
 }
 
 /** One row of `GET {api}/usage` (see docs/usage.md). */
@@ -136,6 +147,10 @@ export interface IUsage {
   since: string;
   until: string;
   by: string;
+  /** The user the figures are filtered to; null = everyone (admins). */
+  user: string | null;
+  /** "all" when the caller may see everyone's usage (admins), else "user". */
+  scope: 'all' | 'user';
   items: IUsageRow[];
   totals: { gpu_seconds_allocated: number; gpu_seconds_used: number; utilization: number | null };
 }
@@ -154,13 +169,10 @@ export class APIError extends Error {
   }
 }
 
-/** One call to the single-user server (same origin, with its auth and XSRF handling). */
-export async function request<T>(
-  settings: ServerConnection.ISettings,
-  path: string,
-  init: RequestInit = {},
-  query: Record<string, string | number | undefined | null> = {}
-): Promise<T> {
+export type Query = Record<string, string | number | undefined | null>;
+
+/** `path` under the server's base URL with the non-empty `query` values. */
+export function serverUrl(settings: ServerConnection.ISettings, path: string, query: Query = {}): string {
   const params = new URLSearchParams();
   for (const [k, v] of Object.entries(query)) {
     if (v !== undefined && v !== null && v !== '') {
@@ -168,27 +180,46 @@ export async function request<T>(
     }
   }
   const qs = params.toString();
-  const url = URLExt.join(settings.baseUrl, path) + (qs ? `?${qs}` : '');
+  return URLExt.join(settings.baseUrl, path) + (qs ? `?${qs}` : '');
+}
+
+async function send(settings: ServerConnection.ISettings, path: string, init: RequestInit, query: Query): Promise<[Response, string]> {
   let response: Response;
   try {
-    response = await ServerConnection.makeRequest(url, init, settings);
+    response = await ServerConnection.makeRequest(serverUrl(settings, path, query), init, settings);
   } catch (error) {
     throw new APIError(0, `cannot reach the server: ${error}`);
   }
   const text = await response.text();
-  let data: any = null;
-  if (text) {
-    try {
-      data = JSON.parse(text);
-    } catch {
-      data = text;
-    }
-  }
   if (!response.ok) {
-    const message = (data && data.message) || response.statusText || 'request failed';
+    let message = response.statusText || 'request failed';
+    try {
+      message = JSON.parse(text).message || message;
+    } catch {
+      // not JSON: keep the status text
+    }
     throw new APIError(response.status, message);
   }
-  return data as T;
+  return [response, text];
+}
+
+/** One JSON call to the single-user server (same origin, with its auth and XSRF handling). */
+export async function request<T>(settings: ServerConnection.ISettings, path: string, init: RequestInit = {}, query: Query = {}): Promise<T> {
+  const [, text] = await send(settings, path, init, query);
+  if (!text) {
+    return null as T;
+  }
+  try {
+    return JSON.parse(text) as T;
+  } catch {
+    return text as T;
+  }
+}
+
+/** The same for a plain-text answer (job logs). */
+export async function requestText(settings: ServerConnection.ISettings, path: string, query: Query = {}): Promise<string> {
+  const [, text] = await send(settings, path, {}, query);
+  return text;
 }
 
 export function storageUrl(settings: ServerConnection.ISettings, path: string, query: Record<string, string>): string {
@@ -258,13 +289,30 @@ export class TrainhubAPI {
     return URLExt.join(this.settings.baseUrl, 'trainhub/api/models', encodeURIComponent(name), 'versions', String(version), 'export');
   }
 
-  jobs(limit = 50): Promise<IPage<IJob>> {
-    return request(this.settings, 'trainhub/api/jobs', {}, { limit });
+  /** Newest first; `state` filters (comma-separated states), `limit` at most 500. */
+  jobs(query: { limit?: number; state?: string; user?: string } = {}): Promise<IPage<IJob>> {
+    return request(this.settings, 'trainhub/api/jobs', {}, { limit: 50, ...query });
   }
 
-  /** The caller's own GPU usage per day (allocated vs. used GPU-hours). */
-  usage(by = 'day'): Promise<IUsage> {
-    return request(this.settings, 'trainhub/api/usage', {}, { by });
+  job(id: string): Promise<IJob> {
+    return request(this.settings, `trainhub/api/jobs/${encodeURIComponent(id)}`);
+  }
+
+  jobMetrics(id: string): Promise<IMetrics> {
+    return request(this.settings, `trainhub/api/jobs/${encodeURIComponent(id)}/metrics`);
+  }
+
+  /** The last `tail` lines of a job's workers' output ("<ISO time> [<rank>] <text>"). */
+  jobLogs(id: string, tail = 2000): Promise<string> {
+    return requestText(this.settings, `trainhub/api/jobs/${encodeURIComponent(id)}/logs`, { tail });
+  }
+
+  /**
+   * GPU usage (allocated vs. used GPU-hours) grouped `by`; users see their own, admins everyone's
+   * unless `user` is given. `since`/`until` are UTC days (YYYY-MM-DD).
+   */
+  usage(query: { by?: string; user?: string | null; since?: string; until?: string } = {}): Promise<IUsage> {
+    return request(this.settings, 'trainhub/api/usage', {}, { by: 'day', ...query });
   }
 
   jobLogsUrl(id: string): string {

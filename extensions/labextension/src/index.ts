@@ -1,19 +1,20 @@
 /**
- * trainhub JupyterLab extension: the side panel (plugin `trainhub:panel`) and the idle-GPU
+ * trainhub JupyterLab extension: the side panel (plugin `trainhub:panel`), its main-area views
+ * (jobs table, usage chart, a job's logs and metrics, TensorBoard; views.ts) and the idle-GPU
  * warning (plugin `trainhub:culler-notification`, in culler.ts).
  * Nothing is awaited in `activate`: the panel loads its data when first shown.
+ *
+ * Commands (also in the command palette, category "trainhub"): `trainhub:open-panel`,
+ * `trainhub:open-jobs`, `trainhub:open-usage`; `trainhub:open-view` ({view, job}) reopens a view.
  */
-import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin, ILayoutRestorer } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
-import { LabIcon } from '@jupyterlab/ui-components';
+import { ILabShell, ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 
 import { TrainhubAPI } from './api';
 import cullerNotification from './culler';
+import { jobsIcon, trainhubIcon, usageIcon } from './icons';
 import { TrainhubPanel } from './panel';
-
-const ICON_SVG =
-  '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" width="16"><path class="jp-icon3" fill="#616161" d="M4 4h16v4H4zm0 6h10v4H4zm0 6h16v4H4z"/></svg>';
-const icon = new LabIcon({ name: 'trainhub:icon', svgstr: ICON_SVG });
+import { IViewArgs, OPEN_VIEW_COMMAND, Views } from './views';
 
 /** Put `code` into a new cell below the active one of the current notebook. */
 function insertCode(app: JupyterFrontEnd, code: string): boolean {
@@ -30,22 +31,49 @@ function insertCode(app: JupyterFrontEnd, code: string): boolean {
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'trainhub:panel',
-  description: 'trainhub side panel: storage, datasets, models, jobs.',
+  description: 'trainhub side panel (storage, datasets, models, jobs, usage) and its main-area views.',
   autoStart: true,
   optional: [ILayoutRestorer, ICommandPalette, ILabShell],
   activate: (app: JupyterFrontEnd, restorer: ILayoutRestorer | null, palette: ICommandPalette | null) => {
     const api = new TrainhubAPI(app.serviceManager.serverSettings);
-    const panel = new TrainhubPanel({ api, insertCode: code => insertCode(app, code) });
-    panel.title.icon = icon;
+    const tracker = new WidgetTracker<MainAreaWidget>({ namespace: 'trainhub-views' });
+    const views = new Views(app, api, tracker);
+    const panel = new TrainhubPanel({ api, views, insertCode: code => insertCode(app, code) });
+    panel.title.icon = trainhubIcon;
     app.shell.add(panel, 'left', { rank: 600 });
-    if (restorer) {
-      restorer.add(panel, 'trainhub-panel');
-    }
+
     app.commands.addCommand('trainhub:open-panel', {
       label: 'Show the trainhub panel',
+      icon: trainhubIcon,
       execute: () => app.shell.activateById(panel.id)
     });
-    palette?.addItem({ command: 'trainhub:open-panel', category: 'trainhub' });
+    app.commands.addCommand('trainhub:open-jobs', {
+      label: 'Open the jobs table',
+      caption: 'Your trainhub jobs: sort, filter by state, logs, metrics, TensorBoard, register models',
+      icon: jobsIcon,
+      execute: () => views.jobsTable()
+    });
+    app.commands.addCommand('trainhub:open-usage', {
+      label: 'Open the GPU usage chart',
+      caption: 'GPU-hours held vs. used per day',
+      icon: usageIcon,
+      execute: () => views.usage()
+    });
+    app.commands.addCommand(OPEN_VIEW_COMMAND, {
+      label: 'Open a trainhub view',
+      execute: args => views.open(args as unknown as IViewArgs)
+    });
+    for (const command of ['trainhub:open-panel', 'trainhub:open-jobs', 'trainhub:open-usage']) {
+      palette?.addItem({ command, category: 'trainhub' });
+    }
+    if (restorer) {
+      restorer.add(panel, 'trainhub-panel');
+      void restorer.restore(tracker, {
+        command: OPEN_VIEW_COMMAND,
+        args: w => ({ ...(views.argsOf(w) ?? { view: 'jobs' }) }),
+        name: w => w.id
+      });
+    }
   }
 };
 

@@ -1,65 +1,57 @@
 /**
- * The trainhub side panel: Storage, Datasets, Models and Jobs sections in one left-area widget.
+ * The trainhub side panel: Storage, Datasets, Models, Jobs and Usage sections in one left-area
+ * widget, with labelled icon tabs that wrap instead of being cut off in a narrow sidebar.
  * Plain DOM in a Lumino widget; every section loads when first shown and on "Refresh".
+ * The Jobs and Usage sections open the main-area jobs table and usage chart (views.ts).
  */
 import { Clipboard, showErrorMessage } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
+import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
+import { humanSize, IArea, IDataset, IDatasetVersion, IEntry, IModelVersion, loadingSnippet, Stage, STAGES, TrainhubAPI } from './api';
+import { button, confirmDialog, el, iconNode, StatusLine } from './dom';
 import {
-  humanSize,
-  IArea,
-  IDataset,
-  IDatasetVersion,
-  IEntry,
-  IModelVersion,
-  loadingSnippet,
-  Stage,
-  STAGES,
-  TrainhubAPI
-} from './api';
+  copyIcon,
+  datasetsIcon,
+  deleteIcon,
+  downloadIcon,
+  fileIcon,
+  fileUploadIcon,
+  folderIcon,
+  jobsIcon,
+  logsIcon,
+  metricsIcon,
+  modelsIcon,
+  refreshIcon,
+  registerIcon,
+  usageIcon
+} from './icons';
+import { tensorboardButton } from './jobs';
+import { tensorboardStatus } from './tensorboard';
+import { usageFigure } from './usage';
+import { Views } from './views';
 
 type Section = 'storage' | 'datasets' | 'models' | 'jobs' | 'usage';
-const SECTIONS: [Section, string][] = [
-  ['storage', 'Storage'],
-  ['datasets', 'Datasets'],
-  ['models', 'Models'],
-  ['jobs', 'Jobs'],
-  ['usage', 'Usage']
+const SECTIONS: [Section, string, LabIcon][] = [
+  ['storage', 'Storage', folderIcon],
+  ['datasets', 'Datasets', datasetsIcon],
+  ['models', 'Models', modelsIcon],
+  ['jobs', 'Jobs', jobsIcon],
+  ['usage', 'Usage', usageIcon]
 ];
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  attrs: Record<string, string> = {},
-  ...children: (Node | string)[]
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === 'class') {
-      node.className = v;
-    } else {
-      node.setAttribute(k, v);
-    }
-  }
-  for (const c of children) {
-    node.append(c);
-  }
-  return node;
-}
-
-function button(label: string, title: string, onClick: () => void, cls = ''): HTMLButtonElement {
-  const b = el('button', { class: `jp-Button jp-mod-styled jp-mod-minimal th-btn ${cls}`, title }, label);
-  b.addEventListener('click', ev => {
-    ev.stopPropagation();
-    onClick();
-  });
-  return b;
-}
 
 export interface IPanelOptions {
   api: TrainhubAPI;
+  views: Views;
   /** Insert code into the active notebook as a new cell; false when there is none. */
   insertCode: (code: string) => boolean;
 }
+
+/** Thrown when a section's answer arrives after the user moved on to another section. */
+class Stale extends Error {}
+
+const refreshButton = (onClick: () => void) => button({ title: 'Reload', icon: refreshIcon, className: 'th-refresh' }, onClick);
 
 export class TrainhubPanel extends Widget {
   constructor(private options: IPanelOptions) {
@@ -68,24 +60,30 @@ export class TrainhubPanel extends Widget {
     this.addClass('th-Panel');
     this.title.caption = 'trainhub';
     this.tabs = el('div', { class: 'th-tabs', role: 'tablist' });
-    for (const [key, label] of SECTIONS) {
-      const tab = el('button', { class: 'th-tab', 'data-section': key, role: 'tab' }, label);
+    for (const [key, label, icon] of SECTIONS) {
+      const tab = el(
+        'button',
+        { class: 'th-tab', 'data-section': key, role: 'tab', type: 'button', title: label, 'aria-selected': 'false' },
+        iconNode(icon, 'th-tab-icon'),
+        el('span', { class: 'th-tab-label' }, label)
+      );
       tab.addEventListener('click', () => this.show_(key));
       this.tabs.append(tab);
     }
-    this.status = el('div', { class: 'th-status', 'aria-live': 'polite' });
     this.body = el('div', { class: 'th-body' });
-    this.node.append(this.tabs, this.status, this.body);
+    this.node.append(this.tabs, this.status.node, this.body);
   }
 
   private tabs: HTMLElement;
-  private status: HTMLElement;
+  private status = new StatusLine();
   private body: HTMLElement;
   private section: Section = 'storage';
   private loaded = false;
   private area = 'home';
   private path = '';
   private areas: IArea[] = [];
+  /** Bumped by every show_: a render whose number is no longer current stops at its next await. */
+  private gen = 0;
 
   get api(): TrainhubAPI {
     return this.options.api;
@@ -99,36 +97,48 @@ export class TrainhubPanel extends Widget {
   }
 
   private setStatus(text: string, error = false): void {
-    this.status.textContent = text;
-    this.status.classList.toggle('th-error', error);
+    this.status.set(text, error);
   }
 
   private fail(error: unknown): void {
-    const message = error instanceof Error ? error.message : String(error);
-    this.setStatus(message, true);
+    this.status.fail(error);
   }
 
-  async show_(section: Section): Promise<void> {
+  /** `value` if render `gen` is still the one shown, else throw Stale (the answer came too late). */
+  private current<T>(gen: number, value: T): T {
+    if (gen !== this.gen) {
+      throw new Stale();
+    }
+    return value;
+  }
+
+  /** Show `section` (with search text `q` for datasets and models), loading it afresh. */
+  async show_(section: Section, q = ''): Promise<void> {
+    const gen = ++this.gen;
     this.section = section;
     for (const t of Array.from(this.tabs.children)) {
-      t.classList.toggle('th-active', (t as HTMLElement).dataset.section === section);
+      const active = (t as HTMLElement).dataset.section === section;
+      t.classList.toggle('th-active', active);
+      t.setAttribute('aria-selected', String(active));
     }
     this.body.replaceChildren();
     this.setStatus('Loading…');
     try {
       if (section === 'storage') {
-        await this.renderStorage();
+        await this.renderStorage(gen);
       } else if (section === 'datasets') {
-        await this.renderDatasets();
+        await this.renderDatasets(gen, q);
       } else if (section === 'models') {
-        await this.renderModels();
+        await this.renderModels(gen, q);
       } else if (section === 'usage') {
-        await this.renderUsage();
+        await this.renderUsage(gen);
       } else {
-        await this.renderJobs();
+        await this.renderJobs(gen);
       }
     } catch (error) {
-      this.fail(error);
+      if (!(error instanceof Stale) && gen === this.gen) {
+        this.fail(error);
+      }
     }
   }
 
@@ -139,13 +149,13 @@ export class TrainhubPanel extends Widget {
     await this.show_('storage');
   }
 
-  private async renderStorage(): Promise<void> {
+  private async renderStorage(gen: number): Promise<void> {
     if (!this.areas.length) {
-      this.areas = (await this.api.areas()).areas;
+      this.areas = this.current(gen, await this.api.areas()).areas;
     }
     const bar = el('div', { class: 'th-toolbar' });
     for (const a of this.areas) {
-      const b = button(a.label, a.url, () => void this.openFolder(a.name, ''), a.name === this.area ? 'th-active' : '');
+      const b = button({ title: a.url, label: a.label, className: a.name === this.area ? 'th-active' : '' }, () => void this.openFolder(a.name, ''));
       b.dataset.area = a.name;
       bar.append(b);
     }
@@ -153,9 +163,9 @@ export class TrainhubPanel extends Widget {
     if (area?.writable) {
       const input = el('input', { type: 'file', class: 'th-upload-input', multiple: '' });
       input.addEventListener('change', () => void this.upload(input));
-      bar.append(button('Upload', 'Upload files into this folder', () => input.click(), 'th-upload'), input);
+      bar.append(button({ title: 'Upload files into this folder', icon: fileUploadIcon, label: 'Upload', className: 'th-upload' }, () => input.click()), input);
     }
-    bar.append(button('Refresh', 'Reload', () => void this.show_('storage')));
+    bar.append(refreshButton(() => void this.show_('storage')));
     const crumbs = el('div', { class: 'th-crumbs' });
     const parts = this.path ? this.path.split('/') : [];
     const rootCrumb = el('a', { href: '#', class: 'th-crumb' }, `${this.area}/`);
@@ -175,11 +185,11 @@ export class TrainhubPanel extends Widget {
     const list = el('ul', { class: 'th-list th-files' });
     const preview = el('div', { class: 'th-preview' });
     this.body.append(bar, crumbs, list, preview);
-    await this.loadPage(list, preview, null, area?.writable ?? false);
+    await this.loadPage(gen, list, preview, null, area?.writable ?? false);
   }
 
-  private async loadPage(list: HTMLElement, preview: HTMLElement, after: string | null, writable: boolean): Promise<void> {
-    const page = await this.api.list(this.area, this.path, after);
+  private async loadPage(gen: number, list: HTMLElement, preview: HTMLElement, after: string | null, writable: boolean): Promise<void> {
+    const page = this.current(gen, await this.api.list(this.area, this.path, after));
     list.querySelector('.th-more')?.remove();
     for (const e of page.entries) {
       list.append(this.entryRow(e, preview, writable));
@@ -187,7 +197,15 @@ export class TrainhubPanel extends Widget {
     const shown = list.querySelectorAll('.th-entry').length;
     if (page.next_after) {
       const more = el('li', { class: 'th-more' });
-      more.append(button('Load more', 'Next page', () => void this.loadPage(list, preview, page.next_after, writable)));
+      more.append(
+        button({ title: 'Next page', label: 'Load more' }, () =>
+          this.loadPage(this.gen, list, preview, page.next_after, writable).catch(error => {
+            if (!(error instanceof Stale)) {
+              this.fail(error);
+            }
+          })
+        )
+      );
       list.append(more);
     }
     this.setStatus(shown ? `${shown}${page.next_after ? '+' : ''} items in ${page.url}` : `empty: ${page.url}`);
@@ -195,23 +213,23 @@ export class TrainhubPanel extends Widget {
 
   private entryRow(e: IEntry, preview: HTMLElement, writable: boolean): HTMLElement {
     const isDir = e.type === 'directory';
-    const name = el('span', { class: 'th-name', title: e.url }, isDir ? `📁 ${e.name}/` : e.name);
+    const name = el('span', { class: 'th-name', title: e.url }, iconNode(isDir ? folderIcon : fileIcon, 'th-entry-icon'), isDir ? `${e.name}/` : e.name);
     const row = el('li', { class: `th-entry ${isDir ? 'th-dir' : 'th-file'}`, 'data-path': e.path }, name);
     if (!isDir) {
       row.append(el('span', { class: 'th-size' }, humanSize(e.size)));
     }
     const actions = el('span', { class: 'th-actions' });
     actions.append(
-      button('⧉', 'Copy path', () => {
+      button({ title: 'Copy path', icon: copyIcon, className: 'th-copy' }, () => {
         Clipboard.copyToSystem(e.url);
         this.setStatus(`copied ${e.url}`);
-      }, 'th-copy')
+      })
     );
     if (!isDir) {
-      actions.append(button('⬇', 'Download', () => window.open(this.api.downloadUrl(this.area, e.path), '_blank')));
+      actions.append(button({ title: 'Download', icon: downloadIcon, className: 'th-download' }, () => window.open(this.api.downloadUrl(this.area, e.path), '_blank')));
     }
     if (writable) {
-      actions.append(button('🗑', 'Delete', () => void this.remove(e), 'th-delete'));
+      actions.append(button({ title: 'Delete', icon: deleteIcon, className: 'th-delete' }, () => void this.remove(e)));
     }
     row.append(actions);
     name.addEventListener('click', () => {
@@ -255,7 +273,8 @@ export class TrainhubPanel extends Widget {
   }
 
   private async remove(e: IEntry): Promise<void> {
-    if (!window.confirm(`Delete ${e.path}${e.type === 'directory' ? ' and everything in it' : ''}?`)) {
+    const what = `${e.path}${e.type === 'directory' ? ' and everything in it' : ''}`;
+    if (!(await confirmDialog('Delete', `Delete ${what}? This cannot be undone.`, 'Delete', true))) {
       return;
     }
     try {
@@ -268,22 +287,21 @@ export class TrainhubPanel extends Widget {
   }
 
   // -- datasets ----------------------------------------------------------------------------
-  private searchBox(section: Section, onSearch: (q: string) => void): HTMLElement {
+  private searchBox(section: Section, q: string, onSearch: (q: string) => void): HTMLElement {
     const input = el('input', { type: 'search', class: 'th-search', placeholder: `Search ${section}…` });
+    input.value = q;
     input.addEventListener('keydown', ev => {
       if (ev.key === 'Enter') {
         onSearch(input.value);
       }
     });
-    const bar = el('div', { class: 'th-toolbar' }, input);
-    bar.append(button('Refresh', 'Reload', () => void this.show_(section)));
-    return bar;
+    return el('div', { class: 'th-toolbar' }, input, refreshButton(() => onSearch(input.value)));
   }
 
-  private async renderDatasets(q = ''): Promise<void> {
+  private async renderDatasets(gen: number, q: string): Promise<void> {
     const list = el('ul', { class: 'th-list th-datasets' });
-    this.body.replaceChildren(this.searchBox('datasets', text => void this.renderDatasets(text)), list);
-    const page = await this.api.datasets(q);
+    this.body.replaceChildren(this.searchBox('datasets', q, text => void this.show_('datasets', text)), list);
+    const page = this.current(gen, await this.api.datasets(q));
     for (const d of page.items) {
       list.append(this.datasetRow(d));
     }
@@ -327,14 +345,14 @@ export class TrainhubPanel extends Widget {
       row.append(el('span', { class: 'th-badge th-deprecated', title: v.deprecation_message ?? '' }, 'deprecated'));
     }
     row.append(
-      button('Insert code', 'Insert loading code into the active notebook', () => {
+      button({ title: 'Insert loading code into the active notebook', label: 'Insert code', className: 'th-insert' }, () => {
         if (this.options.insertCode(loadingSnippet(v))) {
           this.setStatus(`inserted loading code for ${v.name} v${v.version}`);
         } else {
           this.setStatus('open a notebook first: the code goes into the active notebook', true);
         }
-      }, 'th-insert'),
-      button('⧉', 'Copy URL', () => {
+      }),
+      button({ title: 'Copy URL', icon: copyIcon, className: 'th-copy' }, () => {
         Clipboard.copyToSystem(v.url);
         this.setStatus(`copied ${v.url}`);
       })
@@ -343,10 +361,10 @@ export class TrainhubPanel extends Widget {
   }
 
   // -- models ------------------------------------------------------------------------------
-  private async renderModels(q = ''): Promise<void> {
+  private async renderModels(gen: number, q: string): Promise<void> {
     const list = el('ul', { class: 'th-list th-models' });
-    this.body.replaceChildren(this.searchBox('models', text => void this.renderModels(text)), list);
-    const page = await this.api.models(q);
+    this.body.replaceChildren(this.searchBox('models', q, text => void this.show_('models', text)), list);
+    const page = this.current(gen, await this.api.models(q));
     for (const m of page.items) {
       const row = el('li', { class: 'th-item th-model', 'data-name': m.name });
       const stages = Object.entries(m.stages)
@@ -421,22 +439,35 @@ export class TrainhubPanel extends Widget {
   }
 
   // -- jobs --------------------------------------------------------------------------------
-  private async renderJobs(): Promise<void> {
-    const bar = el('div', { class: 'th-toolbar' });
-    bar.append(button('Refresh', 'Reload', () => void this.show_('jobs')));
+  private async renderJobs(gen: number): Promise<void> {
+    const views = this.options.views;
+    const bar = el(
+      'div',
+      { class: 'th-toolbar' },
+      button({ title: 'Open the jobs table in the main area (sort, filter, compare)', icon: jobsIcon, label: 'Open jobs table', className: 'th-open-jobs' }, () =>
+        views.jobsTable()
+      ),
+      refreshButton(() => void this.show_('jobs'))
+    );
     const list = el('ul', { class: 'th-list th-jobs' });
     this.body.replaceChildren(bar, list);
-    const page = await this.api.jobs();
+    const [page, tb] = this.current(gen, await Promise.all([this.api.jobs(), tensorboardStatus(this.api)]));
     for (const j of page.items) {
       const row = el('li', { class: `th-item th-job th-state-${j.state}`, 'data-id': j.id });
       row.append(
         el('div', {}, el('strong', {}, j.id), ` ${j.name} · `, el('span', { class: 'th-state' }, j.state), ` · ${j.gpus * j.workers} GPU(s)`),
         el('div', { class: 'th-desc' }, j.reason || '')
       );
-      const links = el('div', { class: 'th-row' });
-      links.append(el('a', { href: this.api.jobLogsUrl(j.id), target: '_blank' }, 'logs'));
+      const links = el('div', { class: 'th-row th-job-actions' });
+      links.append(
+        button({ title: `Open the logs of ${j.id}`, icon: logsIcon, className: 'th-logs' }, () => views.logs(j.id)),
+        button({ title: `Chart the metrics of ${j.id}`, icon: metricsIcon, className: 'th-metrics-btn' }, () => views.metrics(j.id)),
+        tensorboardButton(tb, () => [j.id], ids => void views.tensorboard(ids), '')
+      );
       if (j.state === 'succeeded') {
-        links.append(' · ', button('Register model', 'Register this job\'s outputs as a model version', () => void this.registerFromJob(j.id)));
+        links.append(
+          button({ title: "Register this job's outputs as a model version", icon: registerIcon, className: 'th-register' }, () => void this.registerFromJob(j.id))
+        );
       }
       row.append(links);
       list.append(row);
@@ -444,49 +475,26 @@ export class TrainhubPanel extends Widget {
     this.setStatus(`${page.total} job(s)`);
   }
 
-  // -- usage -------------------------------------------------------------------------------
-  /** The user's own GPU-hours per day: allocated (held) vs. used (utilisation-weighted). */
-  private async renderUsage(): Promise<void> {
-    const bar = el('div', { class: 'th-toolbar' });
-    bar.append(button('Refresh', 'Reload', () => void this.show_('usage')));
-    const u = await this.api.usage('day');
-    const pct = (x: number | null) => (x === null || x === undefined ? '-' : `${x.toFixed(0)} %`);
-    const hours = (s: number) => (s / 3600).toFixed(2);
-    const summary = el(
-      'div',
-      { class: 'th-usage-total' },
-      `${u.since} – ${u.until}: ${hours(u.totals.gpu_seconds_allocated)} GPU-h held, `,
-      `${hours(u.totals.gpu_seconds_used)} used (${pct(u.totals.utilization)})`
-    );
-    const table = el('table', { class: 'th-usage' });
-    const head = el('tr', {}, el('th', {}, 'day'), el('th', {}, 'GPU-h held'), el('th', {}, 'GPU-h used'), el('th', {}, 'use'));
-    table.append(head);
-    for (const r of u.items) {
-      table.append(
-        el(
-          'tr',
-          { class: 'th-usage-row', 'data-day': r.day ?? '' },
-          el('td', {}, r.day ?? ''),
-          el('td', {}, r.gpu_hours_allocated.toFixed(2)),
-          el('td', {}, r.gpu_hours_used.toFixed(2)),
-          el('td', {}, pct(r.utilization))
-        )
-      );
+  private async registerFromJob(job: string): Promise<void> {
+    const v = await this.options.views.register(job);
+    if (v) {
+      this.setStatus(`registered ${v.name} v${v.version}`);
     }
-    this.body.replaceChildren(bar, summary, table);
-    this.setStatus(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
   }
 
-  private async registerFromJob(job: string): Promise<void> {
-    const name = window.prompt(`Register the outputs of ${job} as model:`);
-    if (!name) {
-      return;
-    }
-    try {
-      const v = await this.api.registerModel({ name, job });
-      this.setStatus(`registered ${v.name} v${v.version}`);
-    } catch (error) {
-      this.fail(error);
-    }
+  // -- usage -------------------------------------------------------------------------------
+  /** The user's own GPU-hours per day: allocated (held) vs. used (utilisation-weighted). */
+  private async renderUsage(gen: number): Promise<void> {
+    const bar = el(
+      'div',
+      { class: 'th-toolbar' },
+      button({ title: 'Open the usage chart in the main area (periods; admins: any user)', icon: usageIcon, label: 'Open usage chart', className: 'th-open-usage' }, () =>
+        this.options.views.usage()
+      ),
+      refreshButton(() => void this.show_('usage'))
+    );
+    const u = this.current(gen, await this.api.usage({ by: 'day', user: PageConfig.getOption('hubUser') || null }));
+    this.body.replaceChildren(bar, ...usageFigure(u, true));
+    this.setStatus(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
   }
 }
