@@ -22,7 +22,7 @@ from trainhub.db import init_db, session_factory, write_session
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs
 from trainhub.gpus import GPUDevice
 from trainhub.models import GPUAllocation, GPUAllocationRecord, utcnow
-from trainhub.quotas import QuotaPolicy, QuotaStatus
+from trainhub.quotas import Demand, QuotaPolicy, QuotaStatus
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,9 @@ class GPUAllocator(LoggingConfigurable):
         per_worker: int | None = None,
     ) -> list[int]:
         """Take ``count`` devices for ``holder`` or raise NoFreeGPUs / QuotaExceeded; nothing is held on error.
+
+        ``quota``: admit the request with ``QuotaPolicy.admit`` against the holdings read under the
+        same lock as the allocation, so two holders can never both pass a quota.
 
         ``per_worker``: a gang's GPUs per worker, for back ends with several nodes (each worker's
         devices must sit on one node); one machine ignores it.
@@ -163,9 +166,10 @@ class LocalGPUAllocator(GPUAllocator):
             if count == 0:
                 return []
             rows = s.scalars(select(GPUAllocation)).all()
-            if quota is not None:
+            if quota is not None:  # admission, atomic with the allocation (same write lock)
                 per_user = Counter(r.user for r in rows)
-                quota.check(count, quota.status(user, user_groups, per_user, group_members or {}))
+                quota.admit(Demand(user, tuple(user_groups), 1, count, kind),
+                            quota.status(user, user_groups, per_user, group_members or {}))
             held = {r.device for r in rows}
             free = [d.index for d in pool if d.index not in held]
             if len(free) < count:

@@ -18,10 +18,10 @@ from traitlets.config import Application
 
 from trainhub import __version__
 from trainhub.config import load_platform_config
-from trainhub.exceptions import InvalidRequest, QuotaExceeded
+from trainhub.exceptions import InvalidRequest
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
 from trainhub.profiles import ProfileCatalog
-from trainhub.quotas import QuotaPolicy
+from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
 
@@ -193,34 +193,25 @@ class JobsService(Application):
     def engine_view(self, job):
         return view(job)
 
-    def check(self, caller, spec: JobSpec, what: str = "this job"):
-        """Refuse a spec that could never run: its profile, the pool size, the caller's and their
-        groups' GPU quotas. Returns ``(profile or None, gpus per worker)``. ``what`` names the
-        thing in messages ("this job", "each trial")."""
+    def check(self, caller, spec: JobSpec, kind: str = "job"):
+        """Refuse a spec that could never run: its profile (400/403), the pool size (400), then
+        admission (``QuotaPolicy.admit``, 403): the caller's and their groups' GPU quotas and the
+        caller's CPU worker quota. Returns ``(profile or None, gpus per worker)``. ``kind``
+        ("job" or "trial") names the thing in messages ("this job", "each trial")."""
         profile = None
         if spec.profile:
             profile = self.catalog.resolve(spec.profile, caller.groups, caller.admin)
         gpus = spec.gpus if spec.gpus is not None else (profile.gpus if profile else 0)
-        total = gpus * spec.workers
+        demand = Demand(caller.name, tuple(caller.groups), spec.workers, gpus, kind)
         pool = self.allocator.devices()
         if profile and profile.gpu_model:
             pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
-        if total > len(pool):
+        if demand.gpus > len(pool):
             raise InvalidRequest(
-                f"{what} needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
+                f"{demand.what} needs {demand.gpus} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
                 "ask for fewer workers or GPUs per worker"
             )
-        limit = self.quota.limit_for(caller.name)
-        if total and limit is not None and total > limit:
-            raise QuotaExceeded(
-                f"GPU quota exceeded: {what} needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but your quota is {limit}; "
-                "ask for fewer GPUs or ask an admin to raise your quota",
-                needed=total, limit=limit,
-            )
-        for g in caller.groups:
-            cap = self.quota.group_gpu_limits.get(g)
-            if total and cap is not None and total > int(cap):
-                raise QuotaExceeded(f"Group GPU quota exceeded: {what} needs {total} GPUs but group {g!r} may hold at most {cap}.")
+        self.quota.admit(demand)
         return profile, gpus
 
     async def submit(self, caller, spec: JobSpec):

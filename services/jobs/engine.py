@@ -25,7 +25,7 @@ from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
-from trainhub.services.scheduler import Allocation, JobRequest, Quotas, Scheduler, TrainhubScheduler
+from trainhub.services.scheduler import Allocation, JobRequest, Scheduler, TrainhubScheduler
 from trainhub.storage import StorageConfig
 
 from .launcher import JobView, Launcher
@@ -272,8 +272,7 @@ class JobEngine(LoggingConfigurable):
         pending = [JobRequest(id=j.key, user=j.user, groups=tuple(j.groups or ()), workers=j.workers, gpus_per_worker=j.gpus,
                               priority=j.priority, submitted_at=_ts(j.created), time_limit=j.time_limit,
                               preemptible=j.preemptible, restarts=max(j.attempt - 1, 0)) for j in queued]
-        quotas = Quotas(user_default=self.quota.user_gpu_limit, users=dict(self.quota.user_gpu_limits),
-                        groups={k: int(v) for k, v in self.quota.group_gpu_limits.items()})
+        quotas = self.quota.quotas()  # the admission rule's limits: queue and 403s agree
         capacity = {NODE: len(self.allocator.devices())}
         plan = self.scheduler.schedule(time.time(), pending, allocations, capacity, quotas)
         by_key = {j.key: j for j in queued}

@@ -69,7 +69,7 @@ class SweepsHandler(SweepAccessMixin, APIHandler):
         if not caller.may(WRITE, caller.name):
             raise web.HTTPError(403, f"missing scope {WRITE} to start sweeps")
         spec = validate_sweep(self.json_body())
-        self.service.check(caller, spec.job, what="each trial")
+        self.service.check(caller, spec.job, kind="trial")
         sweep = await self.controller.create(caller, spec)
         self.write_json(await self.sweep_json(sweep), status=201)
 
