@@ -12,7 +12,6 @@ from pathlib import Path
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import httpclient, web
-from tornado.log import access_log
 from traitlets import Integer, Type, Unicode, default
 from traitlets.config import Application
 
@@ -22,6 +21,7 @@ from trainhub.exceptions import InvalidRequest
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
 from trainhub.profiles import ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
+from trainhub.services.api import make_application
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
 
@@ -73,19 +73,6 @@ def merged_openapi(plugins) -> dict:
         for kind, items in frag.get("components", {}).items():
             doc.setdefault("components", {}).setdefault(kind, {}).update(items)
     return doc
-
-
-def log_request(handler: web.RequestHandler) -> None:
-    """Access log as JupyterHub writes it: successful calls at debug (notebook panels poll every second,
-    and an INFO line per call costs the event loop more than the call itself), 4xx warning, 5xx error."""
-    status = handler.get_status()
-    if status < 400:
-        log = access_log.debug
-    elif status < 500:
-        log = access_log.warning
-    else:
-        log = access_log.error
-    log("%d %s %.2fms", status, handler._request_summary(), 1000.0 * handler.request.request_time())
 
 
 class GroupDirectory:
@@ -239,7 +226,7 @@ class JobsService(Application):
             if hasattr(mod, "routes"):
                 handlers += mod.routes(self.service_prefix, self)
         handlers.append((url_path_join(self.service_prefix, "oauth_callback"), HubOAuthCallbackHandler))
-        return web.Application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False, log_function=log_request)
+        return make_application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False)
 
     async def start_async(self):
         if hasattr(self.allocator, "start"):  # cluster-state ledgers warm their watch caches

@@ -10,7 +10,7 @@ from tornado import iostream, web
 
 from trainhub.exceptions import InvalidRequest, NotFound
 
-from .auth import APIHandler
+from trainhub.services.api import APIHandler
 from .models import STATES, TERMINAL, parse_job_key
 from .spec import validate_spec
 from .store import job_to_dict

@@ -9,7 +9,7 @@ from __future__ import annotations
 from tornado import web
 
 from trainhub.exceptions import InvalidRequest, NotFound
-from trainhub.services.jobs.auth import APIHandler
+from trainhub.services.api import APIHandler
 from trainhub.services.jobs.handlers import READ, WRITE
 
 from .models import SWEEP_STATES, SWEEP_TERMINAL, parse_sweep_key
