@@ -108,6 +108,17 @@ class GPUAllocator(LoggingConfigurable):
     def set_pid(self, holder: str, pid: int) -> None:
         """Record the process that uses the holder's devices (for crash reconciliation)."""
 
+    def start(self) -> None:
+        """Warm up before first use (cluster-state ledgers start their watch caches). Default: nothing."""
+
+    def close(self) -> None:
+        """Release caches and connections; the allocator is not used afterwards. Default: nothing."""
+
+    def gpu_targets(self, devices: list[int]) -> dict:
+        """Ledger devices -> where a per-pod metrics source finds them (``trainhub.metrics.prometheus.GPUTarget``).
+        Default: {} (the devices are this machine's)."""
+        return {}
+
     def reconcile(self, is_alive: Callable[[Holding], bool]) -> list[Holding]:
         """Release holdings whose holder is gone; returns what was released."""
         raise NotImplementedError

@@ -104,9 +104,13 @@ class JobEngine(LoggingConfigurable):
     async def stop(self) -> None:
         if self._loop is not None:
             await self._loop.stop()
-        close = getattr(self.launcher, "close", None)
-        if close is not None:  # watch caches, HTTP sessions (Kubernetes launcher)
-            await close()
+        # terminations under way end with the service: the next start re-adopts the job and, as its
+        # cancel / time limit / preemption is persisted, stops it again
+        stopping, self._stopping = list(self._stopping.values()), {}
+        for task in stopping:
+            task.cancel()
+        await asyncio.gather(*stopping, return_exceptions=True)
+        await self.launcher.close()  # watch caches, HTTP sessions (Kubernetes launcher)
 
     def wake(self) -> None:
         if self._loop is not None:
@@ -170,7 +174,7 @@ class JobEngine(LoggingConfigurable):
             return
         if len(ended) < len(statuses) or not statuses:
             return
-        self._stopping.pop(job.id, None)
+        await self._forget_stopping(job)
         # every worker has ended: decide the outcome
         job = await self.store.read(self.store.get, job.id)
         state = job.launch_state or {}
@@ -191,6 +195,21 @@ class JobEngine(LoggingConfigurable):
             reason = state.get("gang_failure") or describe_exit(first.rank, first.exit_code, first.lost)
             state_ = LOST if all(s.lost for s in failed) else FAILED
             await self._end_attempt(job, state_, reason, codes, retry=True)
+
+    async def _forget_stopping(self, job: Job) -> None:
+        """Every worker has ended: collect the job's terminate task (cancelled if still waiting to SIGKILL)."""
+        task = self._stopping.pop(job.id, None)
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+        except Exception as e:
+            self.log.warning("job %s: stopping its workers failed: %s", job.key, e)
 
     async def _end_attempt(self, job: Job, state: str, reason: str, codes=None, retry: bool = False, requeue: bool = False) -> None:
         """Release the job's devices and record the outcome (or requeue it for another attempt)."""
@@ -364,9 +383,9 @@ class JobEngine(LoggingConfigurable):
         }
         if job.profile:
             env["TRAINHUB_PROFILE"] = job.profile
-        home = getattr(self.launcher, "home_dir_template", "")
+        home = self.launcher.home_dir(job.user)
         if home:
-            env["HOME"] = home.format(username=job.user)
+            env["HOME"] = home
         if self.api_url:
             env["TRAINHUB_API_URL"] = self.api_url
         if self.storage.url:

@@ -63,6 +63,10 @@ class Scheduler(LoggingConfigurable):
         """The priority before aging (overridden by policies with group defaults)."""
         return job.priority
 
+    def group_priority(self, groups: Sequence[str]) -> int:
+        """The priority a job submitted without one gets from its user's groups (0: no group defaults)."""
+        return 0
+
     def level(self, job: JobRequest, now: float) -> int:
         """Effective priority of a queued job (base priority plus aging, if the policy ages)."""
         return self.base_priority(job)
@@ -465,6 +469,11 @@ class TrainhubScheduler(Scheduler):
             return job.priority
         gp = self.group_priorities
         return max((gp.get(g, 0) for g in job.groups), default=0)
+
+    def group_priority(self, groups):
+        """The highest ``group_priorities`` entry among ``groups`` (0 when none is listed)."""
+        gp = self.group_priorities
+        return max([int(gp[g]) for g in groups if g in gp] or [0])
 
     def _aged(self, base: int, waited: float) -> int:
         interval = self.aging_interval
