@@ -409,7 +409,7 @@ class JobEngine(LoggingConfigurable):
                     s = samples.get(d)
                     if s is not None:
                         rows.append(dict(job_id=j.id, worker=rank, device=d, time=time.time(), utilization=float(s.utilization),
-                                         memory_used_mb=float(s.memory_used_mb), simulated=bool(getattr(s, "simulated", False))))
+                                         memory_used_mb=float(s.memory_used_mb), simulated=bool(s.simulated)))
         if rows:
             await self.store.write(self.store.add_gpu_samples, rows)
 
