@@ -159,7 +159,7 @@ class Quotas:
         """
         if need <= 0:
             return None
-        limit = self.users.get(user, self.user_default)
+        limit = self.user_limit(user)
         if limit is not None and (held or 0) + need > limit:
             return Refusal("quota-user", user, need, limit, held, what=what, detail=detail)
         caps = self.groups
@@ -177,7 +177,7 @@ class Quotas:
         """``need`` more CPU-only worker processes for ``user`` (``held``: running now; None = ignore)."""
         if need <= 0:
             return None
-        limit = self.cpu_users.get(user, self.cpu_default)
+        limit = self.cpu_limit(user)
         if limit is not None and (held or 0) + need > limit:
             return Refusal("quota-cpu", user, need, limit, held, what=what)
         return None

@@ -23,6 +23,36 @@ from trainhub.httpapi import log_request, scrub_headers, scrub_uri
 from trainhub.services.api import APIHandler, make_application
 
 
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(r.getMessage() for r in self.records)
+
+
+@pytest.fixture
+def access_log(monkeypatch):
+    """What tornado's access logger (the one log_request writes to) receives, at every level, even if
+    an earlier test's logging setup (JupyterHub's MockHub re-parents the tornado loggers) changed it."""
+    from tornado.log import access_log as logger
+
+    records = _Records()
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(records)
+    yield records
+    logger.removeHandler(records)
+    logger.setLevel(level)
+
+
 @pytest.mark.parametrize(
     "uri, logged",
     [
@@ -77,29 +107,26 @@ def _handler(uri: str, status: int, seconds: float, headers=None, user=None) -> 
         (503, 2.0, logging.ERROR),
     ],
 )
-def test_levels(caplog, status, seconds, level):
-    caplog.set_level(logging.DEBUG, logger="tornado.access")
+def test_levels(access_log, status, seconds, level):
     log_request(_handler("/services/trainhub/api/jobs?token=t0k3n", status, seconds, user={"name": "alice"}))
-    [record] = [r for r in caplog.records if r.name == "tornado.access" and str(status) in r.getMessage()]
+    [record] = [r for r in access_log.records if str(status) in r.getMessage()]
     assert record.levelno == level
     assert record.getMessage() == (f"{status} GET /services/trainhub/api/jobs?token=[secret] (alice@None) "
                                    f"{1000 * seconds:.2f}ms")
 
 
-def test_server_errors_log_scrubbed_headers(caplog):
-    caplog.set_level(logging.DEBUG, logger="tornado.access")
+def test_server_errors_log_scrubbed_headers(access_log):
     log_request(_handler("/x?_xsrf=abc", 500, 0.01, headers={"Authorization": "token t0k3n", "Cookie": "s=c00k1e"}))
-    text = "\n".join(r.getMessage() for r in caplog.records)
+    text = "\n".join(r.getMessage() for r in access_log.records)
     assert '"Authorization": "token [secret]"' in text and '"Cookie": "s=[secret]"' in text
     assert "t0k3n" not in text and "c00k1e" not in text and "abc" not in text
 
 
-def test_redirect_target_is_scrubbed(caplog):
-    caplog.set_level(logging.DEBUG, logger="tornado.access")
+def test_redirect_target_is_scrubbed(access_log):
     handler = _handler("/x", 302, 0.01)
     handler.set_header("Location", "/hub/api/oauth2/authorize?client_id=c&state=st4te")
     log_request(handler)
-    [msg] = [r.getMessage() for r in caplog.records if r.name == "tornado.access"]
+    [msg] = [r.getMessage() for r in access_log.records]
     assert msg.startswith("302 GET /x -> /hub/api/oauth2/authorize?client_id=c&state=[secret] ") and "st4te" not in msg
 
 
@@ -157,14 +184,13 @@ async def service():
     server.stop()
 
 
-async def test_slow_request_logged_at_info_with_token_scrubbed(service, caplog):
-    caplog.set_level(logging.DEBUG, logger="tornado.access")
+async def test_slow_request_logged_at_info_with_token_scrubbed(service, access_log):
     r = await service("/slow?token=alice-token&n=1")
     assert r.code == 200 and json.loads(r.body) == {"user": "alice"}
-    [record] = [x for x in caplog.records if x.name == "tornado.access"]
+    [record] = access_log.records
     assert record.levelno == logging.INFO
     assert record.getMessage().startswith("200 GET /slow?token=[secret]&n=1 (alice@127.0.0.1) ")
-    assert "alice-token" not in caplog.text
+    assert "alice-token" not in access_log.text
 
 
 @pytest.mark.parametrize(
@@ -178,11 +204,10 @@ async def test_slow_request_logged_at_info_with_token_scrubbed(service, caplog):
         ("/nowhere", None, 404, "nothing is served at /nowhere"),
     ],
 )
-async def test_every_error_is_json_status_and_message(service, caplog, path, token, status, message):
-    caplog.set_level(logging.DEBUG, logger="tornado.access")
+async def test_every_error_is_json_status_and_message(service, access_log, path, token, status, message):
     r = await service(path, token)
     assert r.code == status and r.headers["Content-Type"] == "application/json"
     assert json.loads(r.body) == {"status": status, "message": message}
-    [record] = [x for x in caplog.records if x.name == "tornado.access" and x.getMessage().startswith(str(status))]
+    [record] = [x for x in access_log.records if x.getMessage().startswith(str(status))]
     assert record.levelno == (logging.ERROR if status >= 500 else logging.WARNING)
     assert "secret internals" not in r.body.decode()
