@@ -51,7 +51,7 @@ from trainhub.gpus import GPUDevice
 from trainhub.ledger import GPUAllocator, Holding, _model_ok, job_holder, server_holder
 from trainhub.metrics.prometheus import GPUTarget
 from trainhub.profiles import Profile, ProfileCatalog
-from trainhub.quotas import QuotaPolicy
+from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.spawner import k8s_manifests as m
 
 # KubeSpawner's pod labels and annotations (kubespawner.spawner._build_pod_labels/_annotations)
@@ -513,7 +513,8 @@ class KubernetesGPUAllocator(GPUAllocator):
         )
         if quota is not None:
             per_user = Counter(h.user for h in ledger.holdings)
-            quota.check(count, quota.status(user, user_groups, per_user, group_members or {}))
+            quota.admit(Demand(user, tuple(user_groups), 1, count, kind),
+                        quota.status(user, user_groups, per_user, group_members or {}))
         pool = self._pool_for(ledger, nodes, prof, gpu_model)
         free = [d for d in pool if d.index not in ledger.occupied]
         resource = prof.gpu_resource if prof else m.DEFAULT_GPU_RESOURCE

@@ -24,13 +24,13 @@ import time
 
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
-from tornado import web
 from traitlets import Bool, Dict, Enum, Instance, Integer, List, Unicode, default
 
-from trainhub.exceptions import TrainhubError
+from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
 from trainhub.profiles import Profile, ProfileCatalog
-from trainhub.quotas import QuotaPolicy
+from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.spawner import k8s_manifests as m
+from trainhub.spawner.errors import spawn_refusal
 from trainhub.spawner.k8s_caches import GPUPodReflector, NodeReflector
 from trainhub.storage import StorageConfig
 
@@ -40,11 +40,6 @@ _OVERRIDDEN = (
     "extra_labels", "extra_annotations", "image", "cpu_limit", "mem_limit", "volumes", "volume_mounts",
     "init_containers",
 )
-
-
-def _http_error(exc: TrainhubError) -> web.HTTPError:
-    # "%s" keeps a literal % in the message from being read as a format string
-    return web.HTTPError(exc.status_code, "%s", exc.message)
 
 
 def _check_profile_option(spawner: "GPUKubeSpawner", user_options: dict) -> None:
@@ -173,15 +168,15 @@ class GPUKubeSpawner(KubeSpawner):
         return bool(getattr(self.user, "admin", False))
 
     def resolve_profile(self, user_options: dict | None) -> Profile:
-        """The profile named in ``user_options["profile"]`` (default if none), or HTTPError 400/403."""
+        """The profile named in ``user_options["profile"]`` (default if none), or SpawnException 400/403."""
         options = user_options or {}
         slug = options.get("profile")
-        if slug is not None and not isinstance(slug, str):
-            raise web.HTTPError(400, "%s", f"user_options.profile must be a string, not {type(slug).__name__}")
         try:
+            if slug is not None and not isinstance(slug, str):
+                raise InvalidRequest(f"user_options.profile must be a string, not {type(slug).__name__}")
             return self.catalog.resolve(slug, self._user_groups(), self._is_admin())
         except TrainhubError as e:
-            raise _http_error(e) from None
+            raise spawn_refusal(e) from None
 
     # ---- caches -------------------------------------------------------------------------------
 
@@ -232,7 +227,7 @@ class GPUKubeSpawner(KubeSpawner):
         return m.gpu_holdings(self._cached_pods(pods.pods), self.quota_resources())
 
     async def check_capacity(self, profile: Profile) -> None:
-        """Quota and availability checks for ``profile``; raises HTTPError 403 / 409.
+        """Quota and availability checks for ``profile``; raises SpawnException 403 / 409.
 
         Passing reserves the GPUs in this process until the pod shows up in the cache, so two
         spawns started together cannot both take the last GPUs.
@@ -245,23 +240,23 @@ class GPUKubeSpawner(KubeSpawner):
         holdings = m.gpu_holdings(pods, self.quota_resources())
         status = self.quota.status(self.user.name, self._user_groups(), holdings, self._group_members())
         try:
-            self.quota.check(profile.gpus, status)
+            self.quota.admit(Demand.server(self.user.name, self._user_groups(), profile.gpus), status)
+            if self.check_gpu_availability:
+                avail = self._availability(nodes.nodes, pods, profile)
+                if not m.can_place(avail, profile.gpus):
+                    if not avail["nodes"]:
+                        why = f"no ready node this profile may use offers {profile.gpu_resource}"
+                    else:
+                        why = (f"{avail['free']} of {avail['total']} {profile.gpu_resource} free"
+                               f" (at most {avail['largest_free']} on one node"
+                               + (f", {avail['pending']} wanted by pending pods" if avail["pending"] else "") + ")")
+                    raise NoFreeGPUs(
+                        f"Not enough free GPUs for profile {profile.slug!r}: it needs {profile.gpus}, {why}. "
+                        "Try again when a server or job stops, or pick a smaller profile.",
+                        requested=profile.gpus, free=avail["free"], total=avail["total"],
+                    )
         except TrainhubError as e:
-            raise _http_error(e) from None
-        if self.check_gpu_availability:
-            avail = self._availability(nodes.nodes, pods, profile)
-            if not m.can_place(avail, profile.gpus):
-                if not avail["nodes"]:
-                    why = f"no ready node this profile may use offers {profile.gpu_resource}"
-                else:
-                    why = (f"{avail['free']} of {avail['total']} {profile.gpu_resource} free"
-                           f" (at most {avail['largest_free']} on one node"
-                           + (f", {avail['pending']} wanted by pending pods" if avail["pending"] else "") + ")")
-                raise web.HTTPError(
-                    409, "%s",
-                    f"Not enough free GPUs for profile {profile.slug!r}: it needs {profile.gpus}, {why}. "
-                    "Try again when a server or job stops, or pick a smaller profile.",
-                )
+            raise spawn_refusal(e) from None
         GPUKubeSpawner._reservations[self._own_key()] = (
             time.monotonic(),
             m.reservation_pod(self.namespace, self.pod_name, self.user.name, profile.gpu_resource, profile.gpus),

@@ -14,27 +14,22 @@ import uuid
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
-from tornado import web
 from traitlets import Callable, Instance, List, Type, Unicode, default
 
-from trainhub.exceptions import NoFreeGPUs, TrainhubError
+from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator, server_holder
 from trainhub.procs import HOLDER_VAR, terminate_tagged
 from trainhub.profiles import Profile, ProfileCatalog
-from trainhub.quotas import QuotaPolicy
+from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.storage import StorageConfig
 
+from .errors import spawn_refusal
 from .profile_form import render_form
 
 
 def _apply_profile_option(spawner, user_options):
     """JupyterHub's apply_user_options hook: validate the profile before start() (400/403 on error)."""
     spawner.profile_slug = spawner._selected_profile().slug
-
-
-def http_error(e: TrainhubError) -> web.HTTPError:
-    # "%s" keeps a '%' in the message from being read as a format directive
-    return web.HTTPError(e.status_code, "%s", e.message)
 
 
 class LocalGPUSpawner(SimpleLocalProcessSpawner):
@@ -163,7 +158,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
 
         holdings = [h for h in self.allocator.holdings() if h.holder != self.holder]
         status = self.quota.status(self.user.name, self._groups(), Counter(h.user for h in holdings), self._group_members())
-        self.quota.check(profile.gpus, status)
+        self.quota.admit(Demand.server(self.user.name, self._groups(), profile.gpus), status)
         free = [d for d in self.allocator.devices()
                 if d.index not in {h.device for h in holdings}
                 and (not profile.gpu_model or profile.gpu_model.lower() in d.name.lower())]
@@ -172,19 +167,20 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
 
     # -- lifecycle --------------------------------------------------------
     def _selected_profile(self) -> Profile:
-        options = self.user_options or {}
-        if not isinstance(options, dict):
-            raise web.HTTPError(400, "user_options must be a JSON object such as {\"profile\": \"gpu-1\"}")
-        unknown = set(options) - {"profile"}
-        if unknown:
-            raise web.HTTPError(400, "%s", f"Unknown user_options {sorted(unknown)}; this spawner takes {{\"profile\": \"<slug>\"}}.")
-        slug = options.get("profile")
-        if slug is not None and not isinstance(slug, str):
-            raise web.HTTPError(400, "profile must be a string")
+        """The requested profile, checked; refusals are SpawnExceptions (400 / 403)."""
         try:
+            options = self.user_options or {}
+            if not isinstance(options, dict):
+                raise InvalidRequest('user_options must be a JSON object such as {"profile": "gpu-1"}')
+            unknown = set(options) - {"profile"}
+            if unknown:
+                raise InvalidRequest(f'Unknown user_options {sorted(unknown)}; this spawner takes {{"profile": "<slug>"}}.')
+            slug = options.get("profile")
+            if slug is not None and not isinstance(slug, str):
+                raise InvalidRequest("profile must be a string")
             return self.catalog.resolve(slug, self._groups(), self._is_admin)
         except TrainhubError as e:
-            raise http_error(e) from None
+            raise spawn_refusal(e) from None
 
     async def start(self):
         profile = self._selected_profile()
@@ -201,9 +197,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
                 user_groups=self._groups(),
                 group_members=self._group_members(),
             )
-        except TrainhubError as e:
-            self.log.warning("Not starting %s: %s", self._log_name, e.message)
-            raise http_error(e) from None
+        except TrainhubError as e:  # JupyterHub logs the refusal ("Not starting ...") and stops nothing
+            raise spawn_refusal(e) from None
         self.devices = devices
         self.profile_slug = profile.slug
         self.spawn_token = uuid.uuid4().hex

@@ -8,7 +8,8 @@ Fixtures
 --------
 - ``platform`` (session): one shared running platform, a :class:`Platform`. Its admin
   config (``PLATFORM_CONFIG`` below) sets ``QuotaPolicy.user_gpu_limit = 2``
-  (``bigboss`` may hold 4), ``Spawner.poll_interval = 2`` and adds a profile ``gpu-4``
+  (``bigboss`` may hold 4), a CPU worker quota of 2 for ``adm-cpu`` (the others get the
+  default), ``Spawner.poll_interval = 2`` and adds a profile ``gpu-4``
   (4 GPUs) restricted to the group ``research``. Tests leave it as they found it: they
   stop the servers they start (use distinct user names per test). Attributes and
   helpers:
@@ -73,6 +74,7 @@ from trainhub.profiles import DEFAULT_PROFILES
 
 c.QuotaPolicy.user_gpu_limit = 2
 c.QuotaPolicy.user_gpu_limits = {"bigboss": 4}
+c.QuotaPolicy.user_cpu_worker_limits = {"adm-cpu": 2}
 c.Spawner.poll_interval = 2
 c.ProfileCatalog.profiles = DEFAULT_PROFILES + [
     {"slug": "gpu-4", "display_name": "4 GPUs", "description": "Whole-node runs.", "gpus": 4,

@@ -1,12 +1,14 @@
 """Domain errors shared by the spawner, the services and the CLI.
 
-Each carries an HTTP status so handlers map them once, and a user-facing message
-kept apart from whatever gets logged.
+Each carries an HTTP status so handlers map them once, a user-facing message kept
+apart from whatever gets logged, and a short ``reason`` label (JupyterHub's spawn-failure
+metrics label refused spawns with it: see ``trainhub.spawner.errors``).
 """
 
 
 class TrainhubError(Exception):
     status_code = 400
+    reason = "invalid"
 
     def __init__(self, message: str, **details):
         super().__init__(message)
@@ -16,10 +18,12 @@ class TrainhubError(Exception):
 
 class NotFound(TrainhubError):
     status_code = 404
+    reason = "not-found"
 
 
 class Forbidden(TrainhubError):
     status_code = 403
+    reason = "forbidden"
 
 
 class InvalidRequest(TrainhubError):
@@ -28,19 +32,24 @@ class InvalidRequest(TrainhubError):
 
 class UnknownProfile(TrainhubError):
     status_code = 400
+    reason = "profile"
 
 
 class ProfileNotAllowed(TrainhubError):
     status_code = 403
+    reason = "profile"
 
 
 class QuotaExceeded(TrainhubError):
     status_code = 403
+    reason = "quota"
 
 
 class NoFreeGPUs(TrainhubError):
     status_code = 409
+    reason = "capacity"
 
 
 class Conflict(TrainhubError):
     status_code = 409
+    reason = "conflict"

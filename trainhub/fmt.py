@@ -151,6 +151,7 @@ WAIT_CODE_MEANINGS = {
     "too-large": "the job can never fit the cluster",
     "quota-user": "starting it would put you over your GPU quota; it starts when your other jobs or servers free GPUs",
     "quota-group": "starting it would put one of your groups over its GPU quota",
+    "quota-cpu": "starting it would put you over your quota of CPU-only worker processes; it starts when your other CPU-only jobs end",
     "cpu-limit": "every CPU-only job slot is taken",
     "no-gpus": "first in line, waiting for enough GPUs to be free at once",
     "behind": "a job ahead of it in the queue is waiting for GPUs",

@@ -22,7 +22,7 @@ from trainhub.db import init_db, session_factory, write_session
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs
 from trainhub.gpus import GPUDevice
 from trainhub.models import GPUAllocation, GPUAllocationRecord, utcnow
-from trainhub.quotas import QuotaPolicy, QuotaStatus
+from trainhub.quotas import Demand, QuotaPolicy, QuotaStatus
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,9 @@ class GPUAllocator(LoggingConfigurable):
     ) -> list[int]:
         """Take ``count`` devices for ``holder`` or raise NoFreeGPUs / QuotaExceeded; nothing is held on error.
 
+        ``quota``: admit the request with ``QuotaPolicy.admit`` against the holdings read under the
+        same lock as the allocation, so two holders can never both pass a quota.
+
         ``per_worker``: a gang's GPUs per worker, for back ends with several nodes (each worker's
         devices must sit on one node); one machine ignores it.
         """
@@ -104,6 +107,17 @@ class GPUAllocator(LoggingConfigurable):
 
     def set_pid(self, holder: str, pid: int) -> None:
         """Record the process that uses the holder's devices (for crash reconciliation)."""
+
+    def start(self) -> None:
+        """Warm up before first use (cluster-state ledgers start their watch caches). Default: nothing."""
+
+    def close(self) -> None:
+        """Release caches and connections; the allocator is not used afterwards. Default: nothing."""
+
+    def gpu_targets(self, devices: list[int]) -> dict:
+        """Ledger devices -> where a per-pod metrics source finds them (``trainhub.metrics.prometheus.GPUTarget``).
+        Default: {} (the devices are this machine's)."""
+        return {}
 
     def reconcile(self, is_alive: Callable[[Holding], bool]) -> list[Holding]:
         """Release holdings whose holder is gone; returns what was released."""
@@ -163,9 +177,10 @@ class LocalGPUAllocator(GPUAllocator):
             if count == 0:
                 return []
             rows = s.scalars(select(GPUAllocation)).all()
-            if quota is not None:
+            if quota is not None:  # admission, atomic with the allocation (same write lock)
                 per_user = Counter(r.user for r in rows)
-                quota.check(count, quota.status(user, user_groups, per_user, group_members or {}))
+                quota.admit(Demand(user, tuple(user_groups), 1, count, kind),
+                            quota.status(user, user_groups, per_user, group_members or {}))
             held = {r.device for r in rows}
             free = [d.index for d in pool if d.index not in held]
             if len(free) < count:

@@ -18,7 +18,8 @@ from traitlets import Dict, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from trainhub.data.listing import list_page
-from trainhub.exceptions import Forbidden, InvalidRequest, NotFound, TrainhubError
+from trainhub.exceptions import Forbidden, InvalidRequest, NotFound
+from trainhub.httpapi import JSONErrors
 from trainhub.storage import resolve_in_area
 
 HOME, DATASETS = "home", "datasets"
@@ -146,8 +147,11 @@ def entry_json(browser: StorageBrowser, root: str, e: dict) -> dict:
     }
 
 
-class StorageHandler(APIHandler):
+class StorageHandler(JSONErrors, APIHandler):
+    """jupyter-server's APIHandler (its authentication and ``@authorized``) with trainhub's JSON errors."""
+
     auth_resource = "contents"
+    internal_error_message = "internal error in the storage browser; details are in the server log"
 
     @property
     def browser(self) -> StorageBrowser:
@@ -162,30 +166,12 @@ class StorageHandler(APIHandler):
         return (area, path, *self.browser.resolve(area, path, write))
 
     def _handle_request_exception(self, e):
-        if isinstance(e, TrainhubError):
-            self.log.info("%s %s -> %s: %s", self.request.method, self.request.path, e.status_code, e.message)
-            self.send_error(e.status_code, exc_info=(type(e), e, e.__traceback__))
-            return
+        # the storage's own errors as domain errors; JSONErrors maps those to HTTP
         if isinstance(e, FileNotFoundError):
-            self.send_error(404, exc_info=(NotFound, NotFound("no such file or folder"), e.__traceback__))
-            return
-        if isinstance(e, PermissionError):
-            self.send_error(403, exc_info=(Forbidden, Forbidden(f"permission denied by the storage: {e}"), e.__traceback__))
-            return
+            e = NotFound("no such file or folder")
+        elif isinstance(e, PermissionError):
+            e = Forbidden(f"permission denied by the storage: {e}")
         return super()._handle_request_exception(e)
-
-    def write_error(self, status_code, **kwargs):
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, TrainhubError):
-            message = exc.message
-        elif isinstance(exc, web.HTTPError) and exc.log_message:
-            message = exc.log_message % exc.args if exc.args else exc.log_message
-        elif status_code >= 500:
-            message = "internal error in the storage browser; details are in the server log"
-        else:
-            message = self._reason
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"status": status_code, "message": message}))
 
 
 class AreasHandler(StorageHandler):

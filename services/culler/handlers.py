@@ -10,57 +10,28 @@ GET  {prefix}api/warnings   the caller's standing warnings (for the JupyterLab n
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed, check_scopes
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, check_scopes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
-from trainhub.exceptions import Forbidden, InvalidRequest, TrainhubError
+from trainhub.exceptions import Forbidden, InvalidRequest
+from trainhub.services.api import APIHandler, make_application
 
 
-class CullerHandler(HubOAuthenticated, web.RequestHandler):
-    """Base: the culler instance and JSON errors ``{"status", "message"}``.
+class CullerHandler(APIHandler):
+    """Base: the culler instance (``self.service``) on the hub services' handler base.
 
     Authentication: a hub token in the Authorization header, or the service's OAuth cookie
     (a GET without either is redirected through the hub's OAuth flow, as for any hub service).
     """
 
-    def initialize(self, culler):
-        self.culler = culler
-        self.hub_auth = self.settings["hub_auth"]
+    internal_error_message = "internal error in the trainhub-culler service; details are in its log"
 
-    async def prepare(self):
-        # identify the caller without blocking the event loop (get_current_user would)
-        model = await self.hub_auth.get_user(self, sync=False)
-        if model:
-            try:
-                model = self.check_hub_user(model)
-            except UserNotAllowed:
-                raise web.HTTPError(403, f"{model.get('name')} lacks the scopes {sorted(self.hub_scopes or ())}") from None
-        self.current_user = model
-
-    def write_json(self, obj, status: int = 200):
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(obj, default=str))
-
-    def write_error(self, status_code, **kwargs):
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = self._reason
-        if isinstance(exc, TrainhubError):
-            message = exc.message
-        elif isinstance(exc, web.HTTPError) and exc.log_message:
-            message = exc.log_message
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"status": status_code, "message": message}))
-
-    def _handle_request_exception(self, e):
-        if isinstance(e, TrainhubError):
-            self.send_error(e.status_code, exc_info=(type(e), e, e.__traceback__))
-            return
-        super()._handle_request_exception(e)
+    @property
+    def culler(self):
+        return self.service
 
     def has_scope(self, scope: str, owner: str | None = None) -> bool:
         """The caller holds ``scope`` (unfiltered when owner is None, else at least ``!user=owner``)."""
@@ -73,12 +44,7 @@ class CullerHandler(HubOAuthenticated, web.RequestHandler):
         return bool(self.current_user.get("admin")) or self.has_scope(self.culler.decisions_scope)
 
     def body_json(self) -> dict:
-        if not self.request.body:
-            return {}
-        try:
-            body = json.loads(self.request.body)
-        except ValueError:
-            raise InvalidRequest("request body must be JSON") from None
+        body = self.json_body(required=False)
         if not isinstance(body, dict):
             raise InvalidRequest("request body must be a JSON object")
         return body
@@ -164,6 +130,6 @@ def make_app(culler, hub_auth=None) -> web.Application:
     prefix = culler.service_prefix if culler.service_prefix.endswith("/") else culler.service_prefix + "/"
     if hub_auth is None:
         hub_auth = HubOAuth(api_token=culler.api_token, api_url=culler.hub_api_url, cache_max_age=60)
-    routes = [(path, handler, {"culler": culler}) for path, handler in default_handlers(prefix)]
+    routes = [(path, handler, {"service": culler}) for path, handler in default_handlers(prefix)]
     routes.append((prefix + "oauth_callback", OAuthCallbackHandler))
-    return web.Application(routes, hub_auth=hub_auth, cookie_secret=os.urandom(32))
+    return make_application(routes, hub_auth=hub_auth, cookie_secret=os.urandom(32))

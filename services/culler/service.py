@@ -228,10 +228,8 @@ class GPUCuller(Application):
             self.allocator = self.allocator_class(parent=self, **kw)
         if self.metrics_source is None:
             cls = self.metrics_class or default_metrics_class(self.allocator.devices())
-            self.metrics_source = cls(parent=self)
-        if getattr(self.metrics_source, "resolver", "absent") is None and hasattr(self.allocator, "gpu_targets"):
-            # per-pod metrics (DCGM): map the ledger's devices to the pods holding them
-            self.metrics_source.resolver = self.allocator.gpu_targets
+            # per-pod metrics (DCGM): the ledger maps its devices to the pods holding them
+            self.metrics_source = cls(parent=self, gpu_targets=self.allocator.gpu_targets)
         if self.client is None:
             if not self.public_url:
                 self.log.warning("TRAINHUB_PUBLIC_URL / GPUCuller.public_url not set: kernel state is unknown, nothing will be culled")
@@ -586,8 +584,7 @@ class GPUCuller(Application):
             if server is not None:
                 server.stop()
             self.metrics_source.close()
-            if hasattr(self.allocator, "close"):
-                await asyncio.to_thread(self.allocator.close)
+            await asyncio.to_thread(self.allocator.close)
 
     def start(self):
         asyncio.run(self.serve())

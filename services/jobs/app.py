@@ -12,16 +12,17 @@ from pathlib import Path
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import httpclient, web
-from tornado.log import access_log
 from traitlets import Integer, Type, Unicode, default
 from traitlets.config import Application, PyFileConfigLoader
 
 from trainhub import __version__
 from trainhub.config import load_platform_config
-from trainhub.exceptions import InvalidRequest, QuotaExceeded
+from trainhub.exceptions import InvalidRequest
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
+from trainhub.loops import PeriodicLoop
 from trainhub.profiles import ProfileCatalog
-from trainhub.quotas import QuotaPolicy
+from trainhub.quotas import Demand, QuotaPolicy
+from trainhub.services.api import make_application
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
 
@@ -35,10 +36,10 @@ from .store import JobStore
 
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 
-# Features served by this process besides jobs. Each module may define
+# Features served by this process besides jobs. Each module defines
 #   routes(prefix: str, service) -> list of tornado routes (under <prefix>api/...)
 #     (not named `handlers`: importing a `handlers` submodule would replace the attribute)
-#   async start(service) / async stop(service)  background work (own loops)
+#   async start(service) / async stop(service)  background work (own loops; stop awaits them)
 #   OPENAPI: Path of an OpenAPI fragment ({"paths": ..., "components": {"schemas": ...}})
 # A module that is not installed is skipped.
 PLUGINS = [
@@ -65,27 +66,11 @@ def merged_openapi(plugins) -> dict:
     """The jobs document plus each plugin's fragment: what the service serves."""
     doc = json.loads(OPENAPI_FILE.read_text())
     for mod in plugins:
-        frag_path = getattr(mod, "OPENAPI", None)
-        if not frag_path:
-            continue
-        frag = json.loads(Path(frag_path).read_text())
+        frag = json.loads(Path(mod.OPENAPI).read_text())
         doc["paths"].update(frag.get("paths", {}))
         for kind, items in frag.get("components", {}).items():
             doc.setdefault("components", {}).setdefault(kind, {}).update(items)
     return doc
-
-
-def log_request(handler: web.RequestHandler) -> None:
-    """Access log as JupyterHub writes it: successful calls at debug (notebook panels poll every second,
-    and an INFO line per call costs the event loop more than the call itself), 4xx warning, 5xx error."""
-    status = handler.get_status()
-    if status < 400:
-        log = access_log.debug
-    elif status < 500:
-        log = access_log.warning
-    else:
-        log = access_log.error
-    log("%d %s %.2fms", status, handler._request_summary(), 1000.0 * handler.request.request_time())
 
 
 class GroupDirectory:
@@ -96,6 +81,7 @@ class GroupDirectory:
         self.by_user: dict[str, tuple[str, ...]] = {}
         self.url = os.environ.get("JUPYTERHUB_API_URL", "")
         self.token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        self._loop: PeriodicLoop | None = None
 
     def __call__(self, user: str) -> tuple[str, ...]:
         return self.by_user.get(user, ())
@@ -103,20 +89,29 @@ class GroupDirectory:
     def learn(self, user: str, groups) -> None:
         self.by_user[user] = tuple(groups)
 
-    async def refresh_forever(self):
-        client = httpclient.AsyncHTTPClient()
-        while True:
-            if self.url and self.token:
-                try:
-                    r = await client.fetch(f"{self.url}/groups", headers={"Authorization": f"token {self.token}"}, request_timeout=10)
-                    by_user: dict[str, list[str]] = {}
-                    for g in json.loads(r.body):
-                        for u in g.get("users", []):
-                            by_user.setdefault(u, []).append(g["name"])
-                    self.by_user = {u: tuple(gs) for u, gs in by_user.items()}
-                except Exception as e:
-                    self.log.debug("group refresh failed: %s", e)
-            await asyncio.sleep(self.interval)
+    async def refresh(self) -> None:
+        try:
+            r = await httpclient.AsyncHTTPClient().fetch(
+                f"{self.url}/groups", headers={"Authorization": f"token {self.token}"}, request_timeout=10)
+        except Exception as e:  # the hub restarting: keep what is known, try again next time
+            self.log.debug("group refresh failed: %s", e)
+            return
+        by_user: dict[str, list[str]] = {}
+        for g in json.loads(r.body):
+            for u in g.get("users", []):
+                by_user.setdefault(u, []).append(g["name"])
+        self.by_user = {u: tuple(gs) for u, gs in by_user.items()}
+
+    def start(self) -> None:
+        """Refresh now and every ``interval`` seconds (only with a hub API URL and token)."""
+        if self.url and self.token and self._loop is None:
+            self._loop = PeriodicLoop("trainhub-groups", self.refresh, self.interval, self.log, jitter=0.1)
+            self._loop.start()
+
+    async def stop(self) -> None:
+        if self._loop is not None:
+            await self._loop.stop()
+            self._loop = None
 
 
 class JobsService(Application):
@@ -159,12 +154,7 @@ class JobsService(Application):
         self.catalog = ProfileCatalog(parent=self)
         self.storage = StorageConfig(parent=self)
         self.syncer = OutputSyncer(self.storage, parent=self)
-        launcher = self.launcher_class(parent=self)
-        if hasattr(launcher, "jobs_dir") and not launcher.jobs_dir:
-            launcher.jobs_dir = str(self.dd.root / "jobs")
-        if isinstance(launcher, LocalLauncher):
-            launcher.home_dir_template = launcher.home_dir_template or str(self.dd.homes / "{username}")
-        self.launcher = launcher
+        self.launcher = self.launcher_class(parent=self, data_dir=str(self.dd.root))
         self.groups = GroupDirectory(self.log)
         public = os.environ.get("TRAINHUB_PUBLIC_URL", "").rstrip("/")
         self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/trainhub/")
@@ -184,11 +174,8 @@ class JobsService(Application):
                 return None
             cls = default_metrics_class(self.allocator.devices())
         try:
-            source = cls(parent=self)
-            if getattr(source, "resolver", "absent") is None and hasattr(self.launcher, "gpu_targets"):
-                # DCGM reports per pod: map ledger devices to the pods holding them
-                source.resolver = self.launcher.gpu_targets
-            return source
+            # DCGM reports per pod: the launcher maps ledger devices to the pods holding them
+            return cls(parent=self, gpu_targets=self.launcher.gpu_targets)
         except Exception as e:
             self.log.warning("no GPU metrics source: %s", e)
             return None
@@ -196,34 +183,25 @@ class JobsService(Application):
     def engine_view(self, job):
         return view(job)
 
-    def check(self, caller, spec: JobSpec, what: str = "this job"):
-        """Refuse a spec that could never run: its profile, the pool size, the caller's and their
-        groups' GPU quotas. Returns ``(profile or None, gpus per worker)``. ``what`` names the
-        thing in messages ("this job", "each trial")."""
+    def check(self, caller, spec: JobSpec, kind: str = "job"):
+        """Refuse a spec that could never run: its profile (400/403), the pool size (400), then
+        admission (``QuotaPolicy.admit``, 403): the caller's and their groups' GPU quotas and the
+        caller's CPU worker quota. Returns ``(profile or None, gpus per worker)``. ``kind``
+        ("job" or "trial") names the thing in messages ("this job", "each trial")."""
         profile = None
         if spec.profile:
             profile = self.catalog.resolve(spec.profile, caller.groups, caller.admin)
         gpus = spec.gpus if spec.gpus is not None else (profile.gpus if profile else 0)
-        total = gpus * spec.workers
+        demand = Demand(caller.name, tuple(caller.groups), spec.workers, gpus, kind)
         pool = self.allocator.devices()
         if profile and profile.gpu_model:
             pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
-        if total > len(pool):
+        if demand.gpus > len(pool):
             raise InvalidRequest(
-                f"{what} needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
+                f"{demand.what} needs {demand.gpus} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
                 "ask for fewer workers or GPUs per worker"
             )
-        limit = self.quota.limit_for(caller.name)
-        if total and limit is not None and total > limit:
-            raise QuotaExceeded(
-                f"GPU quota exceeded: {what} needs {total} GPUs ({spec.workers} worker(s) × {gpus}) but your quota is {limit}; "
-                "ask for fewer GPUs or ask an admin to raise your quota",
-                needed=total, limit=limit,
-            )
-        for g in caller.groups:
-            cap = self.quota.group_gpu_limits.get(g)
-            if total and cap is not None and total > int(cap):
-                raise QuotaExceeded(f"Group GPU quota exceeded: {what} needs {total} GPUs but group {g!r} may hold at most {cap}.")
+        self.quota.admit(demand)
         return profile, gpus
 
     async def submit(self, caller, spec: JobSpec):
@@ -232,8 +210,7 @@ class JobsService(Application):
         self.groups.learn(caller.name, caller.groups)
         priority = spec.priority
         if priority is None:
-            group_prios = getattr(self.engine.scheduler, "group_priorities", {}) or {}
-            priority = max([int(group_prios[g]) for g in caller.groups if g in group_prios] or [0])
+            priority = self.engine.scheduler.group_priority(caller.groups)
         job = await self.store.write(
             self.store.create, name=spec.name, user=caller.name, groups=list(caller.groups), command=spec.command,
             script=spec.script, gpus=gpus, workers=spec.workers, env=spec.env, time_limit=spec.time_limit,
@@ -248,21 +225,18 @@ class JobsService(Application):
     def make_app(self) -> web.Application:
         handlers = default_handlers(self.service_prefix, self)
         for mod in self.plugins:
-            if hasattr(mod, "routes"):
-                handlers += mod.routes(self.service_prefix, self)
+            handlers += mod.routes(self.service_prefix, self)
         handlers.append((url_path_join(self.service_prefix, "oauth_callback"), HubOAuthCallbackHandler))
-        return web.Application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False, log_function=log_request)
+        return make_application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False)
 
     async def start_async(self):
-        if hasattr(self.allocator, "start"):  # cluster-state ledgers warm their watch caches
-            await asyncio.to_thread(self.allocator.start)
+        await asyncio.to_thread(self.allocator.start)  # cluster-state ledgers warm their watch caches
         await self.engine.start()
         for mod in self.plugins:
-            if hasattr(mod, "start"):
-                await mod.start(self)
+            await mod.start(self)
         port = self.port or int(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:0").rsplit(":", 1)[1].split("/")[0])
         self.http = self.make_app().listen(port, "127.0.0.1")
-        asyncio.create_task(self.groups.refresh_forever())
+        self.groups.start()
         self.log.info("trainhub jobs API listening on 127.0.0.1:%d%s", port, self.api_prefix)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -271,12 +245,11 @@ class JobsService(Application):
         await stop.wait()
         self.log.info("trainhub jobs API stopping (running jobs keep running and are re-adopted on restart)")
         self.http.stop()
+        await self.groups.stop()
         for mod in reversed(self.plugins):
-            if hasattr(mod, "stop"):
-                await mod.stop(self)
+            await mod.stop(self)
         await self.engine.stop()
-        if hasattr(self.allocator, "close"):
-            await asyncio.to_thread(self.allocator.close)
+        await asyncio.to_thread(self.allocator.close)
 
     def start(self):
         asyncio.run(self.start_async())

@@ -26,7 +26,7 @@ from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
-from trainhub.scheduler import Allocation, JobRequest, Quotas, Scheduler, TrainhubScheduler
+from trainhub.scheduler import Allocation, JobRequest, Scheduler, TrainhubScheduler
 from trainhub.states import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 from trainhub.storage import StorageConfig
 
@@ -97,9 +97,13 @@ class JobEngine(LoggingConfigurable):
     async def stop(self) -> None:
         if self._loop is not None:
             await self._loop.stop()
-        close = getattr(self.launcher, "close", None)
-        if close is not None:  # watch caches, HTTP sessions (Kubernetes launcher)
-            await close()
+        # terminations under way end with the service: the next start re-adopts the job and, as its
+        # cancel / time limit / preemption is persisted, stops it again
+        stopping, self._stopping = list(self._stopping.values()), {}
+        for task in stopping:
+            task.cancel()
+        await asyncio.gather(*stopping, return_exceptions=True)
+        await self.launcher.close()  # watch caches, HTTP sessions (Kubernetes launcher)
 
     def wake(self) -> None:
         if self._loop is not None:
@@ -163,7 +167,7 @@ class JobEngine(LoggingConfigurable):
             return
         if len(ended) < len(statuses) or not statuses:
             return
-        self._stopping.pop(job.id, None)
+        await self._forget_stopping(job)
         # every worker has ended: decide the outcome
         job = await self.store.read(self.store.get, job.id)
         state = job.launch_state or {}
@@ -184,6 +188,21 @@ class JobEngine(LoggingConfigurable):
             reason = state.get("gang_failure") or describe_exit(first.rank, first.exit_code, first.lost)
             state_ = LOST if all(s.lost for s in failed) else FAILED
             await self._end_attempt(job, state_, reason, codes, retry=True)
+
+    async def _forget_stopping(self, job: Job) -> None:
+        """Every worker has ended: collect the job's terminate task (cancelled if still waiting to SIGKILL)."""
+        task = self._stopping.pop(job.id, None)
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+        except Exception as e:
+            self.log.warning("job %s: stopping its workers failed: %s", job.key, e)
 
     async def _end_attempt(self, job: Job, state: str, reason: str, codes=None, retry: bool = False, requeue: bool = False) -> None:
         """Release the job's devices and record the outcome (or requeue it for another attempt)."""
@@ -265,8 +284,7 @@ class JobEngine(LoggingConfigurable):
         pending = [JobRequest(id=j.key, user=j.user, groups=tuple(j.groups or ()), workers=j.workers, gpus_per_worker=j.gpus,
                               priority=j.priority, submitted_at=_ts(j.created), time_limit=j.time_limit,
                               preemptible=j.preemptible, restarts=max(j.attempt - 1, 0)) for j in queued]
-        quotas = Quotas(user_default=self.quota.user_gpu_limit, users=dict(self.quota.user_gpu_limits),
-                        groups={k: int(v) for k, v in self.quota.group_gpu_limits.items()})
+        quotas = self.quota.quotas()  # the admission rule's limits: queue and 403s agree
         capacity = {NODE: len(self.allocator.devices())}
         plan = self.scheduler.schedule(time.time(), pending, allocations, capacity, quotas)
         by_key = {j.key: j for j in queued}
@@ -358,9 +376,9 @@ class JobEngine(LoggingConfigurable):
         }
         if job.profile:
             env["TRAINHUB_PROFILE"] = job.profile
-        home = getattr(self.launcher, "home_dir_template", "")
+        home = self.launcher.home_dir(job.user)
         if home:
-            env["HOME"] = home.format(username=job.user)
+            env["HOME"] = home
         if self.api_url:
             env["TRAINHUB_API_URL"] = self.api_url
         if self.storage.url:
@@ -384,7 +402,7 @@ class JobEngine(LoggingConfigurable):
                     s = samples.get(d)
                     if s is not None:
                         rows.append(dict(job_id=j.id, worker=rank, device=d, time=time.time(), utilization=float(s.utilization),
-                                         memory_used_mb=float(s.memory_used_mb), simulated=bool(getattr(s, "simulated", False))))
+                                         memory_used_mb=float(s.memory_used_mb), simulated=bool(s.simulated)))
         if rows:
             await self.store.write(self.store.add_gpu_samples, rows)
 

@@ -12,7 +12,8 @@ from trainhub.backoff import Backoff
 from trainhub.exceptions import InvalidRequest, NotFound
 from trainhub.states import JOB_STATES, JOB_TERMINAL, QUEUED
 
-from .auth import APIHandler
+from trainhub.services.api import APIHandler
+
 from .models import parse_job_key
 from .spec import validate_spec
 from .store import job_to_dict

@@ -174,12 +174,6 @@ class KubernetesLauncher(Launcher):
         ($KUBERNETES_SERVICE_HOST set), else $KUBECONFIG / ~/.kube/config.""",
     ).tag(config=True)
 
-    jobs_dir = Unicode(help="Local folder holding one sub-folder per job (logs and metrics copied from the pods). Default: <data-dir>/jobs.").tag(config=True)
-
-    @default("jobs_dir")
-    def _jobs_dir_default(self):
-        return os.path.join(os.environ.get("TRAINHUB_DATA_DIR", "/var/lib/trainhub"), "jobs")
-
     image = Unicode(help="Image of job pods when the job's profile names none (needs sh; python3 for script jobs, fsspec to copy outputs). Default: $TRAINHUB_JOB_IMAGE (the Helm chart sets it).").tag(config=True)
 
     @default("image")
@@ -322,9 +316,6 @@ class KubernetesLauncher(Launcher):
         return self._api_client.sanitize_for_serialization(job)
 
     # -- the contract ---------------------------------------------------------------------------
-
-    def job_dir(self, job: JobView) -> str:
-        return str(Path(self.jobs_dir) / job.key)
 
     def _profile(self, job: JobView):
         if not job.profile:

@@ -8,8 +8,11 @@ launcher runs an Indexed Job. Both keep what they need to find the workers again
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from traitlets import Unicode, default
 from traitlets.config import LoggingConfigurable
 
 
@@ -41,7 +44,28 @@ class WorkerStatus:
 
 
 class Launcher(LoggingConfigurable):
-    """Contract. All methods are coroutines and must not block the event loop."""
+    """Contract. The coroutines must not block the event loop.
+
+    ``launch``, ``poll``, ``terminate`` and ``adopt`` must be overridden; ``job_dir``, ``home_dir``,
+    ``cleanup``, ``close`` and ``gpu_targets`` have working defaults. The jobs service constructs
+    its launcher with ``data_dir=`` (the platform data dir); ``jobs_dir`` defaults from it.
+    """
+
+    data_dir = Unicode(
+        help="The platform data dir, given by the jobs service when it builds its launcher. Default: $TRAINHUB_DATA_DIR.",
+    )
+    jobs_dir = Unicode(
+        help="""Local folder holding one sub-folder per job (logs, metrics, outputs). Default: <data_dir>/jobs
+        (/var/lib/trainhub/jobs without a data dir).""",
+    ).tag(config=True)
+
+    @default("data_dir")
+    def _data_dir_default(self):
+        return os.environ.get("TRAINHUB_DATA_DIR", "")
+
+    @default("jobs_dir")
+    def _jobs_dir_default(self):
+        return os.path.join(self.data_dir or "/var/lib/trainhub", "jobs")
 
     async def launch(self, job: JobView, devices: list[list[int]], env: dict) -> dict:
         """Start all workers at once (gang); return the launch state to persist.
@@ -63,8 +87,20 @@ class Launcher(LoggingConfigurable):
         raise NotImplementedError
 
     def job_dir(self, job: JobView) -> str:
-        """Local folder holding the job's logs, metrics files and outputs."""
-        raise NotImplementedError
+        """Local folder holding the job's logs, metrics files and outputs: ``<jobs_dir>/<job key>``."""
+        return str(Path(self.jobs_dir) / job.key)
+
+    def home_dir(self, user: str) -> str:
+        """The ``$HOME`` of ``user``'s workers on this back end; "" (default) leaves it to the back end."""
+        return ""
 
     async def cleanup(self, job: JobView, state: dict) -> None:
-        """Drop back-end objects once the job is terminal (files are kept)."""
+        """Drop back-end objects once the job is terminal (files are kept). Default: nothing to drop."""
+
+    async def close(self) -> None:
+        """Release watch caches and sessions when the service stops (running jobs keep running). Default: nothing."""
+
+    def gpu_targets(self, devices: list[int]) -> dict:
+        """Ledger devices of running jobs -> where a per-pod metrics source finds them
+        (``trainhub.metrics.prometheus.GPUTarget``). Default: {} (the devices are this machine's)."""
+        return {}

@@ -25,11 +25,12 @@ import time
 import uuid
 from pathlib import Path
 
-from traitlets import Bool, Float, Unicode
+from traitlets import Bool, Float, Unicode, default
 
 from trainhub.backoff import WaitTimeout, apoll
 from trainhub.ledger import pid_alive, process_start_time
 from trainhub.procs import HOLDER_VAR, processes_with
+from trainhub.settings import DataDir
 
 from . import worker
 from .forkserver import SOCKET_NAME, ForkServer, ForkServerError, server_environment
@@ -49,10 +50,14 @@ def attempt_dir(job_dir: Path, attempt: int) -> Path:
 
 
 class LocalLauncher(Launcher):
-    jobs_dir = Unicode(help="Folder holding one sub-folder per job (logs, metrics, outputs). Default: <data-dir>/jobs.").tag(config=True)
     home_dir_template = Unicode(
-        "", help="Working directory of a user's jobs ({username} expanded): the same home as their notebook server, so relative paths work."
+        help="""Working directory and $HOME of a user's jobs ({username} expanded): the same home as their notebook
+        server, so relative paths work. Default: <data_dir>/homes/{username}; "" (no data dir) = the job's folder.""",
     ).tag(config=True)
+
+    @default("home_dir_template")
+    def _home_dir_template_default(self):
+        return str(DataDir(Path(self.data_dir)).homes / "{username}") if self.data_dir else ""
 
     warm_start = Bool(True, help="""Start the workers of `script` jobs (Python source) by forking a warm fork server: a
         long-lived interpreter that has already started Python and imported `site`, started on the first such job and
@@ -70,14 +75,14 @@ class LocalLauncher(Launcher):
         self._forkserver_lock = threading.Lock()
         self._warm_retry_at = 0.0
 
-    def job_dir(self, job: JobView) -> str:
-        return str(Path(self.jobs_dir) / job.key)
+    def home_dir(self, user: str) -> str:
+        return self.home_dir_template.format(username=user) if self.home_dir_template else ""
 
     def _cwd(self, job: JobView) -> str:
-        if self.home_dir_template:
-            home = Path(self.home_dir_template.format(username=job.user))
-            home.mkdir(parents=True, exist_ok=True)
-            return str(home)
+        home = self.home_dir(job.user)
+        if home:
+            Path(home).mkdir(parents=True, exist_ok=True)
+            return home
         return self.job_dir(job)
 
     async def launch(self, job, devices, env):

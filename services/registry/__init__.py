@@ -8,7 +8,6 @@ See ``openapi.json`` beside this file and docs/storage.md.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from .handlers import handlers as _handlers
@@ -30,19 +29,10 @@ def routes(prefix: str, service) -> list:
 
 
 async def start(service) -> None:
-    reg = _ensure(service)
-    await reg.resume_pending()
-    if reg.job_outputs_retention_days > 0:
-        reg._retention_task = asyncio.create_task(reg.retention_loop())
+    await _ensure(service).start()
 
 
 async def stop(service) -> None:
     reg = getattr(service, "registry", None)
-    if reg is None:
-        return
-    t = getattr(reg, "_retention_task", None)
-    if t:
-        t.cancel()
-    for t in list(reg.tasks):
-        t.cancel()
-    reg.pool.shutdown(wait=False, cancel_futures=True)
+    if reg is not None:
+        await reg.stop()

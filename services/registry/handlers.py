@@ -10,7 +10,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from trainhub.exceptions import Conflict, InvalidRequest
-from trainhub.services.jobs.auth import APIHandler
+from trainhub.services.api import APIHandler
 from trainhub.states import PENDING, READY
 
 from .store import dataset_dict, dataset_version_dict, model_dict, model_version_dict

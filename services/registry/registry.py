@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -13,6 +12,7 @@ from traitlets import Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import Conflict, Forbidden, InvalidRequest, NotFound
+from trainhub.loops import PeriodicLoop
 from trainhub.services.jobs.models import Job, JobEvent, parse_job_key
 from trainhub.states import JOB_TERMINAL
 from trainhub.storage import resolve_in_area
@@ -49,7 +49,8 @@ class Registry(LoggingConfigurable):
         self.store = RegistryStore(service.db_url)
         self.pool = ThreadPoolExecutor(self.file_threads, thread_name_prefix="trainhub-registry")
         self.progress: dict[tuple, dict] = {}
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task] = set()  # scans in progress (kept until done; cancelled by stop())
+        self._retention: PeriodicLoop | None = None
         self.utcnow = utcnow  # seam for tests
 
     async def run(self, fn, *a):
@@ -252,20 +253,33 @@ class Registry(LoggingConfigurable):
                 self.log.warning("outputs of job %s not expired: %s", job.key, e)
         return expired
 
-    async def retention_loop(self) -> None:
-        while True:
-            try:
-                await self.run(self.expire_job_outputs)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.log.exception("job-output retention sweep failed")
-            await asyncio.sleep(self.retention_interval * random.uniform(0.9, 1.1))
+    async def expire_once(self) -> None:
+        """One retention sweep (in the registry's threads)."""
+        await self.run(self.expire_job_outputs)
 
     async def resume_pending(self) -> None:
         """Scans interrupted by a restart start again."""
         for ds, v in await self.service.store.read(self.store.pending_dataset_versions):
             self._spawn(self._scan_dataset(v.id, v.url))
+
+    async def start(self) -> None:
+        """Resume interrupted scans; start the retention sweeps (when job_outputs_retention_days > 0)."""
+        await self.resume_pending()
+        if self.job_outputs_retention_days > 0:
+            self._retention = PeriodicLoop("trainhub-registry-retention", self.expire_once,
+                                           lambda: self.retention_interval, self.log, jitter=0.1)
+            self._retention.start()
+
+    async def stop(self) -> None:
+        """Stop the sweeps and running scans (a scan cut short resumes at the next start)."""
+        if self._retention is not None:
+            await self._retention.stop()
+            self._retention = None
+        tasks = list(self.tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _aware(dt):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from tornado import web
 
 from trainhub.exceptions import InvalidRequest, NotFound
-from trainhub.services.jobs.auth import APIHandler
+from trainhub.services.api import APIHandler
 from trainhub.services.jobs.handlers import READ, WRITE
 from trainhub.states import SWEEP_STATES, SWEEP_TERMINAL
 
@@ -70,7 +70,7 @@ class SweepsHandler(SweepAccessMixin, APIHandler):
         if not caller.may(WRITE, caller.name):
             raise web.HTTPError(403, f"missing scope {WRITE} to start sweeps")
         spec = validate_sweep(self.json_body())
-        self.service.check(caller, spec.job, what="each trial")
+        self.service.check(caller, spec.job, kind="trial")
         sweep = await self.controller.create(caller, spec)
         self.write_json(await self.sweep_json(sweep), status=201)
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from tornado import web
 
 from trainhub.exceptions import InvalidRequest
-from trainhub.services.jobs.auth import APIHandler
+from trainhub.services.api import APIHandler
 from trainhub.services.jobs.handlers import JOB_ID, JobAccessMixin
 from trainhub.states import RUNNING
 

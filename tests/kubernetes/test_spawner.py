@@ -130,6 +130,28 @@ async def test_refused_before_any_pod(make_spawner, cluster, user, groups, optio
     assert set(await cluster.pods()) == before
 
 
+@pytest.mark.parametrize(
+    "user,groups,options,config,status,reason,kind",
+    [
+        ("dave", (), {"profile": "no-such"}, {}, 400, "profile", "UnknownProfile"),
+        ("dave", (), {"profile": 3}, {}, 400, "invalid", "InvalidRequest"),
+        ("dave", ("students",), {"profile": "staff-gpu"}, {}, 403, "profile", "ProfileNotAllowed"),
+        ("dave", (), {"profile": "gpu-1"}, {"QuotaPolicy__user_gpu_limit": 0}, 403, "quota", "QuotaExceeded"),
+        ("dave", (), {"profile": "gpu-8"}, {}, 409, "capacity", "NoFreeGPUs"),
+    ],
+)
+async def test_refusals_are_spawn_exceptions(make_spawner, cluster, user, groups, options, config, status, reason, kind):
+    """JupyterHub's SpawnException: the user's message apart from the log's, a reason for the metrics."""
+    from jupyterhub.spawner import SpawnException
+
+    spawner = make_spawner(user, groups=groups, options=options, config=spawner_config(**config))
+    with pytest.raises(SpawnException) as err:
+        await spawner.start()
+    e = err.value
+    assert (e.status_code, e.reason) == (status, reason)
+    assert e.jupyterhub_message == e.message and e.log_message.startswith(f"{kind}(") and e.log_message.endswith(e.message)
+
+
 async def test_staff_may_use_restricted_profile(make_spawner, cluster):
     spawner = make_spawner("erin", groups=("staff",), options={"profile": "staff-gpu"})
     await spawner.start()

@@ -20,7 +20,7 @@ import requests
 from tornado import web
 from traitlets.config import LoggingConfigurable
 
-from trainhub.services.jobs import auth as jobs_auth
+from trainhub.services import api as service_api
 from trainhub.services.jobs.store import JobStore
 from trainhub.storage import StorageConfig
 
@@ -140,7 +140,7 @@ def _fake_hub_auth(monkeypatch):
                      "scopes": USERS[name]["scopes"]}
         self._hub_auth_user_cache = model
 
-    monkeypatch.setattr(jobs_auth.APIHandler, "prepare", prepare)
+    monkeypatch.setattr(service_api.APIHandler, "prepare", prepare)
 
 
 @pytest.fixture(params=["local", "s3"])

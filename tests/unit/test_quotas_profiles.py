@@ -6,7 +6,7 @@ import pytest
 
 from trainhub.exceptions import ProfileNotAllowed, QuotaExceeded, UnknownProfile
 from trainhub.profiles import DEFAULT_PROFILES, Profile, ProfileCatalog
-from trainhub.quotas import QuotaPolicy
+from trainhub.quotas import Demand, QuotaPolicy
 
 
 @pytest.mark.parametrize(
@@ -25,10 +25,10 @@ def test_user_limits(policy, user, held, request_, ok):
     q = QuotaPolicy(**policy)
     status = q.status(user, [], {user: held}, {})
     if ok:
-        q.check(request_, status)
+        q.admit(Demand.server(user, (), request_), status)
     else:
         with pytest.raises(QuotaExceeded) as e:
-            q.check(request_, status)
+            q.admit(Demand.server(user, (), request_), status)
         assert f"holds {held} of" in e.value.message and e.value.details["requested"] == request_
 
 

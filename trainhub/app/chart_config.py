@@ -27,6 +27,9 @@ def config_from_chart(data: dict) -> Config:
     c.QuotaPolicy.user_gpu_limit = quotas.get("userGpuLimit")
     c.QuotaPolicy.user_gpu_limits = quotas.get("userGpuLimits") or {}
     c.QuotaPolicy.group_gpu_limits = quotas.get("groupGpuLimits") or {}
+    if "userCpuWorkerLimit" in quotas:  # absent: the policy's default (the service's cores, at least 4)
+        c.QuotaPolicy.user_cpu_worker_limit = quotas["userCpuWorkerLimit"]
+    c.QuotaPolicy.user_cpu_worker_limits = quotas.get("userCpuWorkerLimits") or {}
     jobs = data.get("jobs") or {}
     if jobs.get("launcher", "kubernetes") == "kubernetes":
         c.JobsService.launcher_class = "trainhub.services.jobs.kubernetes.KubernetesLauncher"

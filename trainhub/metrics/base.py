@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from traitlets import Callable
 from traitlets.config import LoggingConfigurable
 
 
@@ -42,6 +43,14 @@ class GPUMetricsSource(LoggingConfigurable):
     not (callers treat a missing device as "unknown", never as "idle"), and raises
     :class:`MetricsUnavailable` only when it can measure nothing at all.
     """
+
+    gpu_targets = Callable(
+        None,
+        allow_none=True,
+        help="""Where the ledger's devices live, given by the component that builds the source: the jobs
+        service passes its launcher's ``gpu_targets``, the culler its ledger's. Sources that measure
+        devices where they run (NVML, scripted) ignore it; per-pod sources (DCGM) resolve through it.""",
+    )
 
     async def sample(self, devices: list[int]) -> dict[int, GPUSample]:
         """Measure ``devices`` (indices as in the GPU ledger) now."""

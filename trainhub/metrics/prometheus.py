@@ -88,8 +88,13 @@ class PrometheusDCGMSource(GPUMetricsSource):
     resolver = Any(
         None,
         help="""Callable (sync or async) `resolver(devices) -> {device: target}` mapping ledger device indices
-        to pods (targets have namespace, pod and slot). Without one, sample() measures nothing.""",
+        to pods (targets have namespace, pod and slot). Default: ``gpu_targets`` (what the jobs service or
+        the culler gives the source). Without one, sample() measures nothing.""",
     ).tag(config=True)
+
+    @default("resolver")
+    def _resolver_default(self):
+        return self.gpu_targets
 
     # -- Prometheus --------------------------------------------------------------------------
 

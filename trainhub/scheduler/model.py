@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
+
+from trainhub.quotas import Quotas  # the admission rule's limits: the scheduler's quota view
+
+__all__ = ["WAIT_CODES", "Allocation", "JobRequest", "Placement", "Plan", "Quotas", "Start", "WaitReason"]
 
 Placement = tuple[tuple[str, int], ...]
 """One ``(node, gpus)`` entry per worker. CPU-only workers use node ``""`` (not pinned)."""
@@ -19,6 +22,7 @@ WAIT_CODES = (
     "too-large",  # can never fit the cluster (more GPUs per worker than any node, or in total)
     "quota-user",  # starting it would put the user over their GPU quota
     "quota-group",  # starting it would put one of its groups over the group cap
+    "quota-cpu",  # CPU-only job: starting it would put the user over their CPU worker quota
     "cpu-limit",  # CPU-only job and Scheduler.max_cpu_jobs are already running (extension)
     "no-gpus",  # the first blocked job in queue order: not enough free GPUs now
     "behind",  # a job earlier in queue order is waiting for GPUs
@@ -71,22 +75,6 @@ class Allocation:
     def end(self) -> float | None:
         """Latest time it can still hold its GPUs (``None`` = unknown, e.g. servers)."""
         return None if self.time_limit is None else self.started_at + self.time_limit
-
-
-_EMPTY: Mapping[str, int] = MappingProxyType({})
-
-
-@dataclass(frozen=True)
-class Quotas:
-    """GPU caps. ``None`` means unlimited; servers and jobs both count toward them."""
-
-    user_default: int | None = None
-    users: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
-    groups: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
-
-    def user_limit(self, user: str) -> int | None:
-        """The most GPUs ``user`` may hold at once (override first, then the default)."""
-        return self.users.get(user, self.user_default)
 
 
 @dataclass(frozen=True, slots=True)

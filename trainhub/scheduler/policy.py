@@ -3,7 +3,8 @@
 ``schedule()`` is a pure function of its arguments and the configuration: no I/O, no clock reads,
 no randomness, and it never mutates its inputs. One pass walks the queue once, in policy order:
 
-1. CPU-only jobs start unless ``max_cpu_jobs`` are already running (GPUs never block them).
+1. CPU-only jobs start unless that would put their user over the CPU worker quota (``quota-cpu``)
+   or ``max_cpu_jobs`` are already running (GPUs never block them).
 2. A GPU job that can never fit gets ``too-large``; one that would break a user or group quota gets
    ``quota-user``/``quota-group`` and is skipped (it does not block the jobs behind it).
 3. Jobs start, best-fit placed, until the first one that does not fit: the *head*. The head gets a
@@ -63,6 +64,10 @@ class Scheduler(LoggingConfigurable):
     def base_priority(self, job: JobRequest | Allocation) -> int:
         """The priority before aging (overridden by policies with group defaults)."""
         return job.priority
+
+    def group_priority(self, groups: Sequence[str]) -> int:
+        """The priority a job submitted without one gets from its user's groups (0: no group defaults)."""
+        return 0
 
     def level(self, job: JobRequest, now: float) -> int:
         """Effective priority of a queued job (base priority plus aging, if the policy ages)."""
@@ -211,6 +216,7 @@ class _Pass:
         self.user_held: dict[str, int] = {}
         self.group_held: dict[str, int] = {}
         self.cpu_running = 0
+        self.cpu_held: dict[str, int] = {}  # CPU-only workers running per user
         for alloc in running:
             gpus = alloc.gpus
             if gpus:
@@ -219,11 +225,11 @@ class _Pass:
                     self.group_held[grp] = self.group_held.get(grp, 0) + gpus
             elif alloc.kind == "job":
                 self.cpu_running += 1
+                self.cpu_held[alloc.user] = self.cpu_held.get(alloc.user, 0) + len(alloc.placement)
         self.starts: list[Start] = []
         self.started_jobs: list[JobRequest] = []
         self.waiting = _Reasons(self.explain)
         self.head: JobRequest | None = None  # set by _run when the first job does not fit
-        self.user_limits: dict[str, int | None] = {}
         self.slots_cache: dict[int, int] = {}
 
     # -- checks ------------------------------------------------------------------------------
@@ -243,30 +249,9 @@ class _Pass:
         return WaitReason(job.id, "too-large", msg)
 
     def quota(self, job: JobRequest, need: int) -> WaitReason | None:
-        user = job.user
-        try:
-            limit = self.user_limits[user]
-        except KeyError:
-            limit = self.user_limits[user] = self.quotas.user_limit(user)
-        if limit is not None:
-            held = self.user_held.get(user, 0)
-            if held + need > limit:
-                return WaitReason(
-                    job.id, "quota-user",
-                    f"over quota: {user} holds {held} of {limit} GPUs and this job needs {need}",
-                )
-        caps = self.quotas.groups
-        if caps:
-            for grp in job.groups:
-                cap = caps.get(grp)
-                if cap is not None:
-                    held = self.group_held.get(grp, 0)
-                    if held + need > cap:
-                        return WaitReason(
-                            job.id, "quota-group",
-                            f"over group quota: {grp} holds {held} of {cap} GPUs and this job needs {need}",
-                        )
-        return None
+        """The admission rule (trainhub.quotas.Quotas) against what is held in this pass."""
+        refusal = self.quotas.gpu_refusal(job.user, job.groups, need, self.user_held.get(job.user, 0), self.group_held)
+        return None if refusal is None else WaitReason(job.id, refusal.code, refusal.wait_message)
 
     def explain(self, job: JobRequest) -> WaitReason:
         """The reason for a job queued behind the head once nothing more can start."""
@@ -290,6 +275,11 @@ class _Pass:
         limit = self.policy.max_cpu_jobs
         jobs.sort(key=lambda j: (-self.level.get(j.id, 0), j.submitted_at, j.id))
         for job in jobs:
+            held = self.cpu_held.get(job.user, 0)
+            refusal = self.quotas.cpu_refusal(job.user, job.workers, held)
+            if refusal is not None:
+                self.waiting[job.id] = WaitReason(job.id, refusal.code, refusal.wait_message)
+                continue
             if limit is not None and self.cpu_running >= limit:
                 self.waiting[job.id] = WaitReason(
                     job.id, "cpu-limit",
@@ -297,6 +287,7 @@ class _Pass:
                 )
                 continue
             self.cpu_running += 1
+            self.cpu_held[job.user] = held + job.workers
             self.starts.append(Start(job.id, tuple(("", 0) for _ in range(job.workers))))
             self.started_jobs.append(job)
 
@@ -474,6 +465,11 @@ class TrainhubScheduler(Scheduler):
             return job.priority
         gp = self.group_priorities
         return max((gp.get(g, 0) for g in job.groups), default=0)
+
+    def group_priority(self, groups):
+        """The highest ``group_priorities`` entry among ``groups`` (0 when none is listed)."""
+        gp = self.group_priorities
+        return max([int(gp[g]) for g in groups if g in gp] or [0])
 
     def _aged(self, base: int, waited: float) -> int:
         interval = self.aging_interval

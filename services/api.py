@@ -1,22 +1,38 @@
-"""Who is calling, and what they may do: JupyterHub identity plus trainhub's custom scopes.
+"""The one handler base of the hub services' JSON APIs: who is calling, what they may do, JSON errors.
 
-Requests authenticate with a JupyterHub API token or the browser's OAuth cookie
-(HubOAuth). A user holds ``custom:trainhub:jobs:read!user=<self>``; admins hold the
-unfiltered scope. Another user's job answers 404, so its existence is not revealed.
+Every hub service (the jobs service with its sweeps, registry and usage plugins; the idle-GPU
+culler) builds its handlers on :class:`APIHandler`:
+
+* requests authenticate with a JupyterHub API token (``Authorization: token ...``) or the
+  service's OAuth cookie (``HubOAuthenticated``), identified without blocking the event loop;
+  a caller the hub knows but who lacks the service's access scopes gets 403 naming them;
+* trainhub's ``custom:`` scopes are checked through :class:`Caller` (``!user=`` filters; a hub
+  admin holds them for everyone);
+* errors are mapped to HTTP once (``trainhub.httpapi.JSONErrors``): every error body is
+  ``{"status", "message"}``;
+* the application's access log is ``trainhub.httpapi.log_request`` (:func:`make_application`).
+
+The jupyter-server extension's handlers (``trainhub.extensions.storage``) are not hub services:
+they run inside each user's server under jupyter-server's own authentication and authorization
+(``auth_resource`` + ``@authorized``), so they keep jupyter-server's ``APIHandler`` and share only
+the error mapping (``JSONErrors``) from the core.
 """
 
 from __future__ import annotations
 
 import json
-import time
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed, check_scopes
 from tornado import web
+from tornado.log import app_log
 
-from trainhub.exceptions import TrainhubError
+from trainhub.exceptions import NotFound
+from trainhub.httpapi import JSONErrors, log_request
 
 
 class Caller:
+    """The authenticated caller (the hub's identity model) and the scopes it holds."""
+
     def __init__(self, model: dict):
         self.model = model
         self.name = model["name"]
@@ -42,26 +58,36 @@ class Caller:
         return self.admin and self.kind == "user" and bool(check_scopes({f"{scope}!user={self.name}"}, self.scopes))
 
 
-class APIHandler(HubOAuthenticated, web.RequestHandler):
-    """Base for JSON API handlers: async authentication, JSON errors, scope helpers."""
+class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
+    """Base for the JSON API handlers of every hub service (see the module docstring).
+
+    Routes pass ``{"service": <the service object>}``; a ``hub_auth`` in the application's
+    settings replaces the one HubOAuthenticated builds from the environment.
+    """
+
+    internal_error_message = "internal error in the trainhub service; details are in its log"
 
     def initialize(self, service=None):
         self.service = service
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is not None:
+            self.hub_auth = hub_auth
 
     @property
     def log(self):
-        return self.service.log
+        return getattr(self.service, "log", None) or app_log
 
     async def prepare(self):
-        model = None
-        try:
-            model = await self.hub_auth.get_user(self, sync=False)
-            if model:
+        # identify the caller without blocking the event loop (get_current_user would)
+        model = await self.hub_auth.get_user(self, sync=False)
+        if model:
+            try:
                 model = self.check_hub_user(model)
-        except UserNotAllowed:
-            model = None
+            except UserNotAllowed:
+                self._hub_auth_user_cache = None
+                raise web.HTTPError(403, f"{model.get('name')} lacks the scopes {sorted(self.hub_scopes or ())}") from None
         self._hub_auth_user_cache = model
-        self._t0 = time.monotonic()
+        self.current_user = model
 
     def get_current_user(self):
         return getattr(self, "_hub_auth_user_cache", None)
@@ -79,13 +105,16 @@ class APIHandler(HubOAuthenticated, web.RequestHandler):
             return
         return super().check_xsrf_cookie()
 
-    def json_body(self) -> dict:
+    def json_body(self, required: bool = True):
+        """The parsed JSON body (400 when it is not JSON; when empty: 400 if ``required``, else ``{}``)."""
         if not self.request.body:
+            if not required:
+                return {}
             raise web.HTTPError(400, "a JSON request body is required")
         try:
             return json.loads(self.request.body)
         except ValueError as e:
-            raise web.HTTPError(400, f"the request body is not valid JSON: {e}")
+            raise web.HTTPError(400, f"the request body is not valid JSON: {e}") from None
 
     def page(self, default_limit: int = 50) -> tuple[int, int]:
         """``(limit, offset)`` from the query, checked (limit 1-500, offset >= 0)."""
@@ -113,23 +142,18 @@ class APIHandler(HubOAuthenticated, web.RequestHandler):
     def write_json(self, obj, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(obj))
+        self.finish(json.dumps(obj, default=str))
 
-    def write_error(self, status_code, **kwargs):
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = self._reason
-        if isinstance(exc, TrainhubError):
-            message = exc.message
-        elif isinstance(exc, web.HTTPError) and exc.log_message:
-            message = exc.log_message % exc.args if exc.args else exc.log_message
-        elif status_code >= 500:
-            message = "internal error in the trainhub service; details are in its log"
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"status": status_code, "message": message}))
 
-    def _handle_request_exception(self, e):
-        if isinstance(e, TrainhubError):
-            self.log.info("%s %s -> %s: %s", self.request.method, self.request.path, e.status_code, e.message)
-            self.send_error(e.status_code, exc_info=(type(e), e, e.__traceback__))
-            return
-        return super()._handle_request_exception(e)
+class NoRouteHandler(JSONErrors, web.RequestHandler):
+    """Any path no route serves: a JSON 404 like every other error."""
+
+    def prepare(self):
+        raise NotFound(f"nothing is served at {self.request.path}")
+
+
+def make_application(handlers: list, **settings) -> web.Application:
+    """A hub service's tornado application: its routes, the shared access log, JSON 404s."""
+    settings.setdefault("log_function", log_request)
+    settings.setdefault("default_handler_class", NoRouteHandler)
+    return web.Application(handlers, **settings)

@@ -1,0 +1,133 @@
+"""What every trainhub HTTP API shares, whatever serves it: JSON errors and the access log.
+
+* :class:`JSONErrors`: a tornado ``RequestHandler`` mixin mapping errors to HTTP once: a
+  :class:`~trainhub.exceptions.TrainhubError` answers its ``status_code`` with its message,
+  ``web.HTTPError`` its status and message, anything else 500 with a fixed text (details go to
+  the log only). Every error body is ``{"status": <code>, "message": <text>}``. The hub services'
+  handler base (``trainhub.services.api.APIHandler``) and the jupyter-server extension's handlers
+  both use it.
+* :func:`log_request`: the access log in the manner of JupyterHub's ``log.py``, given to every hub
+  service's ``web.Application`` as ``log_function``: 2xx/3xx at debug (notebook panels poll every
+  second), any request slower than :data:`SLOW_REQUEST` seconds at info even when it succeeded,
+  4xx at warning, 5xx at error (with the request headers); credentials never reach the log
+  (query parameters such as ``token``, ``_xsrf``, ``code``, ``state``; the Authorization header
+  and cookie values).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import urlsplit, urlunsplit
+
+from tornado import web
+from tornado.log import access_log, app_log
+
+from trainhub.exceptions import TrainhubError
+
+#: Seconds after which a request is logged at info even when it succeeded.
+SLOW_REQUEST = 1.0
+
+#: A query parameter whose name *contains* one of these is logged as ``name=[secret]`` (JupyterHub's list).
+SCRUB_PARAM_KEYS = ("token", "auth", "key", "code", "state", "_xsrf")
+
+
+def scrub_uri(uri: str) -> str:
+    """``uri`` with the values of credential-like query parameters replaced by ``[secret]``."""
+    if "/api/authorizations/cookie/" in uri or "/api/authorizations/token/" in uri:
+        uri = uri.rsplit("/", 1)[0] + "/[secret]"
+    parts = urlsplit(uri)
+    if not parts.query:
+        return uri
+    params = parts.query.split("&")
+    changed = False
+    for i, param in enumerate(params):
+        key = param.split("=", 1)[0]
+        if "=" in param and any(s in key.lower() for s in SCRUB_PARAM_KEYS):
+            params[i] = f"{key}=[secret]"
+            changed = True
+    return urlunsplit(parts._replace(query="&".join(params))) if changed else uri
+
+
+def scrub_headers(headers) -> dict:
+    """Request headers for the log: the Authorization value and cookie values hidden."""
+    out = dict(headers)
+    if "Authorization" in out:
+        scheme = out["Authorization"].split(" ", 1)[0] if " " in out["Authorization"] else ""
+        out["Authorization"] = f"{scheme} [secret]".strip()
+    if "Cookie" in out:
+        try:
+            names = list(SimpleCookie(out["Cookie"]).keys())
+        except CookieError as e:
+            out["Cookie"] = f"invalid cookie header: {e}"
+        else:
+            out["Cookie"] = "; ".join(f"{name}=[secret]" for name in names)
+    return out
+
+
+def _username(handler: web.RequestHandler) -> str:
+    # only what the request already resolved: get_current_user may call the hub
+    user = getattr(handler, "_current_user", None)
+    if isinstance(user, dict):
+        return str(user.get("name", ""))
+    return "" if user is None else str(getattr(user, "name", user))
+
+
+def log_request(handler: web.RequestHandler) -> None:
+    """tornado ``log_function``: one access-log line per request (see the module docstring)."""
+    status = handler.get_status()
+    request = handler.request
+    seconds = request.request_time()
+    if status >= 500:
+        level = logging.ERROR
+    elif status >= 400:
+        level = logging.WARNING
+    elif seconds >= SLOW_REQUEST:
+        level = logging.INFO
+    else:
+        level = logging.DEBUG
+    if not access_log.isEnabledFor(level):
+        return
+    if status >= 500 and status not in (502, 503):
+        access_log.log(level, json.dumps(scrub_headers(request.headers), indent=2))
+    location = ""
+    if status in (301, 302, 303, 307, 308):
+        target = handler._headers.get("Location")
+        if target:
+            location = f" -> {scrub_uri(target)}"
+    access_log.log(level, "%d %s %s%s (%s@%s) %.2fms", status, request.method, scrub_uri(request.uri), location,
+                   _username(handler), request.remote_ip, 1000.0 * seconds)
+
+
+def error_message(status_code: int, exc: BaseException | None, default: str, internal: str) -> str:
+    """The user-facing text of an error answer (``internal`` for unexpected 5xx)."""
+    if isinstance(exc, TrainhubError):
+        return exc.message
+    if isinstance(exc, web.HTTPError) and exc.get_message():
+        return exc.get_message()
+    if status_code >= 500:
+        return internal
+    return default
+
+
+class JSONErrors:
+    """Mixin for tornado handlers: errors mapped to HTTP once, every error body JSON ``{"status", "message"}``."""
+
+    #: the message of an unexpected 5xx (what failed and where to look; never the exception text)
+    internal_error_message = "internal error; details are in the server's log"
+
+    def write_error(self, status_code, **kwargs):
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = error_message(status_code, exc, self._reason, self.internal_error_message)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": message}))
+
+    def _handle_request_exception(self, e):
+        if isinstance(e, TrainhubError):
+            # an expected refusal: one info line, no traceback (log_request adds the access line)
+            log = getattr(self, "log", None) or app_log
+            log.info("%s %s -> %s: %s", self.request.method, self.request.path, e.status_code, e.message)
+            self.send_error(e.status_code, exc_info=(type(e), e, e.__traceback__))
+            return
+        return super()._handle_request_exception(e)
