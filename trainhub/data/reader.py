@@ -2,8 +2,10 @@
 
 The reader resolves its shard list once (from ``index.json``, so nothing is listed), picks
 this process's share (rank, then DataLoader worker), downloads whole shards ``prefetch`` at a
-time (as coroutines on the filesystem's event loop for s3fs and other async filesystems, on a
-thread pool otherwise), unpacks them into sample dicts, and optionally shuffles within a buffer.
+time, unpacks them into sample dicts, and optionally shuffles within a buffer. On S3 the
+downloads are presigned plain-HTTP GETs into one buffer per shard, large shards as parallel
+byte ranges (:mod:`trainhub.data.s3direct`); other async filesystems run as coroutines on
+their event loop, the rest on a thread pool.
 Orders are deterministic for a given ``seed`` and epoch.
 """
 
@@ -24,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .exceptions import CorruptShardError, DataError, IndexNotFoundError, InvalidURLError, ShardNotFoundError
 from .packing import INDEX_FORMAT, INDEX_NAME
+from .s3direct import direct_getter
 from .storage import full_url, is_async, join, url_to_fs
 from .tario import iter_samples
 
@@ -111,6 +114,11 @@ class ShardReader:
     decode:
         ``None`` (fields stay bytes), ``"basic"`` (:data:`BASIC_DECODERS`), a mapping
         ``{ext: fn(bytes)}``, or a callable ``fn(sample) -> sample``.
+    direct_http:
+        On S3 (s3fs), fetch shards with presigned ``http.client`` GETs straight into one
+        buffer, no HEAD first, shards larger than 8 MiB as parallel byte ranges (the default);
+        ``False`` uses s3fs's ``cat_file``. Filesystems other than s3fs, requester-pays or
+        SSE-C options and HTTP proxies always use s3fs.
 
     Shards are split by position: global slot ``rank * num_workers + worker_id`` takes every
     ``world_size * num_workers``-th shard, so the parts are disjoint and together complete.
@@ -129,6 +137,7 @@ class ShardReader:
         worker_info: Any = None,
         storage_options: Mapping[str, Any] | None = None,
         decode: None | str | Mapping[str, Callable[[bytes], Any]] | Callable[[Sample], Sample] = None,
+        direct_http: bool = True,
     ):
         if int(shuffle_buffer) < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer!r}")
@@ -143,8 +152,11 @@ class ShardReader:
         self.storage_options = None if storage_options is None else dict(storage_options)
         self.decode = self._make_decoder(decode)
         self._decode_arg = decode
+        self.direct_http = bool(direct_http)
         self.epoch = 0
         self.index: dict | None = None
+        #: shard URL -> size in bytes, from the index (lets S3 reads skip the HEAD and split ranges)
+        self.shard_bytes: dict[str, int] = {}
         self.shards: list[str] = self._resolve(url_or_shards)
         if not self.shards:
             raise DataError(f"no shards to read from {url_or_shards!r}")
@@ -177,7 +189,10 @@ class ShardReader:
             else:
                 index_path, base = join(fs, path, INDEX_NAME), path
             self.index = self._load_index(fs, index_path, url)
-            return [full_url(fs, join(fs, base, s["name"])) for s in self.index["shards"]]
+            urls = [full_url(fs, join(fs, base, s["name"])) for s in self.index["shards"]]
+            self.shard_bytes = {u: s["bytes"] for u, s in zip(urls, self.index["shards"])
+                                if isinstance(s.get("bytes"), int)}
+            return urls
         try:
             shards = [os.fspath(s) for s in source]
         except TypeError:
@@ -275,41 +290,30 @@ class ShardReader:
         for url, data in self._fetch_all(urls):
             yield from iter_samples(data, url)
 
-    def _fetch(self, url: str) -> bytes:
-        fs, path = url_to_fs(url, self.storage_options)
-        try:
-            return fs.cat_file(path)
-        except (FileNotFoundError, IsADirectoryError) as e:
-            raise self._fetch_error(url, e) from None
-
     @staticmethod
     def _fetch_error(url: str, error: Exception) -> Exception:
         if isinstance(error, IsADirectoryError):
             return ShardNotFoundError(f"shard {url} is a folder, not a tar file")
         return ShardNotFoundError(f"shard {url} does not exist (was the folder re-packed or moved?)")
 
-    def _submit(self, pool, url: str):
-        """Start downloading ``url``; returns a concurrent.futures.Future of its bytes.
+    def _fetch_all(self, urls: list[str]) -> Iterator[tuple[str, bytes | bytearray]]:
+        fetcher = _Fetcher(self.storage_options, self.shard_bytes, self.direct_http)
+        try:
+            yield from self._prefetched(urls, fetcher)
+        finally:
+            fetcher.close()
 
-        Async filesystems (s3fs, ...) get the coroutine scheduled on their own event loop,
-        with no thread per download; others go through the thread pool.
-        """
-        fs, path = url_to_fs(url, self.storage_options)
-        if is_async(fs) and getattr(fs, "loop", None) is not None:
-            return asyncio.run_coroutine_threadsafe(fs._cat_file(path), fs.loop)
-        return pool.submit(self._fetch, url)
-
-    def _fetch_all(self, urls: list[str]) -> Iterator[tuple[str, bytes]]:
+    def _prefetched(self, urls: list[str], fetcher: "_Fetcher") -> Iterator[tuple[str, bytes | bytearray]]:
         if self.prefetch == 0 or len(urls) <= 1:
             for url in urls:
-                yield url, self._fetch(url)
+                yield url, fetcher.fetch(url)
             return
         pool = ThreadPoolExecutor(max_workers=min(self.prefetch, len(urls)), thread_name_prefix="trainhub-shards")
         pending: deque = deque()
         todo = iter(urls)
         try:
             for url in islice(todo, self.prefetch):
-                pending.append((url, self._submit(pool, url)))
+                pending.append((url, fetcher.submit(pool, url)))
             while pending:
                 url, future = pending.popleft()
                 try:
@@ -318,7 +322,7 @@ class ShardReader:
                     raise self._fetch_error(url, e) from None
                 nxt = next(todo, None)
                 if nxt is not None:
-                    pending.append((nxt, self._submit(pool, nxt)))
+                    pending.append((nxt, fetcher.submit(pool, nxt)))
                 yield url, data
                 del data
         finally:
@@ -331,7 +335,8 @@ class ShardReader:
     def _init_kwargs(self) -> dict:
         return dict(url_or_shards=list(self.shards), shuffle_buffer=self.shuffle_buffer, seed=self.seed,
                     prefetch=self.prefetch, rank=self.rank, world_size=self.world_size,
-                    worker_info=self.worker_info, storage_options=self.storage_options, decode=self._decode_arg)
+                    worker_info=self.worker_info, storage_options=self.storage_options, decode=self._decode_arg,
+                    direct_http=self.direct_http)
 
     def as_torch(self):
         """This reader as a ``torch.utils.data.IterableDataset`` (needs PyTorch)."""
@@ -339,11 +344,54 @@ class ShardReader:
 
         ds = TorchShardDataset(**self._init_kwargs())
         ds.index, ds.total_samples, ds.epoch = self.index, self.total_samples, self.epoch
+        ds.shard_bytes = dict(self.shard_bytes)
         return ds
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.shards)} shards, samples={self.total_samples}, "
                 f"shuffle_buffer={self.shuffle_buffer}, seed={self.seed}, epoch={self.epoch})")
+
+
+class _Fetcher:
+    """Downloads for one iteration: picks per filesystem between a direct S3 getter
+    (:func:`~trainhub.data.s3direct.direct_getter`), coroutines on an async filesystem's
+    loop, and plain ``cat_file`` on a thread; ``close()`` ends its range pools."""
+
+    def __init__(self, storage_options, shard_bytes: Mapping[str, int], direct_http: bool):
+        self.storage_options = storage_options
+        self.shard_bytes = shard_bytes
+        self.direct_http = direct_http
+        self._getters: dict[int, Any] = {}
+
+    def _getter(self, fs):
+        if not self.direct_http:
+            return None
+        key = id(fs)
+        if key not in self._getters:  # (fs, getter): holding fs keeps its id from being reused
+            self._getters[key] = (fs, direct_getter(fs))
+        return self._getters[key][1]
+
+    def fetch(self, url: str) -> bytes | bytearray:
+        fs, path = url_to_fs(url, self.storage_options)
+        try:
+            getter = self._getter(fs)
+            if getter is not None:
+                return getter.get(path, self.shard_bytes.get(url))
+            return fs.cat_file(path)
+        except (FileNotFoundError, IsADirectoryError) as e:
+            raise ShardReader._fetch_error(url, e) from None
+
+    def submit(self, pool, url: str):
+        """Start downloading ``url``; returns a concurrent.futures.Future of its bytes."""
+        fs, path = url_to_fs(url, self.storage_options)
+        if self._getter(fs) is None and is_async(fs) and getattr(fs, "loop", None) is not None:
+            return asyncio.run_coroutine_threadsafe(fs._cat_file(path), fs.loop)
+        return pool.submit(self.fetch, url)
+
+    def close(self) -> None:
+        for _, getter in self._getters.values():
+            if getter is not None:
+                getter.close()
 
 
 class _FieldDecoder:

@@ -76,8 +76,9 @@ def _pax_records(blob: bytes) -> dict[bytes, bytes]:
     return out
 
 
-def iter_members(data: bytes, url: str = "") -> Iterator[tuple[str, int, int]]:
-    """Yield ``(name, offset, size)`` for each regular file in a tar archive held in memory.
+def iter_members(data: bytes | bytearray, url: str = "") -> Iterator[tuple[str, int, int]]:
+    """Yield ``(name, offset, size)`` for each regular file in a tar archive held in memory
+    (``bytes`` or the ``bytearray`` a direct S3 download fills).
 
     A small parser for what tar writers produce (ustar, PAX ``path``/``size`` records, GNU
     long names); headers are checksummed, so random bytes are reported as corrupt. It is
@@ -103,7 +104,7 @@ def iter_members(data: bytes, url: str = "") -> Iterator[tuple[str, int, int]]:
             raise CorruptShardError(f"{where} is truncated (a member needs {size} bytes at byte {start})")
         pos = start + -(-size // _BLOCK) * _BLOCK
         if kind == b"x":
-            pax = _pax_records(data[start:start + size])
+            pax = _pax_records(bytes(data[start:start + size]))
             continue
         if kind == b"L":
             long_name = data[start:start + size].rstrip(b"\0")
@@ -127,7 +128,7 @@ def iter_members(data: bytes, url: str = "") -> Iterator[tuple[str, int, int]]:
         raise CorruptShardError(f"{where} is not a readable tar file: {end - pos} stray bytes at the end")
 
 
-def iter_samples(data: bytes, url: str = "") -> Iterator[dict]:
+def iter_samples(data: bytes | bytearray, url: str = "") -> Iterator[dict]:
     """Yield ``{"__key__", "__url__", ext: bytes, ...}`` for each sample in a tar archive.
 
     Consecutive members with the same key form one sample; names without a key and
