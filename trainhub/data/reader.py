@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .exceptions import CorruptShardError, DataError, IndexNotFoundError, InvalidURLError, ShardNotFoundError
 from .packing import INDEX_FORMAT, INDEX_NAME
+from . import s3direct
 from .s3direct import direct_getter
 from .storage import full_url, is_async, join, url_to_fs
 from .tario import iter_samples
@@ -161,6 +162,8 @@ class ShardReader:
         if not self.shards:
             raise DataError(f"no shards to read from {url_or_shards!r}")
         self.total_samples: int | None = self.index["total_samples"] if self.index else None
+        if self.direct_http:
+            s3direct.warm(url_to_fs(self.shards[0], self.storage_options)[0])
 
     # -- setup -------------------------------------------------------------------------
 

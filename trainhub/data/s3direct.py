@@ -14,7 +14,10 @@ the pace. This module does the same GET with less work:
 - the body is read straight into one preallocated buffer (``readinto``, no chunk list and
   no join);
 - objects larger than ``part_size`` whose size is known are fetched as parallel byte-range
-  GETs into slices of that same buffer.
+  GETs into slices of that same buffer;
+- a botocore session set up in the parent process (:func:`warm`, called when a reader is
+  built) is adopted by the filesystems of forked DataLoader workers, which otherwise spend
+  0.1-0.5 s per worker and epoch parsing botocore's service models before the first GET.
 
 :func:`direct_getter` returns ``None`` (use s3fs) when the filesystem is not s3fs, when its
 requests need extra parameters (requester pays, SSE-C keys...), or when an HTTP proxy applies
@@ -57,6 +60,33 @@ class _Retry(Exception):
     """A transient failure worth another attempt (connection reset, 5xx, short body)."""
 
 
+#: botocore sessions by filesystem options, set up in this process or inherited from the
+#: parent through fork (a session holds credentials and parsed models, no sockets).
+_SESSIONS: dict[tuple, Any] = {}
+
+
+def _options_key(fs) -> tuple:
+    return (type(fs).__qualname__, repr(sorted((getattr(fs, "storage_options", None) or {}).items())))
+
+
+def warm(fs) -> None:
+    """Set up ``fs``'s botocore session now and remember it for forked workers (no request)."""
+    if direct_getter(fs) is None:
+        return
+    _adopt_session(fs)
+    if getattr(fs, "session", None) is None:
+        fs.set_session()
+    _SESSIONS[_options_key(fs)] = fs.session
+
+
+def _adopt_session(fs) -> None:
+    """Give a new filesystem the session a previous one with the same options set up."""
+    if getattr(fs, "session", None) is None and getattr(fs, "_s3", None) is None:
+        session = _SESSIONS.get(_options_key(fs))
+        if session is not None:
+            fs.session = session
+
+
 def direct_getter(fs) -> "DirectGetter | None":
     """A :class:`DirectGetter` for ``fs``, or ``None`` when s3fs's own client must be used."""
     try:
@@ -92,6 +122,7 @@ class DirectGetter:
     """
 
     def __init__(self, fs, part_size: int | None = None, max_parts: int | None = None):
+        _adopt_session(fs)
         self.fs = fs
         self.part_size = int(part_size or PART_SIZE)
         self.max_parts = int(max_parts or MAX_PARTS_IN_FLIGHT)
