@@ -163,3 +163,31 @@ def test_errors_name_the_object_and_s3s_reason(flaky_store, monkeypatch):
     _FlakyStore.failures = ["503"] * s3direct.ATTEMPTS
     with pytest.raises(OSError, match=r"GET s3://b/obj failed 3 times: HTTP 503: Please reduce your request rate"):
         getter.get("b/obj")
+
+
+def test_new_filesystems_adopt_the_warm_session(s3_options):
+    """A reader built in the parent warms its session; a worker's new filesystem with the same
+    options (what a forked DataLoader worker gets) reuses it instead of building its own."""
+    parent = s3fs.S3FileSystem(skip_instance_cache=True, **s3_options)
+    s3direct.warm(parent)
+    assert parent.session is not None
+    worker = s3fs.S3FileSystem(skip_instance_cache=True, **s3_options)
+    assert worker.session is None
+    DirectGetter(worker)
+    assert worker.session is parent.session
+    other = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3_options["endpoint_url"], key="other", secret="x")
+    DirectGetter(other)
+    assert other.session is None, "a session must only go to a filesystem with the same options"
+
+
+def test_forked_dataloader_workers_read_s3_directly(make_samples, s3_options, s3_bucket):
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from trainhub.data import TorchShardDataset
+
+    expected = _packed(make_samples, s3_options, s3_bucket, n=40)
+    ds = TorchShardDataset(f"s3://{s3_bucket}/shards", shuffle_buffer=8, storage_options=s3_options)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    got = {s["__key__"]: {"jpg": s["jpg"], "json": s["json"]} for s in loader}
+    assert got == expected
