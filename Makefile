@@ -59,7 +59,9 @@ test-unit: test-deps
 test-e2e: test-deps
 	$(PY) -m pytest -q -m "e2e or browser" $(PYTEST_ARGS)
 
+# the benchmarks also need the loaders they compare with (the `bench` extra)
 bench: test-deps
+	$(PIP) install -q -e ".[test,bench]"
 	@set -e; for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b; done
 
 clean:

@@ -41,7 +41,8 @@ import tempfile
 import time
 import urllib.request
 
-from data_loaders import ALTERNATIVES, Config, LocalDiskLoader, TrainhubLoader, Unavailable, drop_page_cache
+from data_loaders import (ALTERNATIVES, Config, FloorLoader, LocalDiskLoader, TrainhubLoader, Unavailable,
+                          drop_page_cache)
 
 ACCESS = {"key": "bench", "secret": "bench"}
 MiB = 2**20
@@ -130,6 +131,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers for every loader (default %(default)s)")
     ap.add_argument("--batch-size", type=int, default=32, help="DataLoader batch size (default %(default)s)")
     ap.add_argument("--shuffle-buffer", type=int, default=500, help="shuffle buffer, in samples (default %(default)s)")
+    ap.add_argument("--shuffle-initial", type=int, default=100,
+                    help="samples buffered before the first is handed out, where a loader has that knob "
+                         "(webdataset's default; default %(default)s)")
     ap.add_argument("--loaders", default="all",
                     help="comma-separated alternatives to run: webdataset,litdata,mosaicml-streaming,s3torchconnector "
                          "(default all)")
@@ -185,12 +189,13 @@ def main(argv=None) -> int:
     from trainhub.data import parse_size
 
     cfg = Config(endpoint, "bench", ACCESS["key"], ACCESS["secret"], args.workers, args.batch_size,
-                 args.shuffle_buffer, parse_size(shard_size), tmp)
+                 args.shuffle_buffer, parse_size(shard_size), tmp, shuffle_initial=args.shuffle_initial)
     wanted = None if args.loaders == "all" else {x.strip() for x in args.loaders.split(",") if x.strip()}
     trainhub_loader = TrainhubLoader(cfg, raw_paths, shards)
     trainhub_loader.prepare_seconds = t_pack
     local_loader = LocalDiskLoader(cfg, raw_paths, shards, local_paths)
-    loaders = [trainhub_loader, local_loader]
+    floor_loader = FloorLoader(cfg, raw_paths, shards, size)
+    loaders = [trainhub_loader, local_loader, floor_loader]
     unavailable: dict[str, str] = {}
     for cls in ALTERNATIVES:
         if wanted is not None and cls.name not in wanted:
@@ -348,7 +353,8 @@ def main(argv=None) -> int:
     med = {name: statistics.median(t) for name, t in side.items() if t and name not in unavailable}
     t_th = med[trainhub_loader.name]
     print(f"Loaders side by side: {n} samples x {args.sample_kib} KiB ({total / MiB:.0f} MiB) from moto S3 on loopback; "
-          f"DataLoader workers={args.workers}, batch={args.batch_size}, shuffle buffer={args.shuffle_buffer}, "
+          f"DataLoader workers={args.workers}, batch={args.batch_size}, shuffle buffer={args.shuffle_buffer} "
+          f"(initial {cfg.shuffle_initial}), "
           f"shard/chunk size {shard_size}; median of {rounds} interleaved rounds, cache emptied before each")
     print(f"{'loader':<24} {'version':<10} {'prepare s':>9} {'epoch s':>8} {'MiB/s':>7} {'trainhub x':>10}  runs / notes")
     for loader in loaders:
@@ -357,7 +363,7 @@ def main(argv=None) -> int:
             version = loader.version()
         except Unavailable:
             version = "-"
-        prep = "-" if loader is local_loader else f"{loader.prepare_seconds:.1f}"
+        prep = "-" if loader in (local_loader, floor_loader) else f"{loader.prepare_seconds:.1f}"
         if name in med:
             runs = ", ".join(f"{x:.2f}" for x in side[name])
             print(f"{name:<24} {version:<10} {prep:>9} {med[name]:>8.2f} {total / MiB / med[name]:>7.0f} "
@@ -365,7 +371,8 @@ def main(argv=None) -> int:
     for name, why in unavailable.items():
         print(f"{name:<24} not run: {why}")
     print("(trainhub x = that loader's median time / trainhub's: above 1 means trainhub is faster)")
-    alternatives = {name: t for name, t in med.items() if name not in (trainhub_loader.name, local_loader.name)}
+    alternatives = {name: t for name, t in med.items()
+                    if name not in (trainhub_loader.name, local_loader.name, floor_loader.name)}
     print()
     print(f"One process (no DataLoader), {n} samples x {args.sample_kib} KiB ({total / MiB:.0f} MiB), moto S3 on loopback")
     print(f"{'method':<40} {'runs':>4} {'seconds':>8} {'MiB/s':>8} {'samples/s':>10}")
@@ -391,6 +398,7 @@ def main(argv=None) -> int:
         checks.append(("ShardReader / best loader (none ran)", 0.0, ">=", 1.0))
     checks += [
         ("ShardReader / local disk cold (same harness)", med[local_loader.name] / t_th, ">=", 1.0),
+        ("ShardReader / floor, bytes from memory (info)", med[floor_loader.name] / t_th, None, None),
         ("shards / naive cat_file (one process)", t_naive / t_shard, ">=", 10.0),
         ("shards / local disk cold (one process, info)", t_cold / t_shard, None, None),
         ("shards / local disk warm (info)", t_warm / t_shard, None, None),

@@ -40,6 +40,8 @@ except ImportError:  # pragma: no cover - data_bench.py says what to install
     sys.exit("data_bench.py needs PyTorch for the side-by-side DataLoader runs: pip install -e '.[bench]' "
              "(a CPU build: pip install torch==2.13.0)")
 
+from trainhub.data.reader import _shuffled as shuffled  # noqa: E402  (trainhub's shuffle buffer)
+
 MiB = 2**20
 
 
@@ -82,9 +84,12 @@ def _data_loader(dataset, cfg, **kw):
 class Config:
     """What every loader shares: endpoint, bucket, credentials, workers, batch, shuffle."""
 
-    def __init__(self, endpoint, bucket, key, secret, workers, batch_size, shuffle_buffer, shard_bytes, tmp, seed=0):
+    def __init__(self, endpoint, bucket, key, secret, workers, batch_size, shuffle_buffer, shard_bytes, tmp, seed=0,
+                 shuffle_initial=100):
         self.endpoint, self.bucket, self.key, self.secret = endpoint, bucket, key, secret
         self.workers, self.batch_size, self.shuffle_buffer = workers, batch_size, shuffle_buffer
+        #: samples buffered before the first is handed out (webdataset's default ``initial``)
+        self.shuffle_initial = min(shuffle_initial, shuffle_buffer)
         self.shard_bytes, self.tmp, self.seed = shard_bytes, tmp, seed
         self.storage_options = {"endpoint_url": endpoint, "key": key, "secret": secret}
 
@@ -124,20 +129,21 @@ class Loader:
 class TrainhubLoader(Loader):
     name = "trainhub ShardReader"
     package = "trainhub"
-    note = "packed tar shards + index.json; shuffle buffer"
+    note = "packed tar shards + index.json; shuffle_buffer, shuffle_initial"
 
     def epoch(self):
         from trainhub.data import TorchShardDataset
 
         ds = TorchShardDataset(f"s3://{self.cfg.bucket}/shards", shuffle_buffer=self.cfg.shuffle_buffer,
-                               seed=self.cfg.seed, storage_options=self.cfg.storage_options)
+                               shuffle_initial=self.cfg.shuffle_initial, seed=self.cfg.seed,
+                               storage_options=self.cfg.storage_options)
         return _drain(_data_loader(ds, self.cfg))
 
 
 class WebDatasetLoader(Loader):
     name = "webdataset"
     package = "webdataset"
-    note = "same tar shards, presigned URLs via curl; .shuffle(buffer)"
+    note = "same tar shards, presigned URLs via curl; .shuffle(buffer, initial)"
 
     def prepare(self):
         self.version()
@@ -150,7 +156,8 @@ class WebDatasetLoader(Loader):
         import webdataset as wds
 
         ds = wds.WebDataset(self.urls, shardshuffle=len(self.urls), seed=self.cfg.seed, empty_check=False,
-                            workersplitter=wds.split_by_worker).shuffle(self.cfg.shuffle_buffer)
+                            workersplitter=wds.split_by_worker).shuffle(self.cfg.shuffle_buffer,
+                                                                         initial=self.cfg.shuffle_initial)
         return _drain(_data_loader(ds, self.cfg))
 
 
@@ -174,22 +181,10 @@ def _tar_samples(stream, url):
         yield current
 
 
-def _buffer_shuffle(samples, size, rng):
-    buf = []
-    for s in samples:
-        if len(buf) < size:
-            buf.append(s)
-            continue
-        i = rng.randrange(size)
-        yield buf[i]
-        buf[i] = s
-    rng.shuffle(buf)
-    yield from buf
-
-
 class S3TorchTarDataset(IterableDataset):
     """S3IterableDataset over the shard objects (split across workers by the connector),
-    each object streamed through tarfile into samples, then a shuffle buffer."""
+    each object streamed through tarfile into samples, then the same shuffle buffer as
+    trainhub's (the algorithm is the same for both, so only the I/O differs)."""
 
     def __init__(self, cfg: Config, uris: list[str]):
         self.cfg, self.uris = cfg, uris
@@ -208,13 +203,14 @@ class S3TorchTarDataset(IterableDataset):
         def samples():
             for obj in ds:
                 yield from _tar_samples(obj, obj.key)
-        return _buffer_shuffle(samples(), self.cfg.shuffle_buffer, random.Random(f"{self.cfg.seed}:{wid}"))
+        return shuffled(samples(), self.cfg.shuffle_buffer, random.Random(f"{self.cfg.seed}:{wid}"),
+                        self.cfg.shuffle_initial)
 
 
 class S3TorchLoader(Loader):
     name = "s3torchconnector"
     package = "s3torchconnector"
-    note = "same tar shards, AWS CRT client; tarfile + shuffle buffer"
+    note = "same tar shards, AWS CRT client; tarfile + the same shuffle buffer"
 
     def prepare(self):
         self.version()
@@ -380,6 +376,34 @@ class LocalDiskLoader(Loader):
         g = torch.Generator()
         g.manual_seed(self.cfg.seed)
         return _drain(_data_loader(_LocalFiles(self.local_paths), self.cfg, shuffle=True, generator=g))
+
+
+class _InMemory(IterableDataset):
+    """Distinct in-memory samples of the same sizes: what the DataLoader's inter-process
+    transfer alone costs (no reading at all), the floor for every loader here."""
+
+    def __init__(self, n, size):
+        self.n, self.size = n, size
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        blob = os.urandom(self.size)
+        for i in range(wid, self.n, workers):
+            yield {"__key__": f"{i:06d}", "jpg": blob[:-4] + i.to_bytes(4, "big")}
+
+
+class FloorLoader(Loader):
+    name = "floor: bytes from memory"
+    package = "torch"
+    note = "no reading: the DataLoader's transfer cost alone (info)"
+
+    def __init__(self, cfg, raw_paths, shard_urls, sample_size):
+        super().__init__(cfg, raw_paths, shard_urls)
+        self.sample_size = sample_size
+
+    def epoch(self):
+        return _drain(_data_loader(_InMemory(len(self.raw_paths), self.sample_size), self.cfg))
 
 
 ALTERNATIVES = [WebDatasetLoader, LitDataLoader, MosaicLoader, S3TorchLoader]

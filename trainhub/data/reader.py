@@ -120,6 +120,11 @@ class ShardReader:
         buffer, no HEAD first, shards larger than 8 MiB as parallel byte ranges (the default);
         ``False`` uses s3fs's ``cat_file``. Filesystems other than s3fs, requester-pays or
         SSE-C options and HTTP proxies always use s3fs.
+    shuffle_initial:
+        Samples buffered before the first one is handed out (default: the whole
+        ``shuffle_buffer``). Smaller values start an epoch sooner: the buffer then grows by one
+        sample per sample handed out until it holds ``shuffle_buffer`` (webdataset's
+        ``shuffle(bufsize, initial)``), so the first samples are drawn from fewer candidates.
 
     Shards are split by position: global slot ``rank * num_workers + worker_id`` takes every
     ``world_size * num_workers``-th shard, so the parts are disjoint and together complete.
@@ -139,12 +144,16 @@ class ShardReader:
         storage_options: Mapping[str, Any] | None = None,
         decode: None | str | Mapping[str, Callable[[bytes], Any]] | Callable[[Sample], Sample] = None,
         direct_http: bool = True,
+        shuffle_initial: int | None = None,
     ):
         if int(shuffle_buffer) < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer!r}")
         if int(prefetch) < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch!r}")
+        if shuffle_initial is not None and int(shuffle_initial) < 1:
+            raise ValueError(f"shuffle_initial must be >= 1 or None, got {shuffle_initial!r}")
         self.shuffle_buffer = int(shuffle_buffer)
+        self.shuffle_initial = None if shuffle_initial is None else int(shuffle_initial)
         self.seed = seed
         self.prefetch = int(prefetch)
         self.rank = rank
@@ -284,7 +293,7 @@ class ShardReader:
         samples = self._samples(mine)
         if self.shuffle_buffer > 0:
             rng = random.Random(f"{self.seed}:{self.epoch}:{rank}:{wid}")
-            samples = _shuffled(samples, self.shuffle_buffer, rng)
+            samples = _shuffled(samples, self.shuffle_buffer, rng, self.shuffle_initial)
         if self.decode is None:
             return samples
         return map(self.decode, samples)
@@ -337,6 +346,7 @@ class ShardReader:
 
     def _init_kwargs(self) -> dict:
         return dict(url_or_shards=list(self.shards), shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+                    shuffle_initial=self.shuffle_initial,
                     prefetch=self.prefetch, rank=self.rank, world_size=self.world_size,
                     worker_info=self.worker_info, storage_options=self.storage_options, decode=self._decode_arg,
                     direct_http=self.direct_http)
@@ -410,11 +420,25 @@ class _FieldDecoder:
         return sample
 
 
-def _shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:
+def _shuffled(samples: Iterator[Sample], size: int, rng: random.Random, initial: int | None = None) -> Iterator[Sample]:
+    """Shuffle through a buffer of ``size`` samples, handing out the first once ``initial``
+    are buffered (``None``: once it is full); in between, the buffer grows by one sample per
+    sample handed out. ``initial >= size`` is the plain buffer shuffle."""
+    initial = size if initial is None else max(1, min(initial, size))
     buf: list[Sample] = []
+    grow = False
     for sample in samples:
+        if len(buf) < initial:
+            buf.append(sample)
+            continue
         if len(buf) < size:
             buf.append(sample)
+            grow = not grow
+            if grow:
+                continue
+            i = rng.randrange(len(buf))
+            buf[i], buf[-1] = buf[-1], buf[i]
+            yield buf.pop()
             continue
         i = rng.randrange(size)
         yield buf[i]
