@@ -29,7 +29,8 @@ def test_direct_and_s3fs_paths_read_the_same_samples(make_samples, s3_options, s
     expected = _packed(make_samples, s3_options, s3_bucket)
     calls = []
     real_get = DirectGetter.get
-    monkeypatch.setattr(DirectGetter, "get", lambda self, path, size=None: calls.append(path) or real_get(self, path, size))
+    monkeypatch.setattr(DirectGetter, "get",
+                        lambda self, path, size=None, **kw: calls.append(path) or real_get(self, path, size, **kw))
     direct = _read(ShardReader(f"s3://{s3_bucket}/shards", storage_options=s3_options, prefetch=prefetch))
     assert calls, "the direct path was not used on s3fs"
     n_direct = len(calls)
@@ -38,6 +39,22 @@ def test_direct_and_s3fs_paths_read_the_same_samples(make_samples, s3_options, s
     assert len(calls) == n_direct, "direct_http=False still used the direct path"
     assert direct == plain == expected
     assert all(isinstance(v, bytes) for sample in direct.values() for v in sample.values())
+
+
+def test_shard_buffers_are_reused(make_samples, s3_options, s3_bucket, monkeypatch):
+    from trainhub.data.reader import _Fetcher
+
+    expected = _packed(make_samples, s3_options, s3_bucket, n=60, shard_size="12KB")
+    fetchers = []
+    real_close = _Fetcher.close
+    monkeypatch.setattr(_Fetcher, "close", lambda self: fetchers.append(self) or real_close(self))
+    reader = ShardReader(f"s3://{s3_bucket}/shards", storage_options=s3_options, prefetch=2)
+    assert len(reader.shards) >= 12
+    assert _read(reader) == expected
+    (fetcher,) = fetchers
+    assert 1 <= len(fetcher._ours) <= 2 + 2, "one buffer per shard in flight, then reuse"
+    assert _read(ShardReader(f"s3://{s3_bucket}/shards", storage_options=s3_options, prefetch=0)) == expected
+    assert len(fetchers[1]._ours) == 1
 
 
 def test_large_shards_are_read_as_byte_ranges_without_head(make_samples, s3_options, s3_bucket, monkeypatch):

@@ -136,12 +136,21 @@ class DirectGetter:
     def sign(self, path: str) -> str:
         return self.fs.sign(path, expiration=URL_EXPIRES)
 
-    def get(self, path: str, size: int | None = None) -> bytearray:
+    def get(self, path: str, size: int | None = None, into: bytearray | None = None) -> bytearray | memoryview:
+        """The object's bytes. With its ``size`` known, ``into`` (a reusable buffer of at least
+        ``size`` bytes) receives them and the returned memoryview covers its first ``size``
+        bytes: a reader recycling its shard buffers spares the kernel a page fault per 4 KiB."""
         url = self.sign(path)
-        if size is None or size <= self.part_size:
-            return self._get_whole(url, path, size)
-        buf = bytearray(size)
-        view = memoryview(buf)
+        if size is None:
+            return self._get_whole(url, path, None, None)
+        if into is None:
+            into = bytearray(size)
+        elif len(into) < size:
+            raise ValueError(f"buffer of {len(into)} bytes for {size}")
+        view = memoryview(into)[:size]
+        if size <= self.part_size:
+            self._get_whole(url, path, size, view)
+            return into if len(into) == size else view
         ranges = [(start, min(start + self.part_size, size)) for start in range(0, size, self.part_size)]
         # This thread reads the first range itself; the others go to the shared part pool.
         futures = [self._part_pool().submit(self._get_range, url, path, view[a:b], a, b, size) for a, b in ranges[1:]]
@@ -153,7 +162,7 @@ class DirectGetter:
         finally:
             for f in futures:
                 f.cancel()
-        return buf
+        return into if len(into) == size else view
 
     def close(self) -> None:
         with self._pool_lock:
@@ -169,20 +178,23 @@ class DirectGetter:
                 self._pool = ThreadPoolExecutor(max_workers=self.max_parts, thread_name_prefix="trainhub-range")
             return self._pool
 
-    def _get_whole(self, url: str, path: str, size: int | None) -> bytearray:
+    def _get_whole(self, url: str, path: str, size: int | None, view: memoryview | None) -> bytearray | None:
+        """One GET of the whole object: into ``view`` (``size`` bytes) or a new bytearray."""
         def once():
             resp = self._request(url, path, {})
             length = resp.getheader("Content-Length")
+            if size is not None:
+                if length is None or int(length) != size:
+                    resp.close()
+                    raise self._size_error(path, size, length)
+                self._read_into(resp, view, path)
+                return None
             if length is None:
-                body = bytearray(resp.read())
-            else:
-                body = bytearray(int(length))
-                self._read_into(resp, memoryview(body), path)
+                return bytearray(resp.read())
+            body = bytearray(int(length))
+            self._read_into(resp, memoryview(body), path)
             return body
-        body = self._attempts(once, path)
-        if size is not None and len(body) != size:
-            raise self._size_error(path, size, len(body))
-        return body
+        return self._attempts(once, path)
 
     def _get_range(self, url: str, path: str, view: memoryview, start: int, stop: int, size: int) -> None:
         def once():

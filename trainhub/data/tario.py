@@ -76,9 +76,9 @@ def _pax_records(blob: bytes) -> dict[bytes, bytes]:
     return out
 
 
-def iter_members(data: bytes | bytearray, url: str = "") -> Iterator[tuple[str, int, int]]:
+def iter_members(data: bytes | bytearray | memoryview, url: str = "") -> Iterator[tuple[str, int, int]]:
     """Yield ``(name, offset, size)`` for each regular file in a tar archive held in memory
-    (``bytes`` or the ``bytearray`` a direct S3 download fills).
+    (``bytes``, or the ``bytearray``/``memoryview`` of a buffer a direct S3 download fills).
 
     A small parser for what tar writers produce (ustar, PAX ``path``/``size`` records, GNU
     long names); headers are checksummed, so random bytes are reported as corrupt. It is
@@ -89,7 +89,7 @@ def iter_members(data: bytes | bytearray, url: str = "") -> Iterator[tuple[str, 
     pax: dict[bytes, bytes] = {}
     where = url or "shard"
     while pos + _BLOCK <= end:
-        header = data[pos:pos + _BLOCK]
+        header = bytes(data[pos:pos + _BLOCK])
         if header.count(0) == _BLOCK:
             return  # end-of-archive marker
         stored = _number(header[148:156], "checksum", url)
@@ -107,7 +107,7 @@ def iter_members(data: bytes | bytearray, url: str = "") -> Iterator[tuple[str, 
             pax = _pax_records(bytes(data[start:start + size]))
             continue
         if kind == b"L":
-            long_name = data[start:start + size].rstrip(b"\0")
+            long_name = bytes(data[start:start + size]).rstrip(b"\0")
             continue
         if kind in _REGULAR:
             if b"path" in pax:
@@ -124,11 +124,11 @@ def iter_members(data: bytes | bytearray, url: str = "") -> Iterator[tuple[str, 
         long_name = None
         if kind != b"g":
             pax = {}
-    if pos < end and data[pos:].count(0) != end - pos:
+    if pos < end and bytes(data[pos:end]).count(0) != end - pos:
         raise CorruptShardError(f"{where} is not a readable tar file: {end - pos} stray bytes at the end")
 
 
-def iter_samples(data: bytes | bytearray, url: str = "") -> Iterator[dict]:
+def iter_samples(data: bytes | bytearray | memoryview, url: str = "") -> Iterator[dict]:
     """Yield ``{"__key__", "__url__", ext: bytes, ...}`` for each sample in a tar archive.
 
     Consecutive members with the same key form one sample; names without a key and
