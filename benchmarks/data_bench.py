@@ -41,8 +41,8 @@ import tempfile
 import time
 import urllib.request
 
-from data_loaders import (ALTERNATIVES, Config, FloorLoader, LocalDiskLoader, TrainhubLoader, Unavailable,
-                          drop_page_cache)
+from data_loaders import (ALTERNATIVES, Config, FloorLoader, LocalDiskLoader, TrainhubLoader, TrainhubS3fsLoader,
+                          Unavailable, drop_page_cache)
 
 ACCESS = {"key": "bench", "secret": "bench"}
 MiB = 2**20
@@ -195,7 +195,10 @@ def main(argv=None) -> int:
     trainhub_loader.prepare_seconds = t_pack
     local_loader = LocalDiskLoader(cfg, raw_paths, shards, local_paths)
     floor_loader = FloorLoader(cfg, raw_paths, shards, size)
-    loaders = [trainhub_loader, local_loader, floor_loader]
+    s3fs_loader = TrainhubS3fsLoader(cfg, raw_paths, shards)
+    s3fs_loader.prepare_seconds = t_pack
+    info_only = {local_loader.name, floor_loader.name, s3fs_loader.name}
+    loaders = [trainhub_loader, local_loader, floor_loader, s3fs_loader]
     unavailable: dict[str, str] = {}
     for cls in ALTERNATIVES:
         if wanted is not None and cls.name not in wanted:
@@ -255,13 +258,17 @@ def main(argv=None) -> int:
                 got += len(f.read())
         return got
 
-    def shard_read():
+    def shard_read(direct_http=True):
         got = count = 0
-        for sample in ShardReader("s3://bench/shards", storage_options=options, prefetch=args.prefetch):
+        for sample in ShardReader("s3://bench/shards", storage_options=options, prefetch=args.prefetch,
+                                  direct_http=direct_http):
             got += len(sample["jpg"])
             count += 1
         assert count == n, (count, n)
         return got
+
+    def shard_read_s3fs():
+        return shard_read(direct_http=False)
 
     shard_paths = [fs._strip_protocol(u) for u in shards]
 
@@ -295,6 +302,7 @@ def main(argv=None) -> int:
         rows.append((label, seconds, 1))
         print(f"  {label}: {seconds:.2f} s", flush=True)
     fast = {"b) ShardReader, packed shards on S3": shard_read,
+            "   ShardReader, direct_http=False (info)": shard_read_s3fs,
             "   raw GET of the shard objects (info)": raw_shard_get,
             "c) local disk per file, cold cache": local_cold,
             "   local disk per file, warm cache": local_read}
@@ -371,8 +379,7 @@ def main(argv=None) -> int:
     for name, why in unavailable.items():
         print(f"{name:<24} not run: {why}")
     print("(trainhub x = that loader's median time / trainhub's: above 1 means trainhub is faster)")
-    alternatives = {name: t for name, t in med.items()
-                    if name not in (trainhub_loader.name, local_loader.name, floor_loader.name)}
+    alternatives = {name: t for name, t in med.items() if name != trainhub_loader.name and name not in info_only}
     print()
     print(f"One process (no DataLoader), {n} samples x {args.sample_kib} KiB ({total / MiB:.0f} MiB), moto S3 on loopback")
     print(f"{'method':<40} {'runs':>4} {'seconds':>8} {'MiB/s':>8} {'samples/s':>10}")
@@ -399,6 +406,7 @@ def main(argv=None) -> int:
     checks += [
         ("ShardReader / local disk cold (same harness)", med[local_loader.name] / t_th, ">=", 1.0),
         ("ShardReader / floor, bytes from memory (info)", med[floor_loader.name] / t_th, None, None),
+        ("ShardReader / itself via s3fs, direct_http=False (info)", med.get(s3fs_loader.name, 0.0) / t_th, None, None),
         ("shards / naive cat_file (one process)", t_naive / t_shard, ">=", 10.0),
         ("shards / local disk cold (one process, info)", t_cold / t_shard, None, None),
         ("shards / local disk warm (info)", t_warm / t_shard, None, None),

@@ -130,14 +130,21 @@ class TrainhubLoader(Loader):
     name = "trainhub ShardReader"
     package = "trainhub"
     note = "packed tar shards + index.json; shuffle_buffer, shuffle_initial"
+    direct_http = True
 
     def epoch(self):
         from trainhub.data import TorchShardDataset
 
         ds = TorchShardDataset(f"s3://{self.cfg.bucket}/shards", shuffle_buffer=self.cfg.shuffle_buffer,
                                shuffle_initial=self.cfg.shuffle_initial, seed=self.cfg.seed,
-                               storage_options=self.cfg.storage_options)
+                               storage_options=self.cfg.storage_options, direct_http=self.direct_http)
         return _drain(_data_loader(ds, self.cfg))
+
+
+class TrainhubS3fsLoader(TrainhubLoader):
+    name = "trainhub via s3fs (info)"
+    note = "the same reader with direct_http=False: s3fs's cat_file (HEAD + GET), as before"
+    direct_http = False
 
 
 class WebDatasetLoader(Loader):

@@ -29,7 +29,7 @@ from .exceptions import CorruptShardError, DataError, IndexNotFoundError, Invali
 from .packing import INDEX_FORMAT, INDEX_NAME
 from . import s3direct
 from .s3direct import direct_getter
-from .storage import full_url, is_async, join, url_to_fs
+from .storage import full_url, is_async, join, protocol_of, url_to_fs
 from .tario import iter_samples
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class ShardReader:
         if not self.shards:
             raise DataError(f"no shards to read from {url_or_shards!r}")
         self.total_samples: int | None = self.index["total_samples"] if self.index else None
-        if self.direct_http:
+        if self.direct_http and protocol_of(self.shards[0]) in ("s3", "s3a"):
             s3direct.warm(url_to_fs(self.shards[0], self.storage_options)[0])
 
     # -- setup -------------------------------------------------------------------------
