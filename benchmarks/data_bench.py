@@ -416,14 +416,14 @@ def main(argv=None) -> int:
     if t_open is not None:
         checks.insert(1, ("shards / naive open().read()", t_open / t_shard, ">=", 10.0))
     ok = True
-    print(f"{'ratio (speed-up; listing: time ratio)':<52} {'value':>8}  target   result")
+    print(f"{'ratio (speed-up; listing: time ratio)':<56} {'value':>8}  target   result")
     for label, value, op, target in checks:
         if op is None:
-            print(f"{label:<52} {value:>7.2f}x  -        -")
+            print(f"{label:<56} {value:>7.2f}x  -        -")
             continue
         passed = value >= target if op == ">=" else value <= target
         ok &= passed
-        print(f"{label:<52} {value:>7.2f}x  {op} {target:<4}  {'PASS' if passed else 'FAIL'}")
+        print(f"{label:<56} {value:>7.2f}x  {op} {target:<4}  {'PASS' if passed else 'FAIL'}")
     print()
     print(f"overall: {'PASS' if ok else 'FAIL'} (total {time.perf_counter() - t_start:.0f} s)")
     stop(proc)
