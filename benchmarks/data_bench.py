@@ -95,10 +95,13 @@ def timed(fn, repeats: int = 1):
     return statistics.median(times), result
 
 
+LOADER_LOG = os.path.join(tempfile.gettempdir(), f"data-bench-{os.getpid()}.log")
+
+
 @contextlib.contextmanager
 def quiet():
     """Send what the loaders print (LitData and MosaicML log progress) to a file, not the table."""
-    log = open(os.path.join(tempfile.gettempdir(), f"data-bench-{os.getpid()}.log"), "ab")
+    log = open(LOADER_LOG, "ab")
     saved = [os.dup(1), os.dup(2)]
     sys.stdout.flush()
     sys.stderr.flush()
@@ -425,7 +428,8 @@ def main(argv=None) -> int:
         ok &= passed
         print(f"{label:<56} {value:>7.2f}x  {op} {target:<4}  {'PASS' if passed else 'FAIL'}")
     print()
-    print(f"overall: {'PASS' if ok else 'FAIL'} (total {time.perf_counter() - t_start:.0f} s)")
+    print(f"overall: {'PASS' if ok else 'FAIL'} (total {time.perf_counter() - t_start:.0f} s; "
+          f"what the loaders printed: {LOADER_LOG})")
     stop(proc)
     return 0 if ok else 1
 
