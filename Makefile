@@ -63,7 +63,9 @@ test-e2e: test-deps
 lint-imports: test-deps
 	$(PY) tests/unit/test_import_layers.py
 
+# the benchmarks also need the loaders they compare with (the `bench` extra)
 bench: test-deps
+	$(PIP) install -q -e ".[test,bench]"
 	@set -e; for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b; done
 
 clean:
