@@ -6,6 +6,23 @@ from __future__ import annotations
 import os
 
 REAL_KUBECONFIG = os.environ.get("TRAINHUB_TEST_KUBECONFIG", "")
+
+
+def kube_mode() -> str:
+    """Where the ``cluster`` and ``kube`` fixtures point: ``standin`` (default: ``KubeStandin`` on
+    loopback), ``real`` (the v1.20.2 control plane of ``controlplane/``, with the kubelet
+    stand-in; ``pytest --kube=real`` or ``TRAINHUB_TEST_KUBE=real``) or ``cluster`` (an existing
+    cluster: ``TRAINHUB_TEST_KUBECONFIG``)."""
+    if REAL_KUBECONFIG:
+        return "cluster"
+    mode = os.environ.get("TRAINHUB_TEST_KUBE", "standin") or "standin"
+    if mode not in ("standin", "real"):
+        raise ValueError(f"TRAINHUB_TEST_KUBE={mode!r}: expected 'standin' or 'real'")
+    return mode
+
+
+# the version of the real control plane the suite builds and runs (controlplane/build.sh)
+CONTROL_PLANE_VERSION = (1, 20)
 NAMESPACE = os.environ.get("TRAINHUB_TEST_NAMESPACE", "trainhub-test")
 TEST_IMAGE = os.environ.get("TRAINHUB_TEST_IMAGE", "busybox:1.36")
 

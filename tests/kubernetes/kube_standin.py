@@ -243,6 +243,10 @@ class KubeStandin(kmock.KubernetesEmulator):
             if res == resource:
                 queue.put_nowait(event)
 
+    def write_kubeconfig(self, path, namespace: str = "default") -> str:
+        """A kubeconfig for this stand-in (same call as ``RealKube.write_kubeconfig``)."""
+        return write_kubeconfig(path, str(self.url).rstrip("/"), namespace)
+
     def recorded_requests(self) -> list:
         """Every request served so far (kmock records them), oldest first."""
         return list(self._requests)

@@ -15,7 +15,7 @@ import threading
 import pytest
 import pytest_asyncio
 from k8s_test_config import GPU_TYPE_LABEL, MIG, PROFILES, REAL_KUBECONFIG, TEST_IMAGE
-from kube_standin import JOBS, PODS, standin_server, write_kubeconfig
+from kube_standin import JOBS, PODS
 from traitlets.config import Config
 
 from trainhub.exceptions import NoFreeGPUs, QuotaExceeded
@@ -32,24 +32,17 @@ TOLERATE_ALL = [{"operator": "Exists"}]
 
 
 @pytest_asyncio.fixture(scope="module")
-async def kube():
-    async with standin_server(jobs=True) as kube:
-        kube.add_node("gpu-a", allocatable={"nvidia.com/gpu": "4"},
-                      labels={GPU_TYPE_LABEL: "a100", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
-                              "nvidia.com/gpu.memory": "40960"}, taints=TAINT)
-        kube.add_node("gpu-b", allocatable={"nvidia.com/gpu": "2"}, labels={GPU_TYPE_LABEL: "a100"}, taints=TAINT)
-        kube.add_node("mig-a", allocatable={MIG: "2"}, labels={GPU_TYPE_LABEL: "a100-mig"})
-        kube.add_node("cpu-a", allocatable={})
-        kube.add_node("gpu-cordoned", allocatable={"nvidia.com/gpu": "8"}, taints=TAINT, unschedulable=True)
-        kube.add_node("gpu-notready", allocatable={"nvidia.com/gpu": "8"}, taints=TAINT, ready=False)
-        kube.add_node("gpu-reserved", allocatable={"nvidia.com/gpu": "8"},
-                      taints=[{"key": "dedicated", "value": "other-team", "effect": "NoSchedule"}])
+async def kube(kube_backend):
+    # gpu-a 4 + gpu-b 2 (tainted A100), mig-a (2 slices), cpu-a, and GPU nodes that must not count:
+    # gpu-cordoned, gpu-notready, gpu-reserved (a taint no profile tolerates); see conftest.NODES
+    async with kube_backend(nodes=("gpu-a", "gpu-b", "mig-a", "cpu-a", "gpu-cordoned", "gpu-notready", "gpu-reserved"),
+                            jobs=True, namespaces=(NS,)) as kube:
         yield kube
 
 
 @pytest.fixture(scope="module")
 def ledger_kubeconfig(kube, tmp_path_factory):
-    return write_kubeconfig(tmp_path_factory.mktemp("ledgerkube") / "config", str(kube.url).rstrip("/"), NS)
+    return kube.write_kubeconfig(tmp_path_factory.mktemp("ledgerkube") / "config", NS)
 
 
 @pytest_asyncio.fixture
