@@ -204,7 +204,7 @@ def kube_backend(request):
                 kube.ensure_namespace(ns)
             yield kube
             return
-        async with standin_server(jobs=jobs) as kube:
+        async with standin_server(jobs=jobs, namespaces=namespaces) as kube:
             for name in nodes:
                 kube.add_node(name, **NODES[name])
             yield kube
@@ -361,7 +361,7 @@ async def cluster(kubeconfig, request):
         yield Cluster(None, NAMESPACE, "cluster")
         await KubeSpawner._stop_all_reflectors()
         return
-    async with standin_server() as kube:
+    async with standin_server(namespaces=(NAMESPACE,)) as kube:
         # two A100 nodes (4 + 2 GPUs, tainted), one MIG node, one CPU node, one cordoned GPU node
         for name in SESSION_NODES:
             kube.add_node(name, **NODES[name])

@@ -38,7 +38,7 @@ LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \[(\d+)\] (.*)$"
 
 @pytest_asyncio.fixture(scope="module")
 async def kube(tmp_path_factory):
-    async with standin_server(jobs=True) as kube:
+    async with standin_server(jobs=True, namespaces=(NS,)) as kube:
         taint = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
         kube.add_node("gpu-a", allocatable={"nvidia.com/gpu": "8"}, labels={GPU_TYPE_LABEL: "a100"}, taints=taint)
         kube.add_node("mig-a", allocatable={MIG: "2"})
@@ -159,9 +159,12 @@ async def test_launch_creates_indexed_job_and_headless_service(kube, make_launch
     assert pod["nodeSelector"] == {GPU_TYPE_LABEL: "a100"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     (c,) = pod["containers"]
-    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16G"}, "requests": {"nvidia.com/gpu": "1"}}
+    # as stored: the apiserver defaults requests from limits and fieldRef.apiVersion to v1
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16G"},
+                              "requests": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16G"}}
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
-    assert env["RANK"] == {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env["RANK"] == {"fieldRef": {"apiVersion": "v1",
+                                        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
     assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("2", f"{name}-0.{name}", "29500")
     assert env["EPOCHS"] == "3" and env["TRAINHUB_JOB_COMMAND"] == "python train.py"
     assert "PATH" not in env  # the service's PATH means nothing in the image
