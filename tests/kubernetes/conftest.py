@@ -57,30 +57,15 @@ import pytest
 import pytest_asyncio
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "controlplane"))  # controlplane.py, the starter
 
 from kube_standin import JOBS, PODS, standin_server, write_kubeconfig  # noqa: E402
 
 from k8s_test_config import (  # noqa: E402
-    CONTROL_PLANE_VERSION, GPU_TYPE_LABEL, MIG, NAMESPACE, REAL_KUBECONFIG, TEST_IMAGE, kube_mode, spawner_config,
+    CONTROL_PLANE_VERSION, GPU_TYPE_LABEL, NAMESPACE, NODES, REAL_KUBECONFIG, SESSION_NODES, TEST_IMAGE, kube_mode,
+    spawner_config,
 )
 
-GPU_TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
-
-# The nodes of the default cluster: two tainted A100 nodes (4 + 2 GPUs), one MIG node, one CPU
-# node and GPU nodes that must not count (cordoned, not Ready, a taint no profile tolerates).
-NODES = {
-    "gpu-a": dict(allocatable={"nvidia.com/gpu": "4"}, taints=GPU_TAINT, labels={
-        GPU_TYPE_LABEL: "a100", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.memory": "40960"}),
-    "gpu-b": dict(allocatable={"nvidia.com/gpu": "2"}, labels={GPU_TYPE_LABEL: "a100"}, taints=GPU_TAINT),
-    "mig-a": dict(allocatable={MIG: "2"}, labels={GPU_TYPE_LABEL: "a100-mig"}),
-    "cpu-a": dict(allocatable={}),
-    "gpu-cordoned": dict(allocatable={"nvidia.com/gpu": "8"}, labels={GPU_TYPE_LABEL: "a100"}, taints=GPU_TAINT,
-                         unschedulable=True),
-    "gpu-notready": dict(allocatable={"nvidia.com/gpu": "8"}, taints=GPU_TAINT, ready=False),
-    "gpu-reserved": dict(allocatable={"nvidia.com/gpu": "8"},
-                         taints=[{"key": "dedicated", "value": "other-team", "effect": "NoSchedule"}]),
-}
-SESSION_NODES = ("gpu-a", "gpu-b", "mig-a", "cpu-a", "gpu-cordoned")
 
 # Whole modules that stay on the stand-in in ``real`` mode, and why (what 1.20 cannot carry).
 STANDIN_ONLY = {

@@ -29,6 +29,24 @@ TEST_IMAGE = os.environ.get("TRAINHUB_TEST_IMAGE", "busybox:1.36")
 GPU_TYPE_LABEL = "trainhub.io/gpu-type"
 MIG = "nvidia.com/mig-1g.10gb"
 
+GPU_TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+
+# The nodes of the default cluster: two tainted A100 nodes (4 + 2 GPUs), one MIG node, one CPU
+# node and GPU nodes that must not count (cordoned, not Ready, a taint no profile tolerates).
+NODES = {
+    "gpu-a": dict(allocatable={"nvidia.com/gpu": "4"}, taints=GPU_TAINT, labels={
+        GPU_TYPE_LABEL: "a100", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.memory": "40960"}),
+    "gpu-b": dict(allocatable={"nvidia.com/gpu": "2"}, labels={GPU_TYPE_LABEL: "a100"}, taints=GPU_TAINT),
+    "mig-a": dict(allocatable={MIG: "2"}, labels={GPU_TYPE_LABEL: "a100-mig"}),
+    "cpu-a": dict(allocatable={}),
+    "gpu-cordoned": dict(allocatable={"nvidia.com/gpu": "8"}, labels={GPU_TYPE_LABEL: "a100"}, taints=GPU_TAINT,
+                         unschedulable=True),
+    "gpu-notready": dict(allocatable={"nvidia.com/gpu": "8"}, taints=GPU_TAINT, ready=False),
+    "gpu-reserved": dict(allocatable={"nvidia.com/gpu": "8"},
+                         taints=[{"key": "dedicated", "value": "other-team", "effect": "NoSchedule"}]),
+}
+SESSION_NODES = ("gpu-a", "gpu-b", "mig-a", "cpu-a", "gpu-cordoned")
+
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU", "gpus": 0, "image": TEST_IMAGE},
     {"slug": "gpu-1", "display_name": "1 GPU", "gpus": 1, "image": TEST_IMAGE, "cpu_limit": 4, "mem_limit": "16G",

@@ -66,7 +66,7 @@ from typing import Any, AsyncIterator
 import aiohttp.web
 import attrs
 import kmock
-from kmock._internal import rendering
+from kmock._internal import parsing, rendering
 
 from standin_semantics import (  # noqa: F401 - re-exported for tests
     ApiError, PatchError, apply_defaults, json_patch, match_field_selector, match_label_selector, merge_patch,
@@ -74,12 +74,28 @@ from standin_semantics import (  # noqa: F401 - re-exported for tests
     strategic_merge_patch, validate,
 )
 
+_parse_path = parsing.parse_path
+
+
+def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
+    """kmock reads ``/api/v1/namespaces[/name[/status]]`` as a namespace prefix (and fails on the
+    bare list): they are the namespaces resource itself."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and (len(parts) <= 4 or parts[4] in ("status", "finalize")):
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) > 3 else None,
+                                  parts[4] if len(parts) > 4 else None)
+    return _parse_path(path)
+
+
+parsing.parse_path = _parse_path_with_namespaces
+
 PODS = kmock.resource(group="", version="v1", plural="pods")
 NODES = kmock.resource(group="", version="v1", plural="nodes")
 NAMESPACES = kmock.resource(group="", version="v1", plural="namespaces")
 PVCS = kmock.resource(group="", version="v1", plural="persistentvolumeclaims")
 PVS = kmock.resource(group="", version="v1", plural="persistentvolumes")
 SERVICES = kmock.resource(group="", version="v1", plural="services")
+CONFIGMAPS = kmock.resource(group="", version="v1", plural="configmaps")
 JOBS = kmock.resource(group="batch", version="v1", plural="jobs")
 
 SIGTERM_ANNOTATION = "kubelet.trainhub.io/on-sigterm"
@@ -276,7 +292,16 @@ class KubeStandin(kmock.KubernetesEmulator):
             return self._live(NAMESPACES, None, name).raw
         ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
         self._stamp_new(NAMESPACES, None, ns)
-        return self._write(NAMESPACES, ns, "ADDED")
+        raw = self._write(NAMESPACES, ns, "ADDED")
+        self._namespace_created(name)
+        return raw
+
+    def _namespace_created(self, name: str) -> None:
+        """The root-CA publisher (1.20 beta, GA 1.21) puts kube-root-ca.crt in every namespace."""
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt", "namespace": name},
+              "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n"}}
+        self._stamp_new(CONFIGMAPS, name, cm)
+        self._write(CONFIGMAPS, cm, "ADDED")
 
     def add_node(self, name: str, *, allocatable: dict, labels: dict | None = None,
                  taints: list | None = None, ready: bool = True, unschedulable: bool = False) -> dict:
@@ -438,6 +463,8 @@ class KubeStandin(kmock.KubernetesEmulator):
                                {"name": meta["name"], **({"group": request.resource.group} if request.resource.group else {}),
                                 "kind": request.resource.plural})
             raw = self._write(request.resource, obj, "ADDED")
+            if request.resource == NAMESPACES:
+                self._namespace_created(meta["name"])
         return self._warn(aiohttp.web.json_response(raw, status=201), unknown)
 
     async def _serve_replace(self, request, status_only: bool = False) -> aiohttp.web.StreamResponse:
@@ -589,6 +616,13 @@ class KubeStandin(kmock.KubernetesEmulator):
                            f"{pre['resourceVersion']}, ResourceVersion in object meta: {meta.get('resourceVersion')}",
                            {"name": meta["name"], "kind": resource.plural})
         kind, _ = self._kind_of(resource)
+        if resource == NAMESPACES:
+            if not meta.get("deletionTimestamp"):  # the namespace controller empties it, then it goes
+                meta["deletionTimestamp"] = _now()
+                meta["deletionGracePeriodSeconds"] = 0
+                current["status"] = {"phase": "Terminating"}
+                return self._write(resource, current, "MODIFIED")
+            return current
         policy = opts.get("propagationPolicy")
         if policy is None and opts.get("orphanDependents") is not None:
             policy = "Orphan" if opts["orphanDependents"] else "Background"
@@ -756,6 +790,7 @@ class KubeStandin(kmock.KubernetesEmulator):
                     self._collect_garbage()
                     self._node_lifecycle()
                     self._bind_volumes()
+                    self._empty_namespaces()
                 await queue.get()
                 while not queue.empty():
                     queue.get_nowait()
@@ -814,27 +849,39 @@ class KubeStandin(kmock.KubernetesEmulator):
         raw = self._write(resource, new, "MODIFIED")
         self._after_update(resource, raw)
 
+    def _empty_namespaces(self) -> None:
+        for (_, name), ns in self.store(NAMESPACES).items():
+            if not ns["metadata"].get("deletionTimestamp"):
+                continue
+            left = [(res, obj) for res, obj in self._all_live() if obj["metadata"].get("namespace") == name]
+            for res, obj in left:
+                if not obj["metadata"].get("deletionTimestamp"):
+                    self._delete(res, copy.deepcopy(obj), {"propagationPolicy": "Background"})
+            if not left:
+                self._drop(NAMESPACES, None, name)
+
+    # taints the node lifecycle controller owns: (key, effect) -> from the Ready condition / spec
+    _CONDITION_TAINTS = {"False": "node.kubernetes.io/not-ready", "Unknown": "node.kubernetes.io/unreachable"}
+
     def _node_lifecycle(self) -> None:
+        """Taints from the Ready condition (NoSchedule and, for eviction, NoExecute) and from
+        ``spec.unschedulable``, as the node lifecycle controller keeps them; a node with no Ready
+        condition yet carries none of them (admission's not-ready taint is lifted)."""
+        owned = {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.kubernetes.io/unschedulable"}
         for (_, name), node in self.store(NODES).items():
             taints = list((node.get("spec") or {}).get("taints") or [])
-            keys = {(t["key"], t.get("effect")) for t in taints}
-            want = list(taints)
-            unsched = ("node.kubernetes.io/unschedulable", "NoSchedule")
+            ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
+                          if c["type"] == "Ready"), None)
+            want = [t for t in taints if t["key"] not in owned]
+            key = self._CONDITION_TAINTS.get(ready)
+            if key:
+                want.append({"key": key, "effect": "NoSchedule"})
+                old = next((t for t in taints if t["key"] == key and t.get("effect") == "NoExecute"), None)
+                want.append(old or {"key": key, "effect": "NoExecute", "timeAdded": _now()})
             if (node.get("spec") or {}).get("unschedulable"):
-                if unsched not in keys:
-                    want.append({"key": unsched[0], "effect": unsched[1], "timeAdded": _now()})
-            else:
-                want = [t for t in want if (t["key"], t.get("effect")) != unsched]
-            conds = {c["type"]: c.get("status") for c in (node.get("status") or {}).get("conditions") or []}
-            if "Ready" in conds:
-                if conds["Ready"] == "True":
-                    want = [t for t in want if t["key"] != "node.kubernetes.io/not-ready"]
-                else:
-                    for effect in ("NoSchedule", "NoExecute"):
-                        if not any(t["key"] == "node.kubernetes.io/not-ready" and t.get("effect") == effect for t in want):
-                            want.append({"key": "node.kubernetes.io/not-ready", "effect": effect,
-                                         **({"timeAdded": _now()} if effect == "NoExecute" else {})})
-            if want != taints:
+                old = next((t for t in taints if t["key"] == "node.kubernetes.io/unschedulable"), None)
+                want.append(old or {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": _now()})
+            if sorted(map(json.dumps, want)) != sorted(map(json.dumps, taints)):
                 new = copy.deepcopy(node)
                 new.setdefault("spec", {})["taints"] = want
                 if not want:
@@ -976,9 +1023,7 @@ class KubeStandin(kmock.KubernetesEmulator):
             elif not all(_tolerates(tolerations, t) for t in (node.get("spec") or {}).get("taints") or []):
                 taint = next(t for t in node["spec"]["taints"] if not _tolerates(tolerations, t))
                 why = f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
-            elif (node.get("spec") or {}).get("unschedulable"):
-                why = "node(s) were unschedulable"
-            else:
+            else:  # a cordoned node is tainted node.kubernetes.io/unschedulable: tolerations decide, as upstream
                 short = self._fits(pod, node)
                 if short:
                     why = f"Insufficient {short}"

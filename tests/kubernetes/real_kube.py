@@ -25,6 +25,7 @@ process, so nothing in the test's loop is waited on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.parse
@@ -138,7 +139,7 @@ class RealKube:
                             cs.get("restartCount", 0) >= _restarts(pod, cs["name"]):
                         return p
             return None
-        return self.wait_for(exited, f"pod {namespace}/{name} to exit with {exit_code}")
+        return await asyncio.to_thread(self.wait_for, exited, f"pod {namespace}/{name} to exit with {exit_code}")
 
     def ensure_namespace(self, namespace: str | None, timeout: float = 60) -> None:
         """Create ``namespace`` if missing and wait until pods can be created in it (its default

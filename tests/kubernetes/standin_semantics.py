@@ -202,25 +202,28 @@ def _merge_list(current: Any, patch: list, schema: dict | None) -> list:
     current = copy.deepcopy(current) if isinstance(current, list) else []
     if any(isinstance(x, dict) and x.get("$patch") == "replace" for x in patch):
         return [x for x in copy.deepcopy(patch) if not (isinstance(x, dict) and "$patch" in x)]
-    if not key:  # a list of primitives: union, in order
+    if not key:  # a list of primitives: the union, the patch's values first (as the apiserver orders it)
+        head = []
         for x in patch:
-            if x not in current:
-                current.append(copy.deepcopy(x))
-        return current
+            if x not in head:
+                head.append(copy.deepcopy(x))
+        return head + [x for x in current if x not in head]
     items = _items(schema)
+    merged, used = [], set()
     for elem in patch:
         if not isinstance(elem, dict) or key not in elem:
             raise PatchError(f"map: {elem} does not contain declared merge key: {key}")
         match = next((i for i, c in enumerate(current) if isinstance(c, dict) and c.get(key) == elem[key]), None)
+        if match is not None:
+            used.add(match)
         if elem.get("$patch") == "delete":
-            if match is not None:
-                current.pop(match)
             continue
         if match is None:
-            current.append({k: copy.deepcopy(v) for k, v in elem.items() if k != "$patch"})
+            merged.append({k: copy.deepcopy(v) for k, v in elem.items() if k != "$patch"})
         else:
-            current[match] = strategic_merge_patch(current[match], elem, items)
-    return current
+            merged.append(strategic_merge_patch(current[match], elem, items))
+    # as the apiserver orders them (no $setElementOrder): the patch's elements, then the others
+    return merged + [c for i, c in enumerate(current) if i not in used]
 
 
 def _pointer(path: str) -> list[str]:
@@ -381,6 +384,33 @@ _DEFAULT_TOLERATIONS = [
 ]
 
 
+def _default_service(spec: dict) -> None:
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    for p in spec.get("ports") or []:
+        p.setdefault("protocol", "TCP")
+        p.setdefault("targetPort", p.get("port"))
+    if spec.get("sessionAffinity") == "ClientIP":
+        spec.setdefault("sessionAffinityConfig", {"clientIP": {"timeoutSeconds": 10800}})
+
+
+def _default_pv(spec: dict) -> None:
+    spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
+    spec.setdefault("volumeMode", "Filesystem")
+    if isinstance(spec.get("hostPath"), dict):
+        spec["hostPath"].setdefault("type", "")
+
+
+def _default_tolerations(spec: dict) -> None:
+    """The DefaultTolerationSeconds admission plugin (on create and on update)."""
+    tolerations = spec.setdefault("tolerations", [])
+    for default in _DEFAULT_TOLERATIONS:
+        if not any(t.get("operator") == "Exists" and not t.get("key") and t.get("effect") in (None, "", "NoExecute")
+                   or t.get("key") == default["key"] and t.get("effect") in (None, "", "NoExecute")
+                   for t in tolerations):
+            tolerations.append(dict(default))
+
+
 def _allocate_cluster_ip(taken: set[str]) -> str:
     while True:
         ip = f"10.96.{random.randint(0, 255)}.{random.randint(2, 254)}"
@@ -399,12 +429,7 @@ def apply_defaults(obj: dict, kind: str, *, uid: str = "", cluster_ips: set[str]
         spec["serviceAccount"] = spec["serviceAccountName"]
         spec.setdefault("priority", 0)
         spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
-        tolerations = spec.setdefault("tolerations", [])
-        for default in _DEFAULT_TOLERATIONS:
-            if not any(t.get("operator") == "Exists" and not t.get("key") and t.get("effect") in (None, "", "NoExecute")
-                       or t.get("key") == default["key"] and t.get("effect") in (None, "", "NoExecute")
-                       for t in tolerations):
-                tolerations.append(dict(default))
+        _default_tolerations(spec)
         obj["status"] = {"phase": "Pending", "qosClass": qos_class(spec)}
     elif kind == "Job":
         spec = obj.setdefault("spec", {})
@@ -434,11 +459,7 @@ def apply_defaults(obj: dict, kind: str, *, uid: str = "", cluster_ips: set[str]
         obj.setdefault("status", {})
     elif kind == "Service":
         spec = obj.setdefault("spec", {})
-        spec.setdefault("type", "ClusterIP")
-        spec.setdefault("sessionAffinity", "None")
-        for p in spec.get("ports") or []:
-            p.setdefault("protocol", "TCP")
-            p.setdefault("targetPort", p.get("port"))
+        _default_service(spec)
         if spec.get("type") != "ExternalName":
             if not spec.get("clusterIP"):
                 spec["clusterIP"] = _allocate_cluster_ip(cluster_ips or set())
@@ -456,8 +477,7 @@ def apply_defaults(obj: dict, kind: str, *, uid: str = "", cluster_ips: set[str]
         obj["status"] = {"phase": "Pending"}
     elif kind == "PersistentVolume":
         spec = obj.setdefault("spec", {})
-        spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
-        spec.setdefault("volumeMode", "Filesystem")
+        _default_pv(spec)
         fins = meta.setdefault("finalizers", [])
         if "kubernetes.io/pv-protection" not in fins:
             fins.append("kubernetes.io/pv-protection")
@@ -488,8 +508,13 @@ def normalize_update(obj: dict, kind: str) -> None:
             data[k] = base64.b64encode(str(v).encode()).decode()
     if kind == "Pod":
         _default_pod_spec(obj.setdefault("spec", {}))
+        _default_tolerations(obj["spec"])
     if kind == "Job" and (obj.get("spec") or {}).get("template"):
         _default_pod_spec(obj["spec"]["template"].setdefault("spec", {}))
+    if kind == "Service":
+        _default_service(obj.setdefault("spec", {}))
+    if kind == "PersistentVolume":
+        _default_pv(obj.setdefault("spec", {}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,6 +567,11 @@ def _check_pod_spec(spec: dict, path: str, causes: list, *, job: bool = False) -
             seen.add(name)
             if not c.get("image"):
                 causes.append((f"{cpath}.image", "FieldValueRequired", "Required value"))
+            if group == "initContainers" and c.get("restartPolicy") != "Always":
+                for field in ("lifecycle", "livenessProbe", "readinessProbe", "startupProbe"):
+                    if c.get(field):
+                        causes.append((f"{cpath}.{field}", "FieldValueInvalid",
+                                       f"Invalid value: {json.dumps(c[field])}: must not be set for init containers"))
             res = c.get("resources") or {}
             limits, requests = res.get("limits") or {}, res.get("requests") or {}
             for k, v in requests.items():
@@ -550,7 +580,7 @@ def _check_pod_spec(spec: dict, path: str, causes: list, *, job: bool = False) -
                                    f"Invalid value: {_q(str(v))}: must be less than or equal to {k} limit"))
                 elif "/" in k and not k.startswith("kubernetes.io/") and k in limits \
                         and parse_quantity(v) != parse_quantity(limits[k]):
-                    causes.append((f"{cpath}.resources.requests[{k}]", "FieldValueInvalid",
+                    causes.append((f"{cpath}.resources.requests", "FieldValueInvalid",
                                    f"Invalid value: {_q(str(v))}: must be equal to {k} limit"))
             for j, m in enumerate(c.get("volumeMounts") or []):
                 if m.get("name") not in volumes:

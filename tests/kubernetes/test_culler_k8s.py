@@ -76,7 +76,7 @@ async def notebook_pod(kube, user, server, gpus=1):
                                      "trainhub.io/profile": "gpu-1"}},
         "spec": {"containers": [{"name": "notebook", "image": "busybox",
                                  "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
-                 "tolerations": [{"operator": "Exists"}]},
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
     })
     return name
 

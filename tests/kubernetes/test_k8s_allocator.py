@@ -29,6 +29,9 @@ pytestmark = pytest.mark.skipif(bool(REAL_KUBECONFIG), reason="counts every GPU 
 NS = "trainhub-ledger-test"
 TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
 TOLERATE_ALL = [{"operator": "Exists"}]
+# what GPU pods tolerate (a blanket toleration would let a real scheduler use the cordoned, not-ready
+# and reserved nodes, whose GPUs the ledger rightly does not count)
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -66,7 +69,7 @@ async def make_allocator(kube, ledger_kubeconfig):
 
 
 async def add_pod(kube, name, gpus=1, *, user=None, server=None, job_id=None, resource="nvidia.com/gpu",
-                  node=None, phase=None, tolerations=TOLERATE_ALL, profile=None):
+                  node=None, phase=None, tolerations=TOLERATE_GPU, profile=None):
     """A pod as KubeSpawner (user + server) or the job launcher (user + job_id) would make it."""
     labels, annotations = {}, {}
     if server is not None:
@@ -341,6 +344,7 @@ def test_import_needs_no_kubernetes_client():
 # the real job engine and Kubernetes launcher admitting through this ledger
 
 
+@pytest.mark.kube_api("1.21", "the launcher's Indexed Job (completionMode) and pod failure policy")
 async def test_engine_admits_jobs_through_the_kubernetes_ledger(kube, make_allocator, ledger_kubeconfig, tmp_path):
     from trainhub.services.jobs.engine import JobEngine
     from trainhub.services.jobs.kubernetes import KubernetesLauncher

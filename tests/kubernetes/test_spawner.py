@@ -215,6 +215,8 @@ async def test_options_from_form(make_spawner, cluster):
 
 
 @standin_only
+@pytest.mark.kube_api("1.28", "native sidecars (initContainers[].restartPolicy: Always); 1.20 drops the field "
+                               "and then refuses the sidecars' lifecycle and startupProbe with 422")
 async def test_fuse_sidecar_mount_manifest(make_spawner, cluster, validate_k8s):
     config = spawner_config(**S3, GPUKubeSpawner__storage_mount="fuse-sidecar")
     spawner = make_spawner("kate", options={"profile": "gpu-1"}, config=config)

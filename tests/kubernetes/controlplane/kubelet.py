@@ -362,10 +362,9 @@ class Kubelet:
         return out
 
     async def put_status(self, pod: dict, status: dict) -> None:
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": pod["metadata"]["name"], "namespace": pod["metadata"]["namespace"],
-            "uid": pod["metadata"]["uid"], "resourceVersion": pod["metadata"]["resourceVersion"]},
-            "spec": pod["spec"], "status": {**(pod.get("status") or {}), **status}}
+        # the whole object: a 1.20 apiserver takes labels and annotations from a status update's body too
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"],
+                "spec": pod["spec"], "status": {**(pod.get("status") or {}), **status}}
         for attempt in range(5):
             try:
                 updated = await self.call("PUT", self._path(pod) + "/status", body)
@@ -378,7 +377,7 @@ class Kubelet:
                 if fresh["metadata"]["uid"] != pod["metadata"]["uid"]:
                     return
                 pod = fresh
-                body["metadata"]["resourceVersion"] = fresh["metadata"]["resourceVersion"]
+                body["metadata"] = fresh["metadata"]
                 body["spec"] = fresh["spec"]
                 body["status"] = {**(fresh.get("status") or {}), **status}
 
