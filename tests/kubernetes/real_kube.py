@@ -155,6 +155,15 @@ class RealKube:
             return sa and sa.get("secrets")
         self.wait_for(ready, f"the default ServiceAccount token in {namespace}", timeout)
 
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A token for a ServiceAccount from the TokenRequest API (as a pod's projected token)."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": seconds}}
+        return self.call("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", body)["status"]["token"]
+
+    def kubeconfig_for_token(self, path, token: str, namespace: str = "default", name: str = "sa") -> str:
+        return self.plane.kubeconfig(path=path, token=token, namespace=namespace, name=name)
+
     # -- nodes ---------------------------------------------------------------------------------
 
     def add_node(self, name: str, *, allocatable: dict, labels: dict | None = None, taints: list | None = None,

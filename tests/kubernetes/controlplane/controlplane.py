@@ -238,7 +238,7 @@ class ControlPlane:
         port = free_port()
         self.url = f"https://127.0.0.1:{port}"
         pki = self.workdir / "pki"
-        self._spawn("kube-apiserver", [
+        self._apiserver_argv = [
             str(self.bin_dir / "kube-apiserver"),
             "--etcd-servers", self.etcd_url,
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
@@ -260,7 +260,17 @@ class ControlPlane:
             "--audit-policy-file", str(self._audit_policy()), "--audit-log-path", str(self.audit_log),
             "--audit-log-format", "json", "--audit-log-maxsize", "0",
             "--v", "1",
-        ])
+        ]
+        self._spawn("kube-apiserver", self._apiserver_argv)
+
+    def restart_apiserver(self, timeout: float = 120) -> None:
+        """Kill kube-apiserver and start it again on the same port and etcd: every watch ends and
+        the new watch cache starts at the current revision (older resourceVersions: 410 Gone)."""
+        proc = self.procs.pop("kube-apiserver")
+        proc.kill()  # as a crash does (a graceful stop waits on the open watches for up to a minute)
+        proc.wait(10)
+        self._spawn("kube-apiserver", self._apiserver_argv)
+        self._wait_ready(timeout)
 
     @property
     def audit_log(self) -> Path:
