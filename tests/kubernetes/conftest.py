@@ -59,7 +59,7 @@ import pytest_asyncio
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "controlplane"))  # controlplane.py, the starter
 
-from kube_standin import JOBS, PODS, standin_server, write_kubeconfig  # noqa: E402
+from kube_standin import JOBS, PODS, standin_server  # noqa: E402
 
 from k8s_test_config import (  # noqa: E402
     CONTROL_PLANE_VERSION, GPU_TYPE_LABEL, NAMESPACE, NODES, REAL_KUBECONFIG, SESSION_NODES, TEST_IMAGE, kube_mode,

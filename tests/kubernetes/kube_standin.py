@@ -59,7 +59,6 @@ import datetime
 import ipaddress
 import itertools
 import json
-import re
 import uuid
 from typing import Any, AsyncIterator
 
@@ -69,7 +68,7 @@ import kmock
 from kmock._internal import parsing, rendering
 
 from standin_semantics import (  # noqa: F401 - re-exported for tests
-    ApiError, PatchError, apply_defaults, json_patch, match_field_selector, match_label_selector, merge_patch,
+    ApiError, PatchError, apply_defaults, invalid, json_patch, match_field_selector, match_label_selector, merge_patch,
     normalize_update, parse_field_selector, parse_label_selector, parse_quantity, prune_unknown, schema_for,
     strategic_merge_patch, validate,
 )
@@ -557,7 +556,7 @@ class KubeStandin(kmock.KubernetesEmulator):
                                        "application/apply-patch+yaml")
                     new = strategic_merge_patch(old, body, schema)
                 else:
-                    raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                    raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
                                    "accepted media types include: application/json-patch+json, "
                                    "application/merge-patch+json, application/apply-patch+yaml")
             except PatchError as e:
@@ -779,24 +778,33 @@ class KubeStandin(kmock.KubernetesEmulator):
 
     # -- controllers ---------------------------------------------------------------------------
 
-    async def controllers(self) -> None:
-        """Garbage collector, node lifecycle, PV binder and volume protection; runs until cancelled."""
+    async def _control_loop(self, step, delay: float = 0.0) -> None:
+        """Run ``step()`` under the store's lock now and after every change (events batched,
+        ``delay`` first); until cancelled."""
         queue: asyncio.Queue = asyncio.Queue()
         entry = (None, queue)
         self._watchers.append(entry)
         try:
             while True:
+                if delay:
+                    await asyncio.sleep(delay)
                 async with self._lock:
-                    self._collect_garbage()
-                    self._node_lifecycle()
-                    self._bind_volumes()
-                    self._empty_namespaces()
+                    step()
                 await queue.get()
                 while not queue.empty():
                     queue.get_nowait()
         finally:
             with contextlib.suppress(ValueError):
                 self._watchers.remove(entry)
+
+    async def controllers(self) -> None:
+        """Garbage collector, node lifecycle, PV binder, volume protection, namespace cleanup."""
+        def step():
+            self._collect_garbage()
+            self._node_lifecycle()
+            self._bind_volumes()
+            self._empty_namespaces()
+        await self._control_loop(step)
 
     def _all_live(self) -> list[tuple[Any, dict]]:
         return [(res, obj.raw) for (res, ns, name), obj in list(self._objects.items()) if not obj.deleted]
@@ -935,22 +943,11 @@ class KubeStandin(kmock.KubernetesEmulator):
 
     async def kubelet(self) -> None:
         """Schedule pending pods and play every node's kubelet; runs until cancelled."""
-        queue: asyncio.Queue = asyncio.Queue()
-        entry = (None, queue)
-        self._watchers.append(entry)
-        try:
-            while True:
-                await asyncio.sleep(self.kubelet_delay)
-                async with self._lock:
-                    for (ns, name), pod in sorted(self.store(PODS).items(),
-                                                  key=lambda kv: kv[1]["metadata"].get("creationTimestamp") or ""):
-                        self._sync_pod(pod)
-                await queue.get()
-                while not queue.empty():
-                    queue.get_nowait()
-        finally:
-            with contextlib.suppress(ValueError):
-                self._watchers.remove(entry)
+        def step():
+            for (ns, name), pod in sorted(self.store(PODS).items(),
+                                          key=lambda kv: kv[1]["metadata"].get("creationTimestamp") or ""):
+                self._sync_pod(pod)
+        await self._control_loop(step, self.kubelet_delay)
 
     def _sync_pod(self, pod: dict) -> None:
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
@@ -1155,20 +1152,10 @@ class KubeStandin(kmock.KubernetesEmulator):
 
     async def job_controller(self) -> None:
         """batch/v1 Jobs as the current upstream controller runs them (module docstring); until cancelled."""
-        queue: asyncio.Queue = asyncio.Queue()
-        entry = (None, queue)
-        self._watchers.append(entry)
-        try:
-            while True:
-                async with self._lock:
-                    for (ns, name), job in list(self.store(JOBS).items()):
-                        self._reconcile_job(job)
-                await queue.get()
-                while not queue.empty():
-                    queue.get_nowait()
-        finally:
-            with contextlib.suppress(ValueError):
-                self._watchers.remove(entry)
+        def step():
+            for (ns, name), job in list(self.store(JOBS).items()):
+                self._reconcile_job(job)
+        await self._control_loop(step)
 
     def _job_pods(self, uid: str) -> list[dict]:
         return [p for p in self.store(PODS).values()

@@ -2,11 +2,11 @@
 
 * ``helm_binary()``: helm v4.1.4 from ``tools/get-helm.sh`` (checksum-verified);
 * ``render_chart(values_file, kube_version)``: ``helm template`` of helm/trainhub;
-* ``control_plane_bin()``: the v1.20.2 control plane from ``controlplane/build.sh``.
 
 A tool that cannot be had fails the test loudly (``pytest.fail``), so CI never passes by skipping.
 A developer opts out explicitly: ``TRAINHUB_SKIP_HELM=1`` skips the helm tests,
-``TRAINHUB_SKIP_CONTROLPLANE=1`` the tests that need the real control plane.
+``TRAINHUB_SKIP_CONTROLPLANE=1`` the tests that need the real control plane (built and started
+by ``conftest.py`` with ``controlplane/``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,6 @@ CHART = ROOT / "helm" / "trainhub"
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 GET_HELM = HERE / "tools" / "get-helm.sh"
 
-sys.path.insert(0, str(HERE / "controlplane"))
 
 # The chart's supported range: Chart.yaml says kubeVersion ">=1.29.0-0" (Z2JH 4.4.0: ">=1.28.0-0"),
 # with no upper bound; 1.37 is the newest Kubernetes whose schemas kubernetes-validate 1.37.0 carries.
@@ -81,16 +79,3 @@ def render_chart(values_file: Path | None = None, kube_version: str = KUBE_HIGHE
     """The objects ``helm template`` renders (documents that are empty dropped)."""
     text = _render(str(values_file) if values_file else None, kube_version, namespace, tuple(sets))
     return [doc for doc in yaml.safe_load_all(text) if doc]
-
-
-def control_plane_bin() -> Path:
-    """The bin folder of the v1.20.2 control plane, building it on first use (about 14 min on 2 cores)."""
-    from controlplane import ControlPlaneError, ensure_built
-
-    if _opted_out("TRAINHUB_SKIP_CONTROLPLANE"):
-        pytest.skip("TRAINHUB_SKIP_CONTROLPLANE is set")
-    try:
-        return ensure_built()
-    except ControlPlaneError as e:
-        pytest.fail(f"the real control plane could not be built ({e}); "
-                    "set TRAINHUB_SKIP_CONTROLPLANE=1 to skip its tests on purpose", pytrace=False)

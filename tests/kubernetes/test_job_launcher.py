@@ -254,6 +254,15 @@ async def test_success_logs_and_metrics_land_in_the_job_dir(kube, make_launcher)
     assert kube.get(JOBS, NS, state["name"]) is None and kube.get(kmock_services(), NS, state["name"]) is None
 
 
+# A defect for the Kubernetes defects wave, found by the stand-in's upstream Job semantics: after FailJob the
+# Job controller deletes the other workers' pods gracefully, so they end Failed with exit 143 (SIGTERM) before
+# they are removed and before the Job's Failed condition; worker_statuses() expects them removed (-15, or
+# running until the engine stops the gang) and reports 143 when it polls in between: a race, so not strict.
+GANG_TERMINATION_RACE = pytest.mark.xfail(strict=False, reason=(
+    "defect: a worker the Job controller stopped after FailJob reads as exit 143, not -15 (see the comment)"))
+
+
+@GANG_TERMINATION_RACE
 async def test_a_failing_index_fails_the_whole_job(kube, make_launcher):
     launcher = make_launcher()
     view = make_view(workers=3)
@@ -537,6 +546,7 @@ async def test_engine_cancel_terminates_the_job(kube, engine_with):
     assert done.exit_codes == [-15] and kube.get(JOBS, NS, running.launch_state["name"]) is None
 
 
+@GANG_TERMINATION_RACE
 async def test_engine_fails_the_gang_when_one_worker_fails(kube, engine_with):
     engine = engine_with
     job = await engine.store.write(engine.store.create, user="alice", name="train", command="python train.py",

@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from k8s_test_config import NODES, SESSION_NODES
-from kube_standin import PODS, standin_server
+from kube_standin import standin_server
 
 pytestmark = pytest.mark.controlplane
 
@@ -428,6 +428,8 @@ async def test_graceful_pod_deletion_agrees(both):
     real, standin = await both.same("DELETE", f"/api/v1/namespaces/{ns}/configmaps/c",
                                     {"preconditions": {"uid": "00000000-0000-0000-0000-000000000000"}})
     assert error_shape(*real) == error_shape(*standin) == (409, "Conflict", None)
+    real, standin = await both.same("DELETE", f"/api/v1/namespaces/{ns}/configmaps/c", {"propagationPolicy": "Sideways"})
+    assert error_shape(*real) == error_shape(*standin) and real[0] == 422, (real, standin)
     real, standin = await both.same("DELETE", f"/api/v1/namespaces/{ns}/configmaps/c")
     assert real[0] == standin[0] == 200 and real[1]["kind"] == standin[1]["kind"] == "Status"
 

@@ -296,7 +296,7 @@ class Kubelet:
         return f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
 
     async def sync_pod(self, pod: dict) -> None:
-        meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
+        meta, status = pod["metadata"], pod.get("status") or {}
         uid = meta["uid"]
         phase = status.get("phase", "Pending")
         annotations = meta.get("annotations") or {}
