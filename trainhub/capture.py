@@ -553,7 +553,8 @@ def _is_remote_decorator(node: ast.AST) -> bool:
 
 
 def build_function_script(fn, args: tuple = (), kwargs: dict | None = None, *,
-                          max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> JobScript:
+                          max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, history: list[str] | None = None,
+                          transform=None) -> JobScript:
     """A job script that calls ``fn(*args, **kwargs)`` and sends its value back (rank 0).
 
     A function of an installed module (site-packages) is imported by name in the job. One of the
@@ -562,11 +563,18 @@ def build_function_script(fn, args: tuple = (), kwargs: dict | None = None, *,
     globals are pickled (at most ``max_value_bytes`` each), as ``%%train`` does for a cell. The
     arguments are pickled too. Raises :class:`CaptureError` for what cannot be sent (closures,
     lambdas, methods, functions without source); values that cannot be sent are in ``left_out``.
+
+    ``history`` (and ``transform``): in a notebook, the cells run so far, as for ``%%train``: where
+    ``inspect`` finds no source (classes defined in cells), the definition is taken from there.
     """
-    fn = unwrap_remote(fn)
     kwargs = dict(kwargs or {})
+    given = unwrap_remote(fn)
+    try:  # a decorated function (functools.wraps, lru_cache): the def under it, carried with its decorators
+        fn = inspect.unwrap(given) if callable(given) else given
+    except ValueError:
+        fn = given
     if not isinstance(fn, types.FunctionType):
-        raise CaptureError(f"@trainhub.remote needs a plain function, not {type(fn).__name__}")
+        raise CaptureError(f"@trainhub.remote needs a plain function, not {type(given).__name__}")
     name = fn.__name__
     if fn.__name__ == "<lambda>" or "<locals>" in fn.__qualname__ or "." in fn.__qualname__:
         raise CaptureError(f"{fn.__qualname__}: only functions defined at the top level of a module or notebook cell can "
@@ -589,11 +597,21 @@ def build_function_script(fn, args: tuple = (), kwargs: dict | None = None, *,
     else:
         ns = fn.__globals__
         mod_name = fn.__module__
+        cells = collect_definitions(history, transform) if history and mod_name == "__main__" else {}
 
         def definition_of(n: str) -> Definition | None:
-            obj = unwrap_remote(ns.get(n)) if n in ns else None
-            if n == name:
-                obj = fn
+            d = _live_definition(n)
+            if d is None and cells.get(n) is not None and cells[n].kind in ("def", "class"):
+                d = cells[n]
+            return d
+
+        def _live_definition(n: str) -> Definition | None:
+            obj = fn if n == name else ns.get(n)
+            if obj is not None and not isinstance(obj, type):
+                try:  # decorated functions (functools.wraps, lru_cache, @trainhub.remote): the def under the decorators
+                    obj = inspect.unwrap(obj)
+                except ValueError:
+                    return None
             if not isinstance(obj, (types.FunctionType, type)) or getattr(obj, "__module__", None) != mod_name:
                 return None
             if isinstance(obj, types.FunctionType) and (obj.__name__ == "<lambda>" or obj.__code__.co_freevars):

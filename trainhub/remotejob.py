@@ -26,6 +26,7 @@ be read (``$TRAINHUB_STORAGE_OPTIONS``: platform notebooks and jobs).
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 
 from trainhub.capture import DEFAULT_MAX_VALUE_BYTES, CaptureError, build_function_script
@@ -71,7 +72,9 @@ class RemoteFunction:
 
     def job_spec(self, *args, **kwargs) -> dict:
         """The job spec a call with these arguments submits (the script included)."""
-        script = build_function_script(self.__trainhub_function__, args, kwargs, max_value_bytes=self.max_value_bytes)
+        history, transform = _notebook_history()
+        script = build_function_script(self.__trainhub_function__, args, kwargs, max_value_bytes=self.max_value_bytes,
+                                       history=history, transform=transform)
         if script.left_out:
             raise CaptureError(
                 f"{self.__name__}() uses values that cannot be sent with the job, so nothing was submitted:\n"
@@ -103,6 +106,16 @@ class RemoteFunction:
     def __repr__(self):
         opts = ", ".join(f"{k}={v!r}" for k, v in self.spec.items())
         return f"<trainhub.remote {self.__module__}.{self.__qualname__}({opts})>"
+
+
+def _notebook_history():
+    """In an IPython kernel: the cells run so far and its cell transformer (for definitions ``inspect``
+    cannot find, such as classes defined in cells); elsewhere (None, None)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None:
+        return None, None
+    return list(shell.history_manager.input_hist_raw), shell.transform_cell
 
 
 def remote(fn=None, /, **options):
