@@ -1,7 +1,7 @@
 """The GPU ledger on Kubernetes: ``KubernetesGPUAllocator``, derived from cluster state.
 
 The local ledger is a database table; on a cluster the truth is in the API server. This
-allocator reads two shared list-and-watch caches (``k8s_caches.NodeReflector`` and
+allocator reads two shared list-and-watch caches (``trainhub.kube.reflector.NodeReflector`` and
 ``GPUPodReflector``: one per process, never a list per call) and answers the
 ``GPUAllocator`` contract from them:
 
@@ -49,7 +49,7 @@ from traitlets import Bool, Dict, Float, Instance, List, Unicode, default
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
 from trainhub.gpus import GPUDevice
 from trainhub.ledger import GPUAllocator, Holding, _model_ok, job_holder, server_holder
-from trainhub.metrics.prometheus import GPUTarget
+from trainhub.metrics.prometheus import GPUTarget, PrometheusDCGMSource
 from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.spawner import k8s_manifests as m
@@ -287,16 +287,17 @@ class _Caches:
         try:
             loop.run_until_complete(self._main())
         finally:
-            # kubespawner's shared client leaves a task that closes the client when cancelled
+            # kubespawner's shared client (no kubeconfig given) leaves a task that closes it when cancelled
             pending = asyncio.all_tasks(loop)
             for task in pending:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
     async def _main(self) -> None:
-        from trainhub.spawner.k8s_caches import GPUPodReflector, NodeReflector
+        from trainhub.kube.reflector import GPUPodReflector, NodeReflector
 
         a = self.allocator
         self._stop = asyncio.Event()
@@ -314,10 +315,8 @@ class _Caches:
                 from kubespawner.clients import load_config
 
                 await asyncio.to_thread(load_config)  # in-cluster ServiceAccount, else $KUBECONFIG
-            self.nodes = NodeReflector(parent=a, omit_namespace=True)
-            self.pods = GPUPodReflector(parent=a, namespace=a.namespace, omit_namespace=a.watch_all_namespaces)
-            if api is not None:
-                self.nodes.api = self.pods.api = api
+            self.nodes = NodeReflector(parent=a, omit_namespace=True, api=api)
+            self.pods = GPUPodReflector(parent=a, namespace=a.namespace, omit_namespace=a.watch_all_namespaces, api=api)
             await asyncio.gather(self.nodes.start(), self.pods.start())
         except BaseException as e:  # noqa: BLE001 - reported to every caller
             self.error = e
@@ -599,13 +598,7 @@ class KubernetesGPUAllocator(GPUAllocator):
         return {d: targets[d] for d in devices if d in targets}
 
 
-def _dcgm_base():
-    from trainhub.metrics.prometheus import PrometheusDCGMSource
-
-    return PrometheusDCGMSource
-
-
-class PodDCGMSource(_dcgm_base()):
+class PodDCGMSource(PrometheusDCGMSource):
     """``PrometheusDCGMSource`` whose resolver defaults to its parent's allocator's ``gpu_targets``.
 
     For the culler on Kubernetes (``c.GPUCuller.metrics_class``): the culler builds its metrics

@@ -31,7 +31,7 @@ from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.spawner import k8s_manifests as m
 from trainhub.spawner.errors import spawn_refusal
-from trainhub.spawner.k8s_caches import GPUPodReflector, NodeReflector
+from trainhub.kube.reflector import GPUPodReflector, NodeReflector
 from trainhub.storage import StorageConfig
 
 # trait names a profile or the storage mount may set; their configured values are the base

@@ -8,9 +8,8 @@ ask in step, is trimmed so the last question is asked at the deadline, and then 
 :func:`apoll` are the loop itself: fetch a value until ``done(value)``.
 
 jupyterhub's ``utils.exponential_backoff`` is async only; the client, the CLI and the kernel
-side are synchronous, so the platform has this one. The Kubernetes code keeps its own
-retries around the kubernetes-asyncio client (its watch caches are rebuilt on kubespawner's
-reflector).
+side are synchronous, so the platform has this one. The Kubernetes launcher's API retries use it
+too; the watch caches are kubespawner's reflector (:mod:`trainhub.kube.reflector`).
 
     job = poll(lambda: client.get(job_id), lambda j: j["state"] in JOB_TERMINAL,
                what=f"job {job_id} to end", start=1.0, factor=1.0, timeout=600)

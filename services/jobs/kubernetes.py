@@ -32,22 +32,25 @@ output sync of the local job folder.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from traitlets import Any, Dict, Float, Instance, Integer, List, Unicode, default
 
+from trainhub.backoff import Backoff, WaitTimeout, apoll
 from trainhub.exceptions import TrainhubError
 from trainhub.metrics.prometheus import GPUTarget
 from trainhub.profiles import ProfileCatalog
 
 from . import k8s_job_manifests as jm
 from .launcher import JobView, Launcher, WorkerStatus
+
+if TYPE_CHECKING:
+    from trainhub.kube.reflector import JobReflector, PodReflector
 
 _NS_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -69,85 +72,6 @@ class _Run:
     resume: dict = field(default_factory=dict)  # rank -> ts_key: lines up to it are in the log already
     done: set = field(default_factory=set)  # pod uids whose final log was read
     next_read: dict = field(default_factory=dict)  # pod uid -> monotonic time of the next read
-
-
-class ObjectCache:
-    """One list-and-watch cache of a namespaced kind, selected by label ({name: object dict}).
-
-    Lists once, then watches from the list's resourceVersion; on an error or a 410 it lists
-    again after a capped, jittered backoff. ``ready`` is set after the first list.
-    """
-
-    def __init__(self, list_fn, namespace: str, label_selector: str, log, request_timeout: float,
-                 watch_timeout: int = 300, max_backoff: float = 30.0):
-        self.list_fn, self.namespace, self.label_selector = list_fn, namespace, label_selector
-        self.log, self.request_timeout, self.watch_timeout, self.max_backoff = log, request_timeout, watch_timeout, max_backoff
-        self.objects: dict[str, dict] = {}
-        self.ready = asyncio.Event()
-        self.changed = asyncio.Event()
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"trainhub-k8s-cache-{self.list_fn.__name__}")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-
-    async def _list(self) -> str | None:
-        resp = await asyncio.wait_for(
-            self.list_fn(namespace=self.namespace, label_selector=self.label_selector, _preload_content=False),
-            self.request_timeout,
-        )
-        data = json.loads(await resp.read())
-        if resp.status >= 400 or data.get("kind") == "Status":
-            raise RuntimeError(f"list failed ({resp.status}): {data.get('message')}")
-        self.objects = {o["metadata"]["name"]: o for o in data.get("items") or []}
-        self.ready.set()
-        self.changed.set()
-        return (data.get("metadata") or {}).get("resourceVersion")
-
-    async def _run(self) -> None:
-        from kubernetes_asyncio import watch
-
-        delay, rv = 0.2, None
-        while True:
-            w = watch.Watch()
-            try:
-                if rv is None:
-                    rv = await self._list()
-                async with w.stream(self.list_fn, namespace=self.namespace, label_selector=self.label_selector,
-                                    resource_version=rv, timeout_seconds=self.watch_timeout,
-                                    _request_timeout=self.watch_timeout + 30) as stream:
-                    async for event in stream:
-                        obj = event["raw_object"]
-                        if event["type"] == "ERROR":
-                            rv = None  # 410 Gone: too old, list again
-                            break
-                        name = obj["metadata"]["name"]
-                        if event["type"] == "DELETED":
-                            self.objects.pop(name, None)
-                        else:
-                            self.objects[name] = obj
-                        rv = obj["metadata"].get("resourceVersion", rv)
-                        self.changed.set()
-                        delay = 0.2
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                rv = None
-                self.log.warning("watching %s failed (%s); listing again in %.1fs", self.list_fn.__name__, e, delay)
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self.max_backoff)
-            finally:
-                w.stop()
-                await w.close()
 
 
 class KubernetesLauncher(Launcher):
@@ -234,8 +158,8 @@ class KubernetesLauncher(Launcher):
         super().__init__(**kwargs)
         self._api_client = None
         self._core = self._batch = None
-        self._jobs_cache: ObjectCache | None = None
-        self._pods_cache: ObjectCache | None = None
+        self._jobs_cache: JobReflector | None = None
+        self._pods_cache: PodReflector | None = None
         self._runs: dict[str, _Run] = {}
         self._devices: dict[int, tuple[str, int, int]] = {}  # ledger device -> (job name, rank, slot)
         self._lock = asyncio.Lock()
@@ -250,30 +174,38 @@ class KubernetesLauncher(Launcher):
                 return
             from kubernetes_asyncio import client, config
 
+            from trainhub.kube.reflector import JobReflector, PodReflector
+
             cfg = client.Configuration()
             if not self.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
                 config.load_incluster_config(client_configuration=cfg)
             else:
                 await config.load_kube_config(config_file=self.kubeconfig or None, client_configuration=cfg)
             api_client = client.ApiClient(configuration=cfg)
-            self._core, self._batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
-            selector = f"{jm.MANAGED_BY_LABEL}={jm.MANAGED_BY}"
-            self._jobs_cache = ObjectCache(self._batch.list_namespaced_job, self.namespace, selector, self.log, self.request_timeout)
-            self._pods_cache = ObjectCache(self._core.list_namespaced_pod, self.namespace, selector, self.log, self.request_timeout)
-            self._jobs_cache.start()
-            self._pods_cache.start()
+            core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+            # the one watch cache (kubespawner's reflector), on this launcher's own API client
+            caches = dict(parent=self, namespace=self.namespace, labels={jm.MANAGED_BY_LABEL: jm.MANAGED_BY},
+                          request_timeout=max(int(self.request_timeout), 1))
+            jobs, pods = JobReflector(api=batch, **caches), PodReflector(api=core, **caches)
+            try:
+                await asyncio.wait_for(asyncio.gather(jobs.start(), pods.start()), self.retry_timeout)
+            except BaseException:
+                await asyncio.gather(jobs.stop(), pods.stop(), return_exceptions=True)
+                await api_client.close()
+                raise
+            self._core, self._batch = core, batch
+            self._jobs_cache, self._pods_cache = jobs, pods
             self._api_client = api_client
 
     async def _ready(self) -> None:
         await self._connect()
-        await asyncio.wait_for(asyncio.gather(self._jobs_cache.ready.wait(), self._pods_cache.ready.wait()),
-                               self.retry_timeout)
 
     async def close(self) -> None:
         """Stop the watch caches and close the HTTP session (call when the service stops)."""
         for cache in (self._jobs_cache, self._pods_cache):
             if cache:
                 await cache.stop()
+        self._jobs_cache = self._pods_cache = None
         if self._api_client is not None:
             await self._api_client.close()
         self._api_client = None
@@ -285,9 +217,7 @@ class KubernetesLauncher(Launcher):
         """
         from kubernetes_asyncio.client.rest import ApiException
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_timeout
-        delay = 0.2
+        pause = Backoff(f"kubernetes: {what}", start=0.2, cap=5.0, jitter=0.5, timeout=self.retry_timeout)
         while True:
             try:
                 return await asyncio.wait_for(call(*args, **kwargs), self.request_timeout)
@@ -297,11 +227,11 @@ class KubernetesLauncher(Launcher):
                 err: Exception = e
             except (asyncio.TimeoutError, OSError) as e:
                 err = e
-            if loop.time() + delay > deadline:
+            try:
+                await pause.asleep()
+            except WaitTimeout:
                 self.log.error("kubernetes: %s failed after retries: %s", what, err)
-                raise err
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 5.0)
+                raise err from None
 
     async def _read_job(self, name: str) -> dict | None:
         from kubernetes_asyncio.client.rest import ApiException
@@ -420,11 +350,11 @@ class KubernetesLauncher(Launcher):
         return state.get("name") or jm.job_name(job.key, state.get("attempt") or job.attempt)
 
     def _job_pods(self, name: str) -> list[dict]:
-        return [p for p in self._pods_cache.objects.values()
+        return [p for p in self._pods_cache.resources.values()
                 if ((p.get("metadata") or {}).get("labels") or {}).get(jm.JOB_NAME_LABEL) == name]
 
     async def _current(self, name: str) -> dict | None:
-        obj = self._jobs_cache.objects.get(name)
+        obj = self._jobs_cache.get(name)
         if obj is None:
             obj = await self._read_job(name)  # just created (cache behind) or gone
         return obj
@@ -453,14 +383,17 @@ class KubernetesLauncher(Launcher):
         run.terminating = True
         await self._collect_logs(job, state, self._job_pods(name), run, force=True)
         await self._delete_job(name, "Foreground", int(math.ceil(grace)))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace + 30
-        while loop.time() < deadline:
+
+        async def gone() -> bool:
             pods = self._job_pods(name)
             await self._collect_logs(job, state, pods, run)
-            if not pods and name not in self._jobs_cache.objects:
-                break
-            await asyncio.sleep(min(self.log_interval, 0.5))
+            return not pods and self._jobs_cache.get(name) is None
+
+        try:
+            await apoll(gone, what=f"job {name}'s pods to end", start=min(self.log_interval, 0.5), factor=1.0,
+                        timeout=grace + 30)
+        except WaitTimeout:
+            self.log.warning("kubernetes: %s still has pods %.0fs after its deletion", name, grace + 30)
 
     async def _delete_job(self, name: str, propagation: str, grace: int | None) -> bool:
         from kubernetes_asyncio.client.rest import ApiException

@@ -6,7 +6,7 @@ revision: a client that watches again from the resourceVersion it last saw is an
 ERROR event carrying a 410 ``Expired`` Status, and must list again. The real side is a control
 plane of this module's own (restarting the session's would disturb the other tests); the
 stand-in's ``restart_apiserver()`` does what a restart does. The GPU ledger's caches
-(``trainhub.spawner.k8s_caches``) must come back with the cluster's current pods either way.
+(``trainhub.kube.reflector``) must come back with the cluster's current pods either way.
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
-"""Shared list-and-watch caches of nodes and pods for GPU availability and quota usage.
+"""trainhub's one Kubernetes watch cache: kubespawner's ``ResourceReflector``, for every kind it watches.
+
+The spawner's GPU ledger (nodes and pods) and the jobs launcher (its Jobs and their pods) read
+these; nothing in trainhub lists objects per call or runs a watch loop of its own.
 
 KubeSpawner's ``ResourceReflector`` keys objects by ``namespace/name``, which fails for
 cluster-scoped objects such as nodes (they have no namespace). ``ClusterReflector`` keeps
 the same life cycle (``start``/``stop``/``first_load_future``, one instance per process in
 ``KubeSpawner.reflectors``, stopped by ``KubeSpawner._stop_all_reflectors``) with its own
-list/watch loop that tolerates both scopes.
+list/watch loop that tolerates both scopes, relists after a 410, and can run on an API client
+of its own (``api=``: the jobs launcher's kubeconfig) instead of kubespawner's shared one.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 
 from kubernetes_asyncio import client, watch
 from kubespawner.reflector import ResourceReflector
+from traitlets.config import LoggingConfigurable
 
 try:  # aiohttp raises this on a read timeout of the watch stream
     from aiohttp import ServerTimeoutError as _ReadTimeout
@@ -33,6 +38,30 @@ class ClusterReflector(ResourceReflector):
     """A reflector for cluster-scoped objects or for every namespace at once."""
 
     max_backoff = 30.0
+
+    def __init__(self, *args, api=None, **kwargs):
+        if api is None:
+            super().__init__(*args, **kwargs)
+            return
+        # ResourceReflector.__init__ would take kubespawner's shared client, built from the global
+        # configuration and cached for the event loop: a reflector with an API client of its own must
+        # not leave one without a host behind for the spawner. The rest of that __init__, as it is.
+        LoggingConfigurable.__init__(self, *args, **kwargs)
+        self.api = api
+        self.label_selector = ",".join(f"{k}={v}" for k, v in self.labels.items())
+        self.field_selector = ",".join(f"{k}={v}" for k, v in self.fields.items())
+        self.first_load_future = asyncio.Future()
+        if not self.list_method_name and self.kind == "pods":
+            self.list_method_name = "list_pod_for_all_namespaces" if self.omit_namespace else "list_namespaced_pod"
+        if not self.list_method_name:
+            raise RuntimeError(f"{type(self).__name__}: list_method_name must be set")
+        self.watch_task = None
+
+    def get(self, name: str, namespace: str | None = None) -> dict | None:
+        """The cached object ``name`` (in ``namespace``, default this reflector's own; none for cluster-scoped kinds)."""
+        if namespace is None and not self.omit_namespace:
+            namespace = self.namespace
+        return self.resources.get(f"{namespace}/{name}" if namespace else name)
 
     async def _list_and_update(self, resource_version=None):
         kwargs = dict(
@@ -115,10 +144,22 @@ class NodeReflector(ClusterReflector):
         return self.resources
 
 
-class GPUPodReflector(ClusterReflector):
-    """Every pod (all namespaces by default): GPU requests on nodes and per-user holdings."""
+class JobReflector(ClusterReflector):
+    """``batch/v1`` Jobs of one namespace (the jobs launcher's Indexed Jobs)."""
+
+    kind = "jobs"
+    api_group_name = "BatchV1Api"
+    list_method_name = "list_namespaced_job"
+
+
+class PodReflector(ClusterReflector):
+    """Pods of one namespace, or of every namespace with ``omit_namespace``."""
 
     kind = "pods"  # ResourceReflector derives list_pod_for_all_namespaces / list_namespaced_pod
+
+
+class GPUPodReflector(PodReflector):
+    """Every pod (all namespaces by default): GPU requests on nodes and per-user holdings."""
 
     @property
     def pods(self) -> dict:
