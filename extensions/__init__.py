@@ -2,6 +2,7 @@
 
 - :mod:`trainhub.extensions.storage`: the jupyter-server extension (storage browser and the
   panel's proxy to the trainhub API).
+- :mod:`trainhub.extensions.tensorboard`: the jupyter-server extension opening TensorBoard for jobs.
 - ``panel/``: the prebuilt JupyterLab extension ``trainhub-panel`` (source in ``labextension/``;
   rebuild with ``npm install && npx tsc && jupyter-builder build .`` there).
 - ``jupyter-config/trainhub.json``: the jupyter-server config file enabling the server extension.
@@ -24,7 +25,9 @@ from pathlib import Path
 LABEXTENSION_NAME = "trainhub-panel"
 PANEL_DIR = Path(__file__).with_name("panel")
 SERVER_EXTENSION = "trainhub.extensions.storage"
-#: The jupyter-server config file enabling :data:`SERVER_EXTENSION` (shipped as is in the wheel).
+TENSORBOARD_EXTENSION = "trainhub.extensions.tensorboard"
+SERVER_EXTENSIONS = (SERVER_EXTENSION, TENSORBOARD_EXTENSION)
+#: The jupyter-server config file enabling :data:`SERVER_EXTENSIONS` (shipped as is in the wheel).
 SERVER_CONFIG = Path(__file__).parent / "jupyter-config" / "trainhub.json"
 #: Where the panel and the config file go, relative to an environment's prefix.
 LABEXTENSION_DEST = Path("share", "jupyter", "labextensions", LABEXTENSION_NAME)
@@ -36,7 +39,7 @@ def _jupyter_labextension_paths():
 
 
 def _jupyter_server_extension_points():
-    return [{"module": SERVER_EXTENSION}]
+    return [{"module": m} for m in SERVER_EXTENSIONS]
 
 
 def install_labextension(prefix: str | os.PathLike | None = None, enable_server_extension: bool = True) -> Path:

@@ -139,6 +139,18 @@ def render_chart(metrics: dict | None, max_charts: int = 6) -> str:
     return "<div style='display:flex;flex-wrap:wrap;gap:8px'>" + "".join(charts) + "</div>"
 
 
+def render_tensorboard_link(job: dict, server_prefix: str | None = None) -> str:
+    """"TensorBoard" opening the job's event files in the user's own server, once the job has started."""
+    from trainhub.tensorboard import open_link
+
+    link = open_link([job["id"]], server_prefix) if job.get("state") not in (None, QUEUED) else None
+    if not link:
+        return ""
+    return (f"<a href='{html.escape(link, quote=True)}' target='_blank' rel='noopener' "
+            "title='event files written under trainhub.tensorboard_dir()' "
+            "style='margin-right:8px;line-height:28px'>TensorBoard</a>")
+
+
 def render_diagnosis(body: dict | None) -> str:
     """The GPU efficiency advisor's line (API ``/jobs/{id}/diagnosis``): its findings and first remedies
     in a coloured box, or a quiet grey line while samples are collected / nothing is wrong."""
@@ -195,7 +207,8 @@ class JobPanel:
         self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop",
                                       tooltip="cancel this job", layout=w.Layout(width="auto"))
         self.cancel_button.on_click(lambda _b: self.cancel())
-        self.widget = w.VBox([w.HBox([self.header, self.cancel_button],
+        self.tensorboard = w.HTML()  # a link through the user's server (trainhub.extensions.tensorboard)
+        self.widget = w.VBox([w.HBox([self.header, w.HBox([self.tensorboard, self.cancel_button])],
                                      layout=w.Layout(justify_content="space-between", align_items="flex-start")),
                               self.diagnosis, self.chart, self.logs, self.message])
         self.update(job, logs="")
@@ -212,6 +225,7 @@ class JobPanel:
             terminal = job.get("state") in JOB_TERMINAL
             self.cancel_button.disabled = terminal
             self.cancel_button.layout.display = "none" if terminal else None
+            self.tensorboard.value = render_tensorboard_link(job)
         if metrics is not None:
             self.metrics = metrics
             self.chart.value = render_chart(metrics)

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["log_metrics", "report", "params", "outputs_dir", "job_id", "in_job", "logged_metrics", "attempt",
+__all__ = ["log_metrics", "report", "params", "outputs_dir", "tensorboard_dir", "job_id", "in_job", "logged_metrics", "attempt",
            "save_checkpoint", "load_checkpoint", "checkpoints", "resume", "Checkpoint", "torch_state", "restore_torch",
            "rng_state", "set_rng_state"]
 
@@ -123,6 +123,17 @@ def outputs_dir() -> Path:
         if _tmp_outputs is None:
             _tmp_outputs = Path(tempfile.mkdtemp(prefix="trainhub-outputs-"))
         return _tmp_outputs
+
+
+def tensorboard_dir() -> Path:
+    """Where a job writes TensorBoard event files (``outputs_dir()/tensorboard``, created): the side panel,
+    the ``%%train`` widget and ``trainhub jobs tensorboard`` show them, one run per job
+    (``SummaryWriter(trainhub.tensorboard_dir())``)."""
+    from trainhub.tensorboard import LOGDIR_NAME
+
+    path = outputs_dir() / LOGDIR_NAME
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def attempt() -> int:

@@ -6,9 +6,10 @@ the shared running platform:
 - deleting a file and registering a model ask in JupyterLab dialogs, never the browser's own;
 - the jobs table (from the side panel and the command palette) sorts by column, filters by state
   as the jobs API does, opens logs and a metrics chart whose points are the API's, and disables its
-  TensorBoard buttons with the reason while the server offers no TensorBoard;
-- the TensorBoard hand-off follows the contract in extensions/labextension/src/tensorboard.ts
-  (the server side is answered by a Playwright route here: it is not part of this module);
+  TensorBoard buttons with the reason on a server without the TensorBoard extension (a Playwright
+  route answers 404 there);
+- TensorBoard for two jobs side by side, through the user's own server (trainhub.extensions.tensorboard
+  and jupyter-server-proxy): the jobs' real event files, a real TensorBoard in a main-area tab;
 - the usage chart draws the usage API's answer per day (bars = data points); an admin switches
   to another user.
 
@@ -36,6 +37,10 @@ for s in range(1, 6):
     trainhub.log_metrics(step=s, loss={base} / s, acc=0.5 + s / 20)
 print('trained {name}')
 (trainhub.outputs_dir() / 'weights.bin').write_bytes(b'w')
+from torch.utils.tensorboard import SummaryWriter
+with SummaryWriter(str(trainhub.tensorboard_dir())) as w:
+    for s in range(1, 6):
+        w.add_scalar('loss', {base} / s, s)
 """
 NAMES = ["views-beta", "views-alpha", "views-gamma"]
 DEFAULT, NARROW = {"width": 1400, "height": 900}, {"width": 640, "height": 800}
@@ -248,6 +253,10 @@ def test_jobs_table_sorts_filters_and_opens_logs_metrics_register(platform, seed
     api, h, jobs = seeded["api"], seeded["headers"], seeded["jobs"]
     mine = requests.get(api + "/jobs", params={"limit": 500}, headers=h, timeout=30).json()["items"]
     page = new_page(browser, DEFAULT)
+    # this page plays a server without the TensorBoard extension (404 on its route)
+    page.route(re.compile(r".*/user/%s/trainhub/tensorboard(\?.*)?$" % USER),
+               lambda route: route.fulfill(status=404, content_type="application/json",
+                                           body=json.dumps({"status": 404, "message": "Not Found"})))
     shots = Screenshots(page, "jobs-table", tmp_path)
     with shots.on_failure():
         log_in_to_lab(page, platform.url, USER, PASSWORD, reset=True)
@@ -295,7 +304,7 @@ def test_jobs_table_sorts_filters_and_opens_logs_metrics_register(platform, seed
         expect(view.locator(".th-jobs-table tbody tr")).to_have_count(1)
         view.locator(".th-job-search").fill("")
 
-        # TensorBoard: not offered by this server yet, so disabled with the reason as tooltip
+        # TensorBoard on a server without the extension (the route above): disabled with the reason as tooltip
         row = view.locator(f'tr[data-id="{jobs["views-alpha"]}"]')
         tb = row.locator("button.th-tensorboard")
         expect(tb).to_be_disabled()
@@ -347,34 +356,25 @@ def test_jobs_table_sorts_filters_and_opens_logs_metrics_register(platform, seed
     assert not page.native_dialogs and not page.errors, (page.native_dialogs, page.errors)
 
 
-def test_tensorboard_follows_the_contract(platform, seeded, browser, tmp_path):
-    """The panel's side of the TensorBoard hand-off: GET says available, POST {"jobs": [...]} gets
-    a URL, shown in a main-area tab. The server side is played by a Playwright route."""
+def test_tensorboard_compares_two_jobs_through_the_users_server(platform, seeded, browser, tmp_path):
+    """Two jobs selected in the jobs table open one real TensorBoard (the user's server gathers their event
+    files and serves it through jupyter-server-proxy) in a main-area tab, one run per job."""
     from playwright.sync_api import expect
 
-    jobs = seeded["jobs"]
+    from trainhub.tensorboard import run_name
+
+    api, h, jobs = seeded["api"], seeded["headers"], seeded["jobs"]
     posted: list[dict] = []
     page = new_page(browser, DEFAULT)
-
-    def server_side(route):
-        req = route.request
-        if req.method == "GET":
-            route.fulfill(status=200, content_type="application/json", body=json.dumps({"available": True}))
-        else:
-            body = json.loads(req.post_data or "{}")
-            posted.append(body)
-            route.fulfill(status=201, content_type="application/json",
-                          body=json.dumps({"url": "tensorboard-stand-in/?runs=" + ",".join(body["jobs"]), "jobs": body["jobs"]}))
-
-    page.route(re.compile(r".*/user/%s/trainhub/tensorboard(\?.*)?$" % USER), server_side)
-    page.route(re.compile(r".*/tensorboard-stand-in/.*"),
-               lambda route: route.fulfill(status=200, content_type="text/html", body="<h1>TensorBoard stand-in</h1>"))
+    page.on("request", lambda req: posted.append(json.loads(req.post_data or "{}"))
+            if req.method == "POST" and req.url.split("?")[0].endswith("/trainhub/tensorboard") else None)
     shots = Screenshots(page, "tensorboard", tmp_path)
+    a, b = jobs["views-alpha"], jobs["views-gamma"]
+    runs = sorted(run_name(requests.get(f"{api}/jobs/{j}", headers=h, timeout=30).json()) for j in (a, b))
     with shots.on_failure():
         log_in_to_lab(page, platform.url, USER, PASSWORD, reset=True)
         run_command(page, "Open the jobs table")
         view = page.locator(".th-jobs-view")
-        a, b = jobs["views-alpha"], jobs["views-gamma"]
         expect(view.locator(f'tr[data-id="{a}"] button.th-tensorboard')).to_be_enabled(timeout=30_000)
         expect(view.locator("button.th-compare-btn")).to_be_disabled()  # nothing selected yet
         view.locator(f'tr[data-id="{a}"] input.th-select').check()
@@ -383,12 +383,17 @@ def test_tensorboard_follows_the_contract(platform, seeded, browser, tmp_path):
         expect(compare).to_have_text("Compare 2 in TensorBoard")
         compare.click()
         tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")
-        expect(tab).to_contain_text("TensorBoard")
+        expect(tab).to_contain_text("TensorBoard", timeout=120_000)
         frame = page.locator(".th-tensorboard-frame iframe")
-        expect(frame).to_have_attribute("src", re.compile(rf"/user/{USER}/tensorboard-stand-in/\?runs="))
-        expect(page.frame_locator(".th-tensorboard-frame iframe").locator("h1")).to_have_text("TensorBoard stand-in")
+        expect(frame).to_have_attribute("src", re.compile(rf"/user/{USER}/proxy/absolute/\d+/"))
+        board = page.frame_locator(".th-tensorboard-frame iframe")
+        for run in runs:  # TensorBoard's own run list, read from the event files the jobs wrote
+            expect(board.get_by_text(run, exact=True).first).to_be_visible(timeout=90_000)
+        src = frame.get_attribute("src")
         shots.take("compare")
     assert len(posted) == 1 and sorted(posted[0]["jobs"]) == sorted([a, b]), posted
+    shown = requests.get(platform.url + src.split("?")[0].rstrip("/") + "/data/runs", headers=h, timeout=30).json()
+    assert sorted(shown) == runs
     assert not page.native_dialogs and not page.errors, (page.native_dialogs, page.errors)
 
 

@@ -109,3 +109,15 @@ def test_polling_errors_are_shown_and_retried():
     panel.start()
     assert panel.done.wait(10) and Flaky.calls == 2
     assert ">succeeded<" in panel.header.value and panel.message.value == ""
+
+
+def test_tensorboard_link_through_the_users_server(monkeypatch):
+    from trainhub.kernels.widget import render_tensorboard_link
+
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
+    panel = JobPanel(FakeClient([RUNNING]), RUNNING)
+    assert "href='/user/alice/trainhub/tensorboard/open?jobs=j-000042'" in panel.tensorboard.value
+    assert render_tensorboard_link(dict(RUNNING, state="queued")) == ""  # nothing written yet
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX")
+    assert render_tensorboard_link(RUNNING) == ""  # outside a user's server there is no server to open it
+    assert "href='/user/b&#x27;o/trainhub/tensorboard/open?jobs=j-000042'" in render_tensorboard_link(RUNNING, "/user/b'o/")

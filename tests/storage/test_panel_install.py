@@ -22,7 +22,8 @@ def test_install_into_a_prefix_is_idempotent(tmp_path):
     assert dest == tmp_path / "share/jupyter/labextensions/trainhub-panel"
     assert json.loads((dest / "package.json").read_text())["name"] == "trainhub-panel"
     conf = json.loads((tmp_path / "etc/jupyter/jupyter_server_config.d/trainhub.json").read_text())
-    assert conf == {"ServerApp": {"jpserver_extensions": {"trainhub.extensions.storage": True}}}
+    assert conf == {"ServerApp": {"jpserver_extensions": {"trainhub.extensions.storage": True,
+                                                          "trainhub.extensions.tensorboard": True}}}
     mtime = (dest / "package.json").stat().st_mtime_ns
     assert install_labextension(tmp_path) == dest
     assert (dest / "package.json").stat().st_mtime_ns == mtime

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -103,6 +104,18 @@ def add_parser(sub):
     m.add_argument("--json", action="store_true", help="the API's metrics object as JSON")
     _conn(m)
     m.set_defaults(func=cmd_metrics)
+
+    tb = jobs.add_parser("tensorboard", help="show jobs' TensorBoard event files side by side",
+                         description="Copy the TensorBoard event files of the jobs (written under trainhub.tensorboard_dir() "
+                         "in the job) into one folder, one run per job, and run TensorBoard on it until Ctrl-C, copying "
+                         "new event files every --refresh seconds. In a platform terminal its address is under your "
+                         "server (jupyter-server-proxy); the side panel's TensorBoard button does the same from the browser.")
+    tb.add_argument("id", metavar="ID", nargs="+", help="job id(s)")
+    tb.add_argument("--port", type=int, default=0, metavar="N", help="TensorBoard's port on 127.0.0.1 (default: a free one)")
+    tb.add_argument("--logdir", metavar="DIR", help="where to gather the event files (default: ~/.cache/trainhub/tensorboard/...)")
+    tb.add_argument("--refresh", type=float, default=30.0, metavar="S", help="seconds between copies of new event files")
+    _conn(tb)
+    tb.set_defaults(func=cmd_tensorboard)
 
 
 def _conn(p):
@@ -350,4 +363,59 @@ def cmd_metrics(args):
         return 0
     cols = [c for c in columns if c != "time"]
     print(text_table([[fmt_number(r.get(c, "")) for c in cols] for r in rows], [c.upper() if c in ("step", "worker") else c for c in cols]))
+    return 0
+
+
+def cmd_tensorboard(args):
+    import hashlib
+    import socket
+    import subprocess
+
+    from trainhub import tensorboard as tb
+    from trainhub.exceptions import InvalidRequest
+    from trainhub.jobarea import env_storage_options
+
+    reason = tb.installed()
+    if reason:
+        raise CommandError(reason)
+    client = client_from_args(args)
+    jobs = [_api(client.get, i) for i in dict.fromkeys(args.id)]
+    key = "\0".join(sorted(j["id"] for j in jobs))
+    logdir = Path(args.logdir or Path.home() / ".cache" / "trainhub" / "tensorboard" / hashlib.sha256(key.encode()).hexdigest()[:16])
+
+    def gather():
+        try:
+            return tb.gather(jobs, logdir, env_storage_options())
+        except InvalidRequest as e:
+            raise CommandError(str(e), 2) from None
+        except OSError as e:
+            raise CommandError(f"cannot read the jobs' event files from storage: {e}") from None
+
+    got = gather()
+    for job_id in got.empty:
+        print(f"{job_id} has no TensorBoard event files (yet): write them under trainhub.tensorboard_dir()", file=sys.stderr)
+    port = args.port
+    if not port:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    server = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+    prefix = tb.proxy_prefix(server, port) if server else ""
+    proc = subprocess.Popen(tb.command(logdir, port, prefix), stdin=subprocess.DEVNULL)
+    where = f"{prefix}/ (under this hub's address)" if server else f"http://127.0.0.1:{port}/"
+    print(f"TensorBoard for {', '.join(j['id'] for j in jobs)} ({got.files} event files): {where}  [Ctrl-C to stop]",
+          flush=True)
+    try:
+        while proc.poll() is None:
+            try:
+                proc.wait(args.refresh)
+            except subprocess.TimeoutExpired:
+                jobs[:] = [_api(client.get, j["id"]) for j in jobs]
+                gather()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
     return 0
