@@ -20,9 +20,18 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# the platform: virtualenv with trainhub installed (editable) and configurable-http-proxy
-install: $(PY)
+# the platform: virtualenv with trainhub installed (editable: code changes need no reinstall) and
+# configurable-http-proxy. Installed again only when the package's metadata changes (stamp files), so
+# `make up` starts at once the second time.
+$(VENV)/.installed: pyproject.toml setup.py | $(PY)
 	$(PIP) install -q -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml setup.py | $(PY)
+	$(PIP) install -q -e ".[test]"
+	@touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
 	@if command -v configurable-http-proxy >/dev/null 2>&1; then \
 	    echo "configurable-http-proxy: $$(command -v configurable-http-proxy)"; \
 	elif [ ! -x $(PROXY) ]; then \
@@ -44,8 +53,7 @@ system-deps:
 	    fi; \
 	fi
 
-test-deps: system-deps install
-	$(PIP) install -q -e ".[test]"
+test-deps: system-deps $(VENV)/.installed-test install
 
 up: install
 	$(VENV)/bin/trainhub up $(UP_ARGS)

@@ -10,7 +10,39 @@ from trainhub.handle import JobFailedError, RemoteCall, Table, metrics_table  # 
 from trainhub.handle import JobHandle as _JobHandle
 
 
-class JobHandle(_JobHandle):
+def running_cell(shell) -> int | None:
+    """The number of the cell running now ([2]), None outside one."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    return getattr(result, "execution_count", None) or None
+
+
+class LiveDisplay:
+    """How a handle shows itself as a cell's value: never a snapshot that goes stale.
+
+    Under the cell whose magic made it, nothing: the live panel is right above. In a later cell, the
+    live panel again (another view of the same widget); without a panel, the state as of now.
+    """
+
+    panel = None
+    shown_in_cell: int | None = None  # set by the magic that displayed the panel
+
+    def _ipython_display_(self):
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if self.panel is not None:
+            if self.shown_in_cell is not None and running_cell(get_ipython()) == self.shown_in_cell:
+                return
+            display(self.panel)
+            return
+        try:
+            self.refresh()
+        except Exception:  # the API is away: show what was seen last (its repr says when)
+            pass
+        display({"text/plain": repr(self)}, raw=True)
+
+
+class JobHandle(LiveDisplay, _JobHandle):
     """One job: ``status`` (refreshed), ``job`` (last seen), ``logs()``, ``metrics()``, ``cancel()``,
     ``wait()``, ``result()``, ``show()`` (the live panel)."""
 

@@ -18,9 +18,10 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import Float, Integer, Unicode
 
 from trainhub.backoff import Backoff
-from trainhub.fmt import elapsed_seconds, fmt_duration, format_job
+from trainhub.fmt import elapsed_seconds, fmt_duration, format_job, state_text
 from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
 from trainhub.kernels.context import CellSyntaxError, build_job_script, check_returns, left_out_message
+from trainhub.kernels.handle import running_cell
 from trainhub.states import JOB_STATES, SUCCEEDED
 
 CELL_HELP = """\
@@ -57,6 +58,12 @@ class _UsageParser(argparse.ArgumentParser):
 
 class _HelpShown(Exception):
     pass
+
+
+def cell_number(shell) -> int:
+    """The running cell's number as its prompt shows it (``[2]``): IPython has already counted the cell in
+    ``execution_count`` while it runs; the display hook's result holds the cell's own number."""
+    return running_cell(shell) or max(int(getattr(shell, "execution_count", 1) or 1) - 1, 0)
 
 
 def cell_parser() -> argparse.ArgumentParser:
@@ -212,6 +219,7 @@ class TrainMagics(Magics):
             from IPython.display import display
 
             handle.panel = make_panel().start()
+            handle.shown_in_cell = cell_number(self.shell)
             display(handle.panel)
         else:
             print(text)
@@ -239,7 +247,7 @@ class TrainMagics(Magics):
             self._report_context(script)
             return None
         spec = spec_from_args(args, script=script.source)
-        spec.setdefault("name", f"notebook-cell-{getattr(self.shell, 'execution_count', 0)}")
+        spec.setdefault("name", f"notebook-cell-{cell_number(self.shell)}")
         job = self._call("the job was not submitted", self.client.submit, spec)
         self._report_context(script)
         handle = JobHandle(self.client, job)
@@ -249,8 +257,7 @@ class TrainMagics(Magics):
 
             return JobPanel(self.client, job, poll=self.poll_interval)
 
-        self._present(handle, panel, f"submitted {job['id']} ({job.get('state')}"
-                      + (f": {job['reason']}" if job.get("reason") else "") + ")", args.as_var)
+        self._present(handle, panel, f"submitted {job['id']}: {state_text(job)}", args.as_var)
         if args.wait:
             job = self._wait(handle)
             if job.get("state") != SUCCEEDED:
@@ -283,19 +290,20 @@ class TrainMagics(Magics):
             print(f"%train: set {', '.join(values)} from {handle.id}", file=sys.stderr)
         return values
 
-    def _report_context(self, script) -> None:
+    def _report_context(self, script, magic: str = "%%train") -> None:
+        """What the capture carried (information, on stdout) and what it could not (warnings, on stderr)."""
         notes = []
         if script.carried_code:
             notes.append("from earlier cells: " + ", ".join(script.carried_code))
         if script.carried_values:
             notes.append("values: " + ", ".join(script.carried_values))
         if notes:
-            print("%%train sent " + "; ".join(notes), file=sys.stderr)
+            print(f"{magic} sent " + "; ".join(notes))
         if script.left_out:
-            print("%%train did NOT send (the job fails if it uses them): " + ", ".join(sorted(script.left_out)),
+            print(f"{magic} did NOT send (the job fails if it uses them): " + ", ".join(sorted(script.left_out)),
                   file=sys.stderr)
         if script.undefined:
-            print("%%train: not defined in this kernel, the job will fail if it uses them: "
+            print(f"{magic}: not defined in this kernel, the job will fail if it uses them: "
                   + ", ".join(script.undefined), file=sys.stderr)
 
     def _wait(self, handle) -> dict:
@@ -377,7 +385,7 @@ class TrainMagics(Magics):
         if args.action == "cancel":
             for job_id in args.id:
                 job = self._call(f"cannot cancel {job_id}", self.client.cancel, job_id)
-                print(f"{job['id']}: {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""))
+                print(f"{job['id']}: {state_text(job)}")
             return None
         return None
 

@@ -19,13 +19,16 @@ import html
 import math
 import sys
 import threading
+import time
 
 from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
 from trainhub.fmt import fmt_number, sweep_progress
 from trainhub.jobspec import add_spec_options, add_sweep_options, sweep_spec
-from trainhub.kernels.magics import TrainMagics, _UsageParser
+from trainhub.handle import seen_text
+from trainhub.kernels.handle import LiveDisplay
+from trainhub.kernels.magics import TrainMagics, _UsageParser, cell_number
 from trainhub.kernels.widget import panel_backoff, svg_axes
 from trainhub.searchspace import SPACE_VARIABLE
 from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, SWEEP_TERMINAL, TRIAL_CANCELLED,
@@ -88,7 +91,7 @@ class SweepMagics(TrainMagics):
             return None
         args, script = prepared
         body = sweep_body(args, cell, script.source.replace("%%train", "%%sweep"))
-        body.setdefault("name", f"notebook-sweep-{getattr(self.shell, 'execution_count', 0)}")
+        body.setdefault("name", f"notebook-sweep-{cell_number(self.shell)}")
         if args.dry_run:
             import json
 
@@ -96,7 +99,7 @@ class SweepMagics(TrainMagics):
             print(body["script"])
             return None
         sweep = self._call("the sweep was not started", self.client.create_sweep, body)
-        self._report_context(script)
+        self._report_context(script, "%%sweep")
         handle = SweepHandle(self.client, sweep)
         self._present(handle, lambda: SweepPanel(self.client, sweep, poll=self.poll_interval),
                       f"started sweep {sweep['id']}: {sweep['trials']} trials, {sweep['parallel']} at a time, "
@@ -128,7 +131,7 @@ class BestTrial(dict):
                 f"job {self.get('job_id')}, outputs {self.get('outputs_url') or self.get('outputs_path')}>")
 
 
-class SweepHandle:
+class SweepHandle(LiveDisplay):
     """One sweep: ``status``, ``sweep`` (last seen), ``trials`` (table), ``best_trial``, ``importance``,
     ``register_best(name)`` (model registry), ``cancel()``, ``wait()``, ``show()``."""
 
@@ -137,6 +140,15 @@ class SweepHandle:
         self.id = sweep["id"]
         self.sweep = sweep
         self.panel = panel
+
+    @property
+    def sweep(self) -> dict:
+        """The sweep as last fetched (at ``seen_at``); ``status`` and ``refresh()`` ask the API."""
+        return self._sweep
+
+    @sweep.setter
+    def sweep(self, value: dict) -> None:
+        self._sweep, self.seen_at = value, time.time()
 
     def refresh(self) -> dict:
         self.sweep = self.client.get_sweep(self.id)
@@ -205,7 +217,7 @@ class SweepHandle:
     def __repr__(self):
         s = self.sweep
         best = s.get("best")
-        return (f"<SweepHandle {self.id} {s.get('state')} (when last seen), {sweep_progress(s)}"
+        return (f"<SweepHandle {self.id} {s.get('state')} (as of {seen_text(self.seen_at)}), {sweep_progress(s)}"
                 + (f", best {s.get('metric')} {best['value']:.6g}" if best else "")
                 + ": .status .trials .best_trial .cancel() .wait()>")
 

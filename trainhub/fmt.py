@@ -100,10 +100,16 @@ def fmt_devices(job: dict) -> str:
     return text
 
 
+def state_text(job: dict, sep: str = " ") -> str:
+    """``running (running on GPU 0)``: the state and, when it says more than the state, the reason."""
+    state, reason = job.get("state"), (job.get("reason") or "").strip()
+    return f"{state}{sep}({reason})" if reason and reason != state else f"{state}"
+
+
 def format_job(job: dict) -> str:
     """A job as lines of ``field: value`` (``trainhub jobs show``, ``%train status`` without widgets)."""
     lines = [f"{job['id']}  {job.get('name') or ''}".rstrip(),
-             f"  state:    {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""),
+             f"  state:    {state_text(job)}",
              f"  user:     {job.get('user', '')}",
              f"  gpus:     {fmt_devices(job)}" + (f", profile {job['profile']}" if job.get("profile") else ""),
              "  run:      " + (job.get("command") or f"python script.py ({len((job.get('script') or '').splitlines())} lines)"),

@@ -8,6 +8,7 @@ the job and returns the values it sent back (:mod:`trainhub.results`).
 from __future__ import annotations
 
 import html
+import time
 
 from trainhub import results
 from trainhub.fmt import elapsed_seconds, fmt_devices, fmt_duration, fmt_number, metrics_rows, text_table
@@ -27,6 +28,11 @@ class JobFailedError(RuntimeError):
         if log_tail.strip():
             msg += "\nlast log lines:\n" + log_tail.rstrip()
         super().__init__(msg)
+
+
+def seen_text(at: float) -> str:
+    """When a handle's snapshot was taken, for its repr: local wall-clock time."""
+    return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 class Table(list):
@@ -73,6 +79,15 @@ class JobHandle:
         self.id = job["id"]
         self.job = job
         self.panel = panel
+
+    @property
+    def job(self) -> dict:
+        """The job as last fetched (at :attr:`seen_at`); ``status`` and ``refresh()`` ask the API."""
+        return self._job
+
+    @job.setter
+    def job(self, value: dict) -> None:
+        self._job, self.seen_at = value, time.time()
 
     def refresh(self) -> dict:
         self.job = self.client.get(self.id)
@@ -137,7 +152,7 @@ class JobHandle:
 
     def __repr__(self):
         j = self.job
-        return (f"<JobHandle {self.id} {j.get('state')} (when last seen), {fmt_devices(j)}, elapsed "
+        return (f"<JobHandle {self.id} {j.get('state')} (as of {seen_text(self.seen_at)}), {fmt_devices(j)}, elapsed "
                 f"{fmt_duration(elapsed_seconds(j))}: .status .logs() .metrics() .cancel() .wait() .result() "
                 ".register_model()>")
 
@@ -155,4 +170,5 @@ class RemoteCall(JobHandle):
         return super().result(timeout=timeout, poll=poll)["return"]
 
     def __repr__(self):
-        return f"<RemoteCall {self.function}() as {self.id} {self.job.get('state')} (when last seen): .result() .status .logs() .cancel()>"
+        return (f"<RemoteCall {self.function}() as {self.id} {self.job.get('state')} (as of {seen_text(self.seen_at)}): "
+                ".result() .status .logs() .cancel()>")

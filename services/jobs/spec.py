@@ -15,6 +15,9 @@ RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "RANK", "LOCAL
                 "MASTER_ADDR", "MASTER_PORT", "TRAINHUB_JOB_ID", "TRAINHUB_OUTPUTS_DIR", "TRAINHUB_METRICS_FILE"}
 
 
+MAX_GPUS = 4096  # per worker; far above any node, so a too-large request hears about the pool instead
+
+
 def _int(spec, name, default, minimum, maximum=None):
     value = spec.get(name, default)
     if value is None:
@@ -82,7 +85,8 @@ def validate_spec(spec) -> JobSpec:
             raise InvalidRequest(f"env {k} must be a string or number")
         clean_env[str(k)] = str(v)
     gpus = spec.get("gpus")
-    gpus = None if gpus is None else _int(spec, "gpus", 0, 0, 64)
+    # only a bound on the number: the pool check (JobsService.check) names the real limit, the pool's size
+    gpus = None if gpus is None else _int(spec, "gpus", 0, 0, MAX_GPUS)
     profile = spec.get("profile")
     if profile is not None and not isinstance(profile, str):
         raise InvalidRequest("profile must be a profile slug such as 'gpu-1'")

@@ -241,6 +241,8 @@ def test_quota_refusals_and_bad_specs_say_why(jobs):
     assert r.json()["message"].startswith("GPU quota exceeded: this job needs 3 GPUs") and "your quota is 2" in r.json()["message"]
     r = u.submit(command="true", gpus=1, workers=5)
     assert r.status_code == 400 and "pool has only 4" in r.json()["message"]
+    r = u.submit(command="true", gpus=99)  # the pool's size, not a fixed bound of the spec's
+    assert r.status_code == 400 and "needs 99 GPUs" in r.json()["message"] and "pool has only 4" in r.json()["message"]
     cases = [
         ({"gpus": 1}, "exactly one of 'command'"),
         ({"command": "x", "script": "y"}, "exactly one of 'command'"),

@@ -71,7 +71,8 @@ def test_cell_with_notebook_context_runs_as_a_job(shell, api_magics, jobs_api, c
     assert (jobs_api.service.root / job.id / "outputs" / "out.json").read_text() == '{"lr": 0.5}'
     spec = jobs_api.service.jobs[job.id]
     assert spec["name"] == "ctx" and spec["env"] == {"MODE": "test"}
-    assert "sent from earlier cells: STEPS, helper, json; values: settings" in err
+    # what was carried is information (stdout), not an error
+    assert "%%train sent from earlier cells: STEPS, helper, json; values: settings" in out and "sent" not in err
     assert jobs_api.service.posts == 1
 
 
@@ -155,6 +156,43 @@ def test_widget_mode_displays_a_live_panel(shell, api_magics, jobs_api, monkeypa
     panel = shell.user_ns["j"].panel
     assert panel.done.is_set() and "succeeded" in panel.header.value
     assert "done" in panel.logs.value and "<polyline" in panel.chart.value and panel.cancel_button.disabled
+
+
+def test_the_value_under_the_cell_is_never_a_stale_snapshot(shell, api_magics, jobs_api, monkeypatch, capsys):
+    """Under the cell that made it the handle shows nothing (the live panel is there); in a later cell the
+    live panel again; a default job name carries the cell's own number ([N] -> notebook-cell-N)."""
+    pytest.importorskip("ipywidgets")
+    monkeypatch.setattr(type(api_magics), "_widgets", lambda self: True)
+    result = run(shell, "%%train --as j\nprint('done')\n")
+    assert result.success, result.error_in_exec
+    handle = shell.user_ns["j"]
+    assert jobs_api.service.jobs[handle.id]["name"] == f"notebook-cell-{result.execution_count}"
+    assert handle.shown_in_cell == result.execution_count
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *a, **kw: shown.append(a))
+    shell.displayhook.exec_result = result  # displayed under its own cell: nothing
+    handle._ipython_display_()
+    assert shown == []
+    later = run(shell, "1")
+    shell.displayhook.exec_result = later  # typed in a later cell: the live panel again, not text
+    handle._ipython_display_()
+    assert shown == [(handle.panel,)]
+    handle.panel.stop()
+    handle.panel = None  # without a panel: the state as of now (asks the API), saying when
+    handle.wait()
+    shown.clear()
+    handle._ipython_display_()
+    (bundle,) = shown[0][:1]
+    assert "succeeded (as of " in bundle["text/plain"] and "when last seen" not in bundle["text/plain"]
+
+
+def test_state_text_never_repeats_the_state():
+    from trainhub.fmt import state_text
+
+    assert state_text({"state": "queued", "reason": "queued"}) == "queued"
+    assert state_text({"state": "queued", "reason": ""}) == "queued"
+    assert state_text({"state": "queued", "reason": "waiting for 2 GPUs: 0 of 4 free"}) == \
+        "queued (waiting for 2 GPUs: 0 of 4 free)"
 
 
 def test_startup_file_loads_the_extension_only_on_the_platform(tmp_path):

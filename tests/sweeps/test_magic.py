@@ -28,9 +28,12 @@ def test_sweep_magic_sends_the_cell_with_its_context_and_the_space(shell, sweep_
     assert body["space"] == {"lr": {"type": "loguniform", "low": 1e-4, "high": 1.0},
                              "opt": {"type": "choice", "values": ["adam", "sgd"]}}
     assert "def helper" in body["script"] and body["script"].rstrip().endswith(CELL.rstrip())
-    assert body["name"].startswith("notebook-sweep-")
-    out = capsys.readouterr().out
+    assert body["name"] == f"notebook-sweep-{r.execution_count}"  # the cell's own number
+    captured = capsys.readouterr()
+    out = captured.out
     assert "started sweep s-000001: 6 trials, 2 at a time, minimising val_loss" in out
+    # what the capture carried is information for a %%sweep cell, named so, not an error
+    assert "%%sweep sent from earlier cells: helper" in out and "%%train" not in out + captured.err
     sw = shell.user_ns["sw"]
     assert isinstance(sw, SweepHandle) and sw.status == "completed"
     best = sw.best_trial

@@ -99,3 +99,32 @@ def test_is_loopback(ip, loop):
 def test_ssl_flags_go_together(capsys):
     assert main(["up", "--ssl-cert", "c.pem", "--data-dir", "/nonexistent"]) == 2
     assert "go together" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_is_not_a_traceback():
+    """`trainhub ... | head`: the reader goes away; the CLI stops quietly (no BrokenPipeError traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before anything is written
+    try:
+        # a command printing more than a pipe holds (as `trainhub jobs list --limit 500` does)
+        code = ("import sys, trainhub.cli as cli\n"
+                "cli._main = lambda argv=None: [print('j-000001 running', flush=True) for _ in range(100000)] and 0\n"
+                "sys.exit(cli.main([]))\n")
+        proc = subprocess.run([sys.executable, "-c", code], stdout=w, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141
+
+
+def test_status_inside_a_users_server_points_to_what_works_there(tmp_path, monkeypatch, capsys):
+    from trainhub.cli import main
+
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/ann/")
+    assert main(["status", "--data-dir", str(tmp_path / "nowhere")]) != 0
+    err = capsys.readouterr().err
+    assert "on the host" in err and "trainhub jobs list" in err and "trainhub up" not in err

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from trainhub.cli import CommandError
-from trainhub.fmt import (elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_events, format_job, last_log_line,
+from trainhub.fmt import (state_text, elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_events, format_job, last_log_line,
                           metrics_rows,
                           parse_time, text_table, wait_reason_text)
 from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
@@ -292,7 +292,7 @@ def cmd_why(args):
     if why is not None:
         print(wait_reason_text(job, why))
         return 0
-    print(f"{job['id']} {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""))
+    print(f"{job['id']} {state_text(job)}")
     if diagnosis is None:
         print("  no GPU efficiency diagnosis available (the usage advisor is not running on this service)")
         return 0

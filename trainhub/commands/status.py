@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 
 from trainhub.cli import CommandError
@@ -34,7 +35,14 @@ def run(args):
 
     try:
         allocator = LocalGPUAllocator(config=load_platform_config(args.data_dir))
-    except FileNotFoundError as e:
+        allocator.devices()
+    except (FileNotFoundError, PermissionError) as e:
+        if os.environ.get("JUPYTERHUB_SERVICE_PREFIX"):
+            # inside a user's server: the data dir is the platform's (closed to users), not this server's
+            raise CommandError(
+                "`trainhub status` reads the platform's data dir on the host (run it there, as the platform's "
+                "owner); in a notebook server see your own GPUs and work with `trainhub usage` and "
+                "`trainhub jobs list`, and why a job waits with `trainhub jobs why ID`") from None
         raise CommandError(str(e)) from None
     devices = allocator.devices()
     held = {h.device: h for h in allocator.holdings()}
