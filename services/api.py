@@ -21,6 +21,7 @@ the error mapping (``JSONErrors``) from the core.
 from __future__ import annotations
 
 import json
+import os
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed, check_scopes
 from tornado import web
@@ -146,9 +147,15 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
 
 
 class NoRouteHandler(JSONErrors, web.RequestHandler):
-    """Any path no route serves: a JSON 404 like every other error."""
+    """Any path no route serves: a JSON 404 like every other error; the service's own root says it runs
+    (JupyterHub asks it while starting, so that its check is not a warning in every log)."""
 
     def prepare(self):
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+        if prefix and self.request.path == prefix and self.request.method in ("GET", "HEAD"):
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"service": os.environ.get("JUPYTERHUB_SERVICE_NAME", ""), "running": True}))
+            return
         raise NotFound(f"nothing is served at {self.request.path}")
 
 

@@ -81,6 +81,15 @@ def assert_not_pending(platform, user):
 
 # -- login and users --------------------------------------------------------------
 
+def test_a_start_logs_no_errors_before_the_banner(platform):
+    """`trainhub up` waits for the hub on its own port and for the proxy's route before asking through the
+    proxy, and the services' roots answer JupyterHub's check: no red proxy 404s, no 404 warnings."""
+    log = (platform.data_dir / "logs" / "jupyterhub.log").read_text(errors="replace")
+    start = log[:log.index("JupyterHub is now running")]
+    assert "404 GET /hub/api/" not in start
+    assert "404 GET /services/" not in start
+
+
 def test_admin_logs_in_through_the_form(platform):
     s = platform.login(platform.admin_user, platform.admin_password)
     r = s.get(f"{platform.url}/hub/home", timeout=30)

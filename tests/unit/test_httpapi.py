@@ -211,3 +211,12 @@ async def test_every_error_is_json_status_and_message(service, access_log, path,
     [record] = [x for x in access_log.records if x.getMessage().startswith(str(status))]
     assert record.levelno == (logging.ERROR if status >= 500 else logging.WARNING)
     assert "secret internals" not in r.body.decode()
+
+
+async def test_the_service_root_says_it_runs(service, monkeypatch):
+    """JupyterHub asks a service's root while starting: a 200, not a 404 warning in every start's log."""
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/services/test/")
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_NAME", "test")
+    r = await service("/services/test/")
+    assert r.code == 200 and json.loads(r.body) == {"service": "test", "running": True}
+    assert (await service("/services/test/elsewhere")).code == 404

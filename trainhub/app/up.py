@@ -177,14 +177,15 @@ def _pump(stream, sinks):
                 pass
 
 
-def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float, exited_hint: str = "") -> None:
-    """Wait until ``url`` answers 200; UpError if ``proc`` exits first or time runs out."""
+def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float, exited_hint: str = "",
+              headers: dict | None = None, ready=lambda r: r.status_code == 200) -> None:
+    """Wait until ``url`` answers as ``ready`` says (200); UpError if ``proc`` exits first or time runs out."""
 
     def answers() -> bool:
         if proc.poll() is not None:
             raise UpError(f"{what} exited with code {proc.returncode} while starting{exited_hint}")
         try:
-            return requests.get(url, timeout=2).status_code == 200
+            return ready(requests.get(url, timeout=2, headers=headers))
         except requests.RequestException:
             return False
 
@@ -195,8 +196,17 @@ def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float, exite
 
 
 def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) -> None:
-    wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout,
-              exited_hint=f"; see {Path(runtime.data_dir) / 'logs' / 'jupyterhub.log'}")
+    """The hub answers on its own port, the proxy routes to it, then the public URL answers.
+
+    Asking the public URL before the hub's route exists makes the proxy log a red 404 per attempt.
+    """
+    hint = f"; see {Path(runtime.data_dir) / 'logs' / 'jupyterhub.log'}"
+    wait_http(f"http://127.0.0.1:{runtime.hub_port}/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
+    token = read_or_create_secret(DataDir(runtime.data_dir).proxy_token_file)[0]
+    wait_http(f"http://127.0.0.1:{runtime.proxy_api_port}/api/routes", proc, "the proxy's route to JupyterHub", timeout,
+              exited_hint=hint, headers={"Authorization": f"token {token}"},
+              ready=lambda r: r.status_code == 200 and "/" in r.json())
+    wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
 
 
 def banner(runtime: Runtime, new_password: str | None, dd: DataDir) -> str:
