@@ -27,11 +27,12 @@ from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, Enum, Instance, Integer, List, Unicode, default
 
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
+from trainhub.kube.pods import shm_parts
+from trainhub.kube.reflector import GPUPodReflector, NodeReflector
 from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.spawner import k8s_manifests as m
 from trainhub.spawner.errors import spawn_refusal
-from trainhub.kube.reflector import GPUPodReflector, NodeReflector
 from trainhub.storage import StorageConfig
 
 # trait names a profile or the storage mount may set; their configured values are the base
@@ -104,6 +105,11 @@ class GPUKubeSpawner(KubeSpawner):
         "none": no mount, only the fsspec environment variables.""",
     ).tag(config=True)
 
+    shm_size = Unicode(
+        "1Gi",
+        help="""Size of the memory-backed /dev/shm of notebook pods (counts against the pod's memory); empty = the
+        container runtime's 64 MiB, which PyTorch DataLoader workers outgrow at once ("bus error").""",
+    ).tag(config=True)
     storage_mount_root = Unicode("/mnt/trainhub", help="Where the storage mounts appear in the notebook container.").tag(config=True)
 
     storage_secret = Enum(
@@ -285,6 +291,9 @@ class GPUKubeSpawner(KubeSpawner):
         base = self._base()
         overrides = m.profile_overrides(profile)
         overrides.update(self.storage_pod_fragments())
+        shm_volumes, shm_mounts = shm_parts(self.shm_size)
+        overrides["volumes"] = [*overrides.get("volumes", []), *shm_volumes]
+        overrides["volume_mounts"] = [*overrides.get("volume_mounts", []), *shm_mounts]
         merged = m.merge_overrides(base, overrides)
         for name in _OVERRIDDEN:
             setattr(self, name, copy.deepcopy(merged.get(name, base[name])))

@@ -24,6 +24,7 @@ from typing import Iterable, Mapping
 
 from trainhub import distenv
 from trainhub.kube.names import COMPONENT_LABEL, JOB_USER_ANNOTATION, PROFILE_LABEL, SECRET_ENV_KEYS, k8s_name
+from trainhub.kube.pods import shm_parts
 
 from .launcher import WorkerStatus
 
@@ -208,10 +209,9 @@ def make_job(
         "volumeMounts": [{"name": "trainhub", "mountPath": POD_ROOT}],
         "resources": resources,
     }
-    volumes = [{"name": "trainhub", "emptyDir": {}}]
-    if shm_size:  # PyTorch data loaders and NCCL need more than the runtime's 64 MiB /dev/shm
-        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}})
+    shm_volumes, shm_mounts = shm_parts(shm_size)
+    volumes = [{"name": "trainhub", "emptyDir": {}}, *shm_volumes]
+    container["volumeMounts"] += shm_mounts
     pod_spec: dict = {
         "restartPolicy": "Never",
         "subdomain": name,

@@ -97,6 +97,27 @@ async def test_gpu_profile_spawn_creates_pod_with_limits_selector_storage(make_s
     await cluster.wait_for_cache(lambda pods: f"{NAMESPACE}/{spawner.pod_name}" not in pods)
 
 
+async def test_notebook_pods_get_a_memory_backed_dev_shm(make_spawner, cluster, validate_k8s):
+    """PyTorch DataLoader workers outgrow the runtime's 64 MiB /dev/shm ("bus error"): 1Gi by default, with
+    the storage mounts (CSI here) and on the real apiserver too; empty turns it off."""
+    config = spawner_config(**S3, GPUKubeSpawner__storage_mount="csi" if not cluster.real else "none")
+    spawner = make_spawner("shm-ann", options={"profile": "gpu-1"}, config=config)
+    await spawner.start()
+    pod = (await cluster.pods())[spawner.pod_name]
+    validate_k8s(await spawner.get_pod_manifest())
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and volumes["dshm"]["emptyDir"]["sizeLimit"] == "1Gi"
+    mounts = {v["mountPath"]: v["name"] for v in _main_container(pod)["volumeMounts"]}
+    assert mounts["/dev/shm"] == "dshm"
+    if not cluster.real:
+        assert "trainhub-home" in volumes  # next to the storage mounts, not instead of them
+    await spawner.stop()
+    off = make_spawner("shm-bo", config=spawner_config(GPUKubeSpawner__shm_size=""))
+    off.apply_profile(off.resolve_profile({}))
+    manifest = validate_k8s(await off.get_pod_manifest())
+    assert "/dev/shm" not in json.dumps(manifest)
+
+
 async def test_mig_profile_uses_its_resource_name(make_spawner, cluster, validate_k8s):
     spawner = make_spawner("bob", options={"profile": "mig-small"})
     await spawner.start()
