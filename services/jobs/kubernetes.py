@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,9 @@ class _Run:
     resume: dict = field(default_factory=dict)  # rank -> ts_key: lines up to it are in the log already
     done: set = field(default_factory=set)  # pod uids whose final log was read
     next_read: dict = field(default_factory=dict)  # pod uid -> monotonic time of the next read
+
+
+MIN_SERVER_VERSION = (1, 26)  # completionMode Indexed (1.21) and podFailurePolicy (beta, on by default: 1.26)
 
 
 class KubernetesLauncher(Launcher):
@@ -182,6 +186,11 @@ class KubernetesLauncher(Launcher):
             else:
                 await config.load_kube_config(config_file=self.kubeconfig or None, client_configuration=cfg)
             api_client = client.ApiClient(configuration=cfg)
+            try:
+                await self._check_server_version(client.VersionApi(api_client))
+            except BaseException:
+                await api_client.close()
+                raise
             core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
             # the one watch cache (kubespawner's reflector), on this launcher's own API client
             caches = dict(parent=self, namespace=self.namespace, labels={jm.MANAGED_BY_LABEL: jm.MANAGED_BY},
@@ -199,6 +208,23 @@ class KubernetesLauncher(Launcher):
 
     async def _ready(self) -> None:
         await self._connect()
+
+    async def _check_server_version(self, version_api) -> None:
+        """Refuse, with the reason, an API server older than the Job features this launcher relies on.
+
+        An older apiserver accepts the Job and silently drops ``completionMode`` (1.21) and
+        ``podFailurePolicy`` (1.26): the gang would run as plain pods without ranks or the disruption
+        rule. Failing at the first job, loudly, is better than a job that runs wrong.
+        """
+        info = await self._request("read the server's version", version_api.get_code)
+        major = int(re.sub(r"\D.*", "", str(info.major)) or 0)
+        minor = int(re.sub(r"\D.*", "", str(info.minor)) or 0)
+        if (major, minor) < MIN_SERVER_VERSION:
+            need = ".".join(map(str, MIN_SERVER_VERSION))
+            raise TrainhubError(
+                f"the Kubernetes API server is {info.git_version}; trainhub's jobs need Kubernetes {need} or newer "
+                "(Indexed Jobs: 1.21, pod failure policy: 1.26). Upgrade the cluster, or run jobs with the local "
+                "launcher (JobsService.launcher_class)")
 
     async def close(self) -> None:
         """Stop the watch caches and close the HTTP session (call when the service stops)."""
@@ -316,7 +342,9 @@ class KubernetesLauncher(Launcher):
             manifest = (await out) if asyncio.iscoroutine(out) else (out or manifest)
         name = manifest["metadata"]["name"]
         try:
-            created = await self._request(f"create job {name}", self._batch.create_namespaced_job, self.namespace, manifest)
+            # Strict: a field this server does not know is an error, never silently dropped
+            created = await self._request(f"create job {name}", self._batch.create_namespaced_job, self.namespace, manifest,
+                                          field_validation="Strict")
             created = self._api_client.sanitize_for_serialization(created)
         except ApiException as e:
             if e.status != 409:

@@ -5,6 +5,8 @@ Kept honest by ``test_standin_differential.py``, which sends the same requests t
 v1.20.2 apiserver (``controlplane/``) and to this stand-in and checks that they agree. What
 it does, as the apiserver does (``standin_semantics.py`` has the body rules):
 
+* **version**: ``GET /version`` answers ``KubeStandin.version`` (1.30: what the Job controller
+  follows), so clients that check the server's version see one that carries Indexed Jobs;
 * **requests**: create, get, list, watch, replace (PUT, 409 on a stale ``resourceVersion``),
   patch (JSON merge, strategic merge with the schema's merge keys, JSON patch), delete and
   deletecollection, the ``status`` subresource, ``pods/log``; ``metadata.namespace`` from the
@@ -164,6 +166,8 @@ class KubeStandin(kmock.KubernetesEmulator):
     # the Job controller's re-creation delay after a counted pod failure: 10 s, doubling, capped at 6 min
     job_backoff: float = 10.0
     job_backoff_max: float = 360.0
+    # what GET /version answers: the Job controller here follows the current upstream one
+    version: tuple = (1, 30)
     _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     _last_rv: int = attrs.field(default=0, init=False)
     _window_start: int = attrs.field(default=0, init=False)  # a watch from an RV below this: 410
@@ -365,6 +369,12 @@ class KubeStandin(kmock.KubernetesEmulator):
     # -- request handling ----------------------------------------------------------------------
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is None and request.url.path.rstrip("/") == "/version":
+            major, minor = self.version
+            return aiohttp.web.json_response({
+                "major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.0-standin",
+                "gitCommit": "standin", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.22", "compiler": "gc", "platform": "linux/amd64"})
         if request.resource is None:
             return await super()._handle(request)
         method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
