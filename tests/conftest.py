@@ -44,6 +44,14 @@ Fixtures
   the ``trainhub.kernels`` extension loaded (used by the %%train and %%sweep magic tests).
 - ``s3_server`` (session): a real ``moto_server`` on a free loopback port; an object with
   ``endpoint``, ``key``, ``secret``, ``env`` (AWS_* variables) and ``make_bucket(name)``.
+- ``jobs_api``: an in-process stand-in for the jobs service speaking docs/jobs-api.md
+  (tests/jobs_contract_server.py's ``ServerThread``, one per session, reset per test): ``.url``,
+  ``.token``, ``.service`` (``posts``, ``jobs``, ``fail_gets``). Jobs run as real local subprocesses.
+
+Layout (docs: tests/README.md): one folder per feature; tiers are markers, set by
+``pytest_collection_modifyitems`` below: ``e2e`` (uses ``platform``/``platform_factory``, a real
+``trainhub up``), ``browser`` (drives chromium through tests/browserlab.py), ``kube`` (tests/kubernetes/),
+``unit`` (none of the others). Shared helper modules live at the top of tests/, which is on ``sys.path``.
 
 On failure, each platform's data-dir logs and start outputs are copied to
 ``test-artifacts/<platform name>/``.
@@ -65,7 +73,11 @@ from pathlib import Path
 import pytest
 import requests
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+# shared helper modules (browserlab, jobs_contract_server, storageserver, ...) import by name from any folder
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 ARTIFACTS = REPO / "test-artifacts"
 
 PLATFORM_CONFIG = """
@@ -447,6 +459,28 @@ def pytest_configure(config):
         os.environ["TRAINHUB_TEST_KUBE"] = config.getoption("--kube")
 
 
+# tiers (markers registered in pyproject): set from what a test uses, not by hand
+E2E_FIXTURES = {"platform", "platform_factory"}
+KUBE_DIR = TESTS / "kubernetes"
+
+
+def _uses_browser(item) -> bool:
+    module = getattr(item, "module", None)
+    return module is not None and any(getattr(v, "__module__", None) == "browserlab" for v in vars(module).values())
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.e2e)
+        if _uses_browser(item) and not item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.browser)
+        if Path(str(item.fspath)).is_relative_to(KUBE_DIR) and not item.get_closest_marker("kube"):
+            item.add_marker(pytest.mark.kube)
+        if not any(item.get_closest_marker(m) for m in ("e2e", "browser", "kube")):
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -558,6 +592,22 @@ def s3_server():
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def _jobs_server():
+    from jobs_contract_server import ServerThread
+
+    server = ServerThread()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def jobs_api(_jobs_server):
+    _jobs_server.service.reset()
+    yield _jobs_server
+    _jobs_server.service.reset()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """CONTRACT tests of TrainhubClient against docs/jobs-api.md's shapes.
 
 The server is ``jobs_contract_server`` (in-process tornado stand-in, jobs run as local
-subprocesses), not the real jobs service: end-to-end tests through `trainhub up` live in tests/e2e.
+subprocesses), not the real jobs service: end-to-end tests through `trainhub up` are in tests/jobs/test_jobs.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "browser"
 
 
 def require_chromium() -> None:
