@@ -39,6 +39,7 @@ import pytest
 import requests
 
 from trainhub.procs import processes_with
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -65,17 +66,6 @@ SERVERS = {"cull-idle": "gpu-1", "cull-keep": "gpu-1", "cull-busy": "gpu-1", "cu
            "cull-long": "gpu-long"}
 #: the side platforms only run the culler (no jobs service: no running jobs are assumed)
 SIDE_ENV = {"TRAINHUB_SERVICES": "trainhub-culler"}
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Culler:
@@ -168,7 +158,7 @@ def start_executing_cell(platform, user: str, code: str = "import time; time.sle
     assert r.status_code == 201, r.text
     kid = r.json()["id"]
     ws_url = base.replace("http://", "ws://", 1) + f"/{kid}/channels"
-    ws = wait_for(lambda: _try_ws(websocket, ws_url, token), 60, what=f"kernel websocket of {user}")
+    ws = wait_for(lambda: _try_ws(websocket, ws_url, token), timeout=60, what=f"kernel websocket of {user}")
     msg_id = uuid.uuid4().hex
     ws.send(json.dumps({
         "header": {"msg_id": msg_id, "username": user, "session": uuid.uuid4().hex, "msg_type": "execute_request",
@@ -238,7 +228,7 @@ class WarningWatch:
         self._thread.join(timeout=10)
 
     def seen(self, user: str, timeout: float) -> tuple[float, dict]:
-        return wait_for(lambda: self.first.get(user), timeout, what=f"a warning for {user}")
+        return wait_for(lambda: self.first.get(user), timeout=timeout, what=f"a warning for {user}")
 
 
 class Fleet:
@@ -335,7 +325,7 @@ def test_keep_my_gpu_restarts_the_clock_for_ones_own_server_only(fleet):
         latest = culler.latest("cull-keep")
         return latest if latest["measurements"].get("clock_reset_by") == "keep pressed" else None
 
-    latest = wait_for(after_keep, 3 * CHECK + 5, what="a decision counting from the keep")
+    latest = wait_for(after_keep, timeout=3 * CHECK + 5, what="a decision counting from the keep")
     assert latest["action"] == "none" and latest["reason"].startswith("not culled: idle"), latest
     # past the timeout since its GPU went idle, the server still has its GPU: the clock restarted at keep
     time.sleep(max(0.0, fleet.idle_since["cull-keep"] + TIMEOUT + CHECK - time.monotonic()))
@@ -361,7 +351,7 @@ def test_idle_server_is_warned_then_released_to_cpu(fleet):
         model = p.server_model("cull-idle")
         return model if model and model.get("ready") and model["user_options"].get("profile") == "cpu" else None
 
-    wait_for(released, WARNING + 60, what="cull-idle restarted on the cpu profile")
+    wait_for(released, timeout=WARNING + 60, what="cull-idle restarted on the cpu profile")
     assert time.monotonic() - warned >= WARNING - 1  # the user had the warning period
     assert p.held_by("cull-idle") == []
     row = next(r for r in p.ledger()["devices"] if r["device"] == device)
@@ -456,7 +446,7 @@ def test_action_stop_stops_the_server(fleet):
     culler = Culler(p)
     warned, w = fleet.watch.seen("cull-stopped", TIMEOUT + 15)
     assert w["action"] == "stop" and "will stop in" in w["message"]
-    wait_for(lambda: p.server_model("cull-stopped") is None, WARNING + 30, what="the server stopped")
+    wait_for(lambda: p.server_model("cull-stopped") is None, timeout=WARNING + 30, what="the server stopped")
     assert time.monotonic() - warned >= WARNING - 1
     assert p.held_by("cull-stopped") == [] and p.ledger()["free"] == 1
     rows = culler.decisions("cull-stopped")["items"][::-1]
@@ -473,7 +463,7 @@ def test_dry_run_reports_but_never_acts(fleet):
     def would_release():
         return [r for r in culler.decisions("cull-dry")["items"] if r["action"] == "release"]
 
-    [row] = wait_for(would_release, TIMEOUT + WARNING + 20, what="a dry-run release decision")[-1:]
+    [row] = wait_for(would_release, timeout=TIMEOUT + WARNING + 20, what="a dry-run release decision")[-1:]
     assert row["dry_run"] and not row["acted"] and row["reason"].startswith("dry run: idle")
     time.sleep(max(0.0, datetime.fromisoformat(row["at"]).timestamp() + 2 * CHECK + 1 - time.time()))
     assert p.held_by("cull-dry") == [0]

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from trainhub.procs import processes_with as _tagged
+from waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,17 +50,6 @@ def _clean_servers(request):
         p = request.getfixturevalue("platform")
         if p.running:
             p.stop_all_servers()
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.25, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(interval)
 
 
 def pool_is_free(platform, timeout: float = 60) -> None:
