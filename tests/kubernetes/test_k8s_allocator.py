@@ -13,6 +13,7 @@ import asyncio
 import threading
 
 import pytest
+from waiting import await_for
 import pytest_asyncio
 from k8s_test_config import GPU_TYPE_LABEL, MIG, PROFILES, REAL_KUBECONFIG, TEST_IMAGE
 from kube_standin import JOBS, PODS
@@ -95,15 +96,7 @@ async def add_pod(kube, name, gpus=1, *, user=None, server=None, job_id=None, re
 
 
 async def until(fn, what, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await asyncio.to_thread(fn)
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+    return await await_for(lambda: asyncio.to_thread(fn), what=what, timeout=timeout)
 
 
 def by_holder(holdings):
@@ -143,12 +136,17 @@ async def test_devices_are_the_schedulable_gpus_of_ready_tolerated_nodes(make_al
 async def test_no_list_per_call(kube, make_allocator):
     allocator = make_allocator()
     await asyncio.to_thread(allocator.devices)
-    await asyncio.sleep(0.5)  # the reflectors' watch loops list once more as they start
+
+    def requests_(watch: bool, kind: str):
+        return sum(1 for r in kube.recorded_requests() if str(r.method).upper().endswith("GET")
+                   and (str(r.params.get("watch", "")).lower() in ("true", "1")) == watch
+                   and str(r.url.path).rstrip("/").endswith(kind))
 
     def lists():
-        return sum(1 for r in kube.recorded_requests() if str(r.method).upper().endswith("GET")
-                   and str(r.params.get("watch", "")).lower() not in ("true", "1")
-                   and str(r.url.path).rstrip("/").endswith(("/nodes", "/pods")))
+        return requests_(False, "/nodes") + requests_(False, "/pods")
+
+    # the reflectors' watch loops list once more as they start, then watch: wait for both watches
+    await until(lambda: requests_(True, "/nodes") and requests_(True, "/pods"), what="the node and pod watches")
     before = lists()
     for _ in range(5):
         await asyncio.to_thread(allocator.devices)
