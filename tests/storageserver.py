@@ -13,11 +13,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import requests
+from waiting import wait_for
 
 TOKEN = "storage-test-token"
 
@@ -96,15 +96,19 @@ def start_storage_server(backend: Backend, workdir: Path, user: str = "alice", e
     log = open(workdir / f"server-{uuid.uuid4().hex[:6]}.log", "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
+    def answers():
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter server exited with {proc.returncode}: {Path(log.name).read_text()[-3000:]}")
         try:
-            if requests.get(f"{url}/trainhub/storage/areas", headers={"Authorization": f"token {TOKEN}"}, timeout=2).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"jupyter server did not start: {Path(log.name).read_text()[-3000:]}")
-        time.sleep(0.2)
+            return requests.get(f"{url}/trainhub/storage/areas", headers={"Authorization": f"token {TOKEN}"},
+                                timeout=2).status_code
+        except requests.RequestException as e:
+            return repr(e)
+
+    try:
+        wait_for(answers, lambda status: status == 200, what=f"the storage extension's jupyter server at {url}",
+                 timeout=90, describe=lambda status: f"last answer {status}; log: {Path(log.name).read_text()[-3000:]}")
+    except (AssertionError, RuntimeError):
+        proc.kill()
+        raise
     return StorageServer(url, backend, proc)

@@ -10,6 +10,7 @@ Skipped against a real cluster (the tests count every GPU of the cluster).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -134,9 +135,6 @@ async def test_devices_are_the_schedulable_gpus_of_ready_tolerated_nodes(make_al
 
 
 async def test_no_list_per_call(kube, make_allocator):
-    allocator = make_allocator()
-    await asyncio.to_thread(allocator.devices)
-
     def requests_(watch: bool, kind: str):
         return sum(1 for r in kube.recorded_requests() if str(r.method).upper().endswith("GET")
                    and (str(r.params.get("watch", "")).lower() in ("true", "1")) == watch
@@ -145,8 +143,12 @@ async def test_no_list_per_call(kube, make_allocator):
     def lists():
         return requests_(False, "/nodes") + requests_(False, "/pods")
 
-    # the reflectors' watch loops list once more as they start, then watch: wait for both watches
-    await until(lambda: requests_(True, "/nodes") and requests_(True, "/pods"), what="the node and pod watches")
+    watches = requests_(True, "/nodes"), requests_(True, "/pods")  # of earlier tests' reflectors
+    allocator = make_allocator()
+    await asyncio.to_thread(allocator.devices)
+    # the reflectors' watch loops list once more as they start, then watch: wait for this allocator's watches
+    await until(lambda: requests_(True, "/nodes") > watches[0] and requests_(True, "/pods") > watches[1],
+                what="the node and pod watches")
     before = lists()
     for _ in range(5):
         await asyncio.to_thread(allocator.devices)
@@ -369,10 +371,7 @@ async def test_engine_admits_jobs_through_the_kubernetes_ledger(kube, make_alloc
             await engine.run_once()
             return (await store.read(store.get, job_id)).state
 
-        for _ in range(200):
-            if await state(big.id) == "running":
-                break
-            await asyncio.sleep(0.05)
+        await await_for(lambda: state(big.id), lambda st: st == "running", what="the big job to run", timeout=20)
         job = await store.read(store.get, big.id)
         assert job.state == "running"
         held = by_holder(await asyncio.to_thread(allocator.holdings))
@@ -388,14 +387,16 @@ async def test_engine_admits_jobs_through_the_kubernetes_ledger(kube, make_alloc
             return {t.pod for t in targets.values()} if len(targets) == 4 else None
         pods = await until(pods_hold, "the job's pods holding its GPUs")
         assert all(p.startswith(name) for p in pods) and len(pods) == 2
-        for _ in range(200):
+        async def finish_workers():
             # the workers exit (again, if the stand-in's kubelet raced a late Pending event and set one Running)
             for pod in pods:
                 if (kube.get(PODS, NS, pod) or {}).get("status", {}).get("phase") == "Running":
                     await kube.finish_pod(NS, pod, 0)
-            if await state(big.id) == "succeeded" and await state(small.id) == "running":
-                break
-            await asyncio.sleep(0.05)
+            return await state(big.id), await state(small.id)
+
+        with contextlib.suppress(AssertionError):  # the assertions below say what was seen instead
+            await await_for(finish_workers, lambda states: states == ("succeeded", "running"),
+                            what="big to succeed and small to run", timeout=20)
         assert (await store.read(store.get, big.id)).state == "succeeded", (
             [(n, p["status"].get("phase")) for (_, n), p in kube.store(PODS).items()], kube.store(JOBS))
         assert (await store.read(store.get, small.id)).state == "running"
