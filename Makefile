@@ -81,15 +81,16 @@ test: test-deps controlplane
 test-kube-real: test-deps controlplane
 	$(PY) -m pytest -q tests/kubernetes --kube=real $(PYTEST_ARGS)
 
+# tiers are markers (tests/README.md): unit, e2e (a real `trainhub up`), browser (chromium), kube
 test-unit: test-deps
-	$(PY) -m pytest -q -m "not e2e and not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m unit $(PYTEST_ARGS)
 
 test-e2e: test-deps
 	$(PY) -m pytest -q -m "e2e or browser" $(PYTEST_ARGS)
 
-# the import contracts of docs/architecture.md (also run by `make test`: tests/unit/test_import_layers.py)
+# the import contracts of docs/architecture.md (also run by `make test`: tests/architecture/test_import_layers.py)
 lint-imports: test-deps
-	$(PY) tests/unit/test_import_layers.py
+	$(PY) tests/architecture/test_import_layers.py
 
 # the benchmarks also need the loaders they compare with (the `bench` extra)
 bench: test-deps

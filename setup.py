@@ -6,7 +6,7 @@ setuptools needs every sub-package named, so we walk the tree once here.
 The prebuilt JupyterLab panel (extensions/panel) and the config file enabling the server extension
 (extensions/jupyter-config/trainhub.json) are also installed as data files under the environment's
 prefix, where JupyterLab and jupyter-server look (the same places as
-``trainhub.extensions.LABEXTENSION_DEST`` / ``SERVER_CONFIG_DEST``; tests/storage/test_panel_wheel.py
+``trainhub.extensions.LABEXTENSION_DEST`` / ``SERVER_CONFIG_DEST``; tests/panel/test_panel_wheel.py
 checks a built wheel against them).
 """
 

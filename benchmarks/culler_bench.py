@@ -19,7 +19,7 @@ What feeds the hub's last_activity (jupyter-server 2.x + JupyterLab 4 + configur
 user requests; kernel output (every iopub message updates the kernel's last_activity); and
 any traffic through the proxy. A JupyterLab tab with a notebook open keeps that traffic
 going even when hidden: jupyter-server pings the kernel websocket every 30 s, the browser
-answers, and the proxy counts it (plus a few polls a minute). tests/browser/
+answers, and the proxy counts it (plus a few polls a minute). tests/culler/
 test_culler_presence.py measures this on the real stack. So the activity culler sees a
 server as active while a tab is open on an awake machine, and idle once the browser is
 closed or the machine sleeps. trainhub sees the same tab as an open kernel connection.

@@ -44,6 +44,14 @@ Fixtures
   the ``trainhub.kernels`` extension loaded (used by the %%train and %%sweep magic tests).
 - ``s3_server`` (session): a real ``moto_server`` on a free loopback port; an object with
   ``endpoint``, ``key``, ``secret``, ``env`` (AWS_* variables) and ``make_bucket(name)``.
+- ``jobs_api``: an in-process stand-in for the jobs service speaking docs/jobs-api.md
+  (tests/jobs_contract_server.py's ``ServerThread``, one per session, reset per test): ``.url``,
+  ``.token``, ``.service`` (``posts``, ``jobs``, ``fail_gets``). Jobs run as real local subprocesses.
+
+Layout (docs: tests/README.md): one folder per feature; tiers are markers, set by
+``pytest_collection_modifyitems`` below: ``e2e`` (uses ``platform``/``platform_factory``, a real
+``trainhub up``), ``browser`` (drives chromium through tests/browserlab.py), ``kube`` (tests/kubernetes/),
+``unit`` (none of the others). Shared helper modules live at the top of tests/, which is on ``sys.path``.
 
 On failure, each platform's data-dir logs and start outputs are copied to
 ``test-artifacts/<platform name>/``.
@@ -65,7 +73,13 @@ from pathlib import Path
 import pytest
 import requests
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+# shared helper modules (browserlab, jobs_contract_server, storageserver, waiting, ...) import by name from any folder
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from waiting import wait_for  # noqa: E402
 ARTIFACTS = REPO / "test-artifacts"
 
 PLATFORM_CONFIG = """
@@ -168,22 +182,24 @@ class Platform:
         self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=str(REPO), start_new_session=True)
         out.close()
-        deadline = time.monotonic() + timeout
-        while True:
+        def up() -> bool:
             self._refresh_output()
             if self.proc.poll() is not None:
                 raise RuntimeError(f"trainhub up exited with {self.proc.returncode}:\n{self.outputs[-1][-3000:]}\n"
                                    f"--- hub log ---\n{self.log()[-4000:]}")
             if "trainhub is running at" in self.outputs[-1]:
                 try:
-                    if requests.get(self.url + "/hub/api/", timeout=2).status_code == 200:
-                        break
+                    return requests.get(self.url + "/hub/api/", timeout=2).status_code == 200
                 except requests.RequestException:
                     pass
-            if time.monotonic() > deadline:
-                self.failed = True
-                raise RuntimeError(f"trainhub up did not come up within {timeout} s:\n{self.outputs[-1][-3000:]}")
-            time.sleep(0.2)
+            return False
+
+        try:
+            wait_for(up, what=f"trainhub up ({self.name}) to answer", timeout=timeout,
+                     describe=lambda _: f"output:\n{self.outputs[-1][-3000:]}")
+        except AssertionError as e:
+            self.failed = True
+            raise RuntimeError(str(e)) from None
         self.instance = self._find_instance()
         self._tokens.clear()
         return self
@@ -200,17 +216,19 @@ class Platform:
 
     def _find_instance(self) -> str | None:
         pid_file = self.data_dir / "jupyterhub.pid"
-        for _ in range(50):
+
+        def instance() -> str | None:
             try:
                 pid = int(pid_file.read_text().strip())
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                for item in env:
-                    if item.startswith(b"TRAINHUB_INSTANCE="):
-                        return item.split(b"=", 1)[1].decode()
             except (OSError, ValueError):
-                pass
-            time.sleep(0.1)
-        return None
+                return None
+            return next((item.split(b"=", 1)[1].decode() for item in env if item.startswith(b"TRAINHUB_INSTANCE=")), None)
+
+        try:
+            return wait_for(instance, what=f"the instance marker of {self.name}'s hub", timeout=10, interval=0.1)
+        except AssertionError:
+            return None
 
     @property
     def running(self) -> bool:
@@ -232,12 +250,11 @@ class Platform:
         self._refresh_output()
         code = self.proc.returncode
         if check_orphans and self.instance:
-            left = []
-            for _ in range(50):
+            try:
+                left = wait_for(lambda: processes_with("TRAINHUB_INSTANCE", self.instance), lambda left: not left,
+                                what=f"every process of {self.name} to exit", timeout=10, interval=0.1)
+            except AssertionError:
                 left = processes_with("TRAINHUB_INSTANCE", self.instance)
-                if not left:
-                    break
-                time.sleep(0.1)
             if left:
                 self.failed = True
                 for pid in left:
@@ -323,27 +340,30 @@ class Platform:
         r = self.api("POST", f"/users/{user}/server", token or self.token(user), json=body)
         if r.status_code not in (201, 202):
             raise SpawnFailed(f"spawn of {user} ({profile}) refused: {r.status_code} {r.text[:500]}", r)
-        deadline = time.monotonic() + timeout
-        while True:
-            model = self.server_model(user)
-            if model and model.get("ready"):
-                return model
-            if model is None and time.monotonic() > deadline - timeout + 5:
+        # a server gone again (None) once the hub has shown it pending means its start failed
+        seen = []
+
+        def ready(model) -> bool:
+            seen.append(model)
+            if model is None and any(m is not None for m in seen):
                 raise SpawnFailed(f"server of {user} vanished while starting; hub log tail:\n{self.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise SpawnFailed(f"server of {user} not ready within {timeout} s: {model}")
-            time.sleep(0.25)
+            return bool(model and model.get("ready"))
+
+        try:
+            return wait_for(lambda: self.server_model(user), ready, what=f"the server of {user} to be ready",
+                            timeout=timeout, interval=0.25)
+        except SpawnFailed:
+            raise
+        except AssertionError as e:
+            raise SpawnFailed(str(e)) from None
 
     def stop_server(self, user: str, token: str | None = None, timeout: float = 60) -> None:
         r = self.api("DELETE", f"/users/{user}/server", token)
         if r.status_code == 400 and "not running" in r.text:
             return
         assert r.status_code in (202, 204), f"stop of {user}: {r.status_code} {r.text[:300]}"
-        deadline = time.monotonic() + timeout
-        while self.server_model(user) is not None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server of {user} still there {timeout} s after stop")
-            time.sleep(0.25)
+        wait_for(lambda: self.server_model(user), lambda model: model is None, what=f"the server of {user} to stop",
+                 timeout=timeout, interval=0.25)
 
     def stop_all_servers(self) -> None:
         r = self.api("GET", "/users")
@@ -447,6 +467,28 @@ def pytest_configure(config):
         os.environ["TRAINHUB_TEST_KUBE"] = config.getoption("--kube")
 
 
+# tiers (markers registered in pyproject): set from what a test uses, not by hand
+E2E_FIXTURES = {"platform", "platform_factory"}
+KUBE_DIR = TESTS / "kubernetes"
+
+
+def _uses_browser(item) -> bool:
+    module = getattr(item, "module", None)
+    return module is not None and any(getattr(v, "__module__", None) == "browserlab" for v in vars(module).values())
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.e2e)
+        if _uses_browser(item) and not item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.browser)
+        if Path(str(item.fspath)).is_relative_to(KUBE_DIR) and not item.get_closest_marker("kube"):
+            item.add_marker(pytest.mark.kube)
+        if not any(item.get_closest_marker(m) for m in ("e2e", "browser", "kube")):
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -540,16 +582,19 @@ def s3_server():
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
+    def answers():
+        if proc.poll() is not None:
+            raise RuntimeError(f"moto_server exited with {proc.returncode}")
         try:
-            requests.get(endpoint + "/moto-api/", timeout=1)
-            break
-        except requests.RequestException:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("moto_server did not start")
-            time.sleep(0.2)
+            return requests.get(endpoint + "/moto-api/", timeout=1).status_code
+        except requests.RequestException as e:
+            return repr(e)
+
+    try:
+        wait_for(answers, lambda status: isinstance(status, int), what=f"moto_server at {endpoint}", timeout=60)
+    except (AssertionError, RuntimeError):
+        proc.kill()
+        raise
     try:
         yield S3Server(endpoint)
     finally:
@@ -558,6 +603,22 @@ def s3_server():
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def _jobs_server():
+    from jobs_contract_server import ServerThread
+
+    server = ServerThread()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def jobs_api(_jobs_server):
+    _jobs_server.service.reset()
+    yield _jobs_server
+    _jobs_server.service.reset()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Fixtures for trainhub.data tests.
 
-- ``moto_server`` (session): a real ``moto_server`` subprocess on a free loopback port;
-  yields its endpoint URL; stopped at teardown.
+- ``moto_server`` (session): the endpoint URL of the session's real ``moto_server`` (``s3_server`` of
+  tests/conftest.py).
 - ``s3_options`` (session): storage options (endpoint, dummy keys) for that server.
 - ``s3_bucket``: a fresh bucket name per test (created), e.g. ``"t-3f2a..."``.
 - ``s3fs_fs``: an ``s3fs.S3FileSystem`` for the server (listing cache off).
@@ -13,11 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 
 import pytest
@@ -25,39 +20,10 @@ import pytest
 ACCESS = {"key": "testing", "secret": "testing"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
-def moto_server():
-    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    if not os.path.exists(exe):
-        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    port = _free_port()
-    env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"moto_server did not start on {url}")
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def moto_server(s3_server):
+    """The session's one moto S3 server (tests/conftest.py's ``s3_server``): its endpoint URL."""
+    return s3_server.endpoint
 
 
 @pytest.fixture(scope="session")

@@ -7,15 +7,14 @@ timestamped log and the exit file.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
+from waiting import await_for, wait_for
 
 from trainhub.services.jobs import forkserver
 from trainhub.services.jobs.forkserver import ForkServer, ForkServerError, server_environment
@@ -52,10 +51,8 @@ class Run:
                              "wrapper_err": str(tmp / f"{name}-{rank}.wrapper.err")})
 
     def wait(self, timeout: float = 20) -> int:
-        deadline = time.monotonic() + timeout
-        while not self.exit_file.exists():
-            assert time.monotonic() < deadline, f"no exit file; log: {self.text()}"
-            time.sleep(0.01)
+        wait_for(self.exit_file.exists, what=f"the exit file of {self.script.name} (log: {self.text()!r})",
+                 timeout=timeout, interval=0.01)
         return int(self.exit_file.read_text())
 
     def text(self) -> str:
@@ -70,10 +67,8 @@ class Run:
         return out
 
     def wait_for(self, text: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.text():
-            assert time.monotonic() < deadline, f"{text!r} not in the log: {self.text()}"
-            time.sleep(0.01)
+        wait_for(self.text, lambda log: text in log, what=f"{text!r} in the log of {self.script.name}", timeout=timeout,
+                 interval=0.01)
 
 
 def state_of(pid: int) -> str | None:
@@ -187,17 +182,23 @@ def test_the_interpreter_shuts_down_as_after_python_script(server, tmp_path):
 
 
 def test_two_workers_run_concurrently_and_leave_no_zombies(server, tmp_path):
-    source = "import os, time\ntime.sleep(1.0)\nprint('rank', os.environ['RANK'])\n"
-    t0 = time.monotonic()
-    runs = [Run(server, tmp_path, source, rank=r) for r in (0, 1)]
+    # side by side, not one after the other: each worker arrives, then waits for the other to have arrived
+    # too; run one after the other, the first would never see the second and exit 3 (no stopwatch needed)
+    source = ("import os, pathlib, sys, time\n"
+              "me = int(os.environ['RANK']); meet = pathlib.Path(os.environ['MEET'])\n"
+              "(meet / f'here-{me}').touch()\n"
+              "deadline = time.monotonic() + 60\n"
+              "while not (meet / f'here-{1 - me}').exists():\n"
+              "    if time.monotonic() > deadline: sys.exit(3)\n"
+              "    time.sleep(0.01)\n"
+              "print('rank', me)\n")
+    runs = [Run(server, tmp_path, source, rank=r, env=base_env(RANK=str(r), MEET=str(tmp_path))) for r in (0, 1)]
     assert runs[0].pid != runs[1].pid
-    assert [r.wait() for r in runs] == [0, 0]
-    assert time.monotonic() - t0 < 1.9  # side by side, not one after the other
+    assert [r.wait(timeout=90) for r in runs] == [0, 0]
     assert [r.lines()[0][1] for r in runs] == ["rank 0", "rank 1"]
-    deadline = time.monotonic() + 5
-    while any(state_of(r.pid) is not None for r in runs) or zombie_children(server.pid):
-        assert time.monotonic() < deadline, ([state_of(r.pid) for r in runs], zombie_children(server.pid))
-        time.sleep(0.02)
+    wait_for(lambda: ([state_of(r.pid) for r in runs], zombie_children(server.pid)),
+             lambda seen: all(st is None for st in seen[0]) and not seen[1],
+             what="both workers gone and no zombie child of the fork server", timeout=10, interval=0.02)
 
 
 def test_no_go_from_the_launcher_means_nothing_runs(server, tmp_path):
@@ -207,10 +208,8 @@ def test_no_go_from_the_launcher_means_nothing_runs(server, tmp_path):
         forkserver._send(s, {"op": "spawn", "script": str(script), "env": base_env(), "cwd": str(tmp_path),
                              "log": str(tmp_path / "never.log"), "exit_file": str(tmp_path / "never.exit"), "rank": 0})
         pid = json.loads(forkserver._read_line(s))["pid"]
-    deadline = time.monotonic() + 5
-    while state_of(pid) is not None:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: state_of(pid), lambda st: st is None, what=f"the unlaunched worker {pid} to be gone", timeout=10,
+             interval=0.02)
     assert not (tmp_path / "never.log").exists() and not (tmp_path / "never.exit").exists()
 
 
@@ -279,13 +278,8 @@ def job_view(key: str, script: str | None = None, command: str | None = None, wo
 
 
 async def finish(launcher: LocalLauncher, job: JobView, state: dict, timeout: float = 20) -> list:
-    deadline = time.monotonic() + timeout
-    while True:
-        statuses = await launcher.poll(job, state)
-        if all(not s.running for s in statuses):
-            return statuses
-        assert time.monotonic() < deadline, statuses
-        await asyncio.sleep(0.02)
+    return await await_for(lambda: launcher.poll(job, state), lambda statuses: all(not s.running for s in statuses),
+                           what=f"every worker of {job.key} to end", timeout=timeout, interval=0.02)
 
 
 async def test_launcher_forks_script_workers_warm_and_commands_cold(tmp_path):
@@ -317,10 +311,8 @@ async def test_launcher_cancel_of_a_warm_job_by_process_group(tmp_path):
         job = job_view("j-000003", script="import time\nprint('up', flush=True)\ntime.sleep(60)\n")
         state = await launcher.launch(job, [[]], base_env())
         log = Path(state["workers"][0]["log"])
-        deadline = time.monotonic() + 10
-        while "up" not in (log.read_text() if log.exists() else ""):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await await_for(lambda: log.read_text() if log.exists() else "", lambda text: "up" in text,
+                        what="'up' in the worker's log", timeout=20, interval=0.02)
         await launcher.terminate(job, state, grace=5)
         assert [s.exit_code for s in await launcher.poll(job, state)] == [-signal.SIGTERM]
     finally:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
+from waiting import wait_for
 
 from trainhub.states import JOB_TERMINAL
 
@@ -65,13 +65,8 @@ class API:
         return r
 
     def wait(self, jid, until, what, timeout=120) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.get(jid).json()
-            if until(job):
-                return job
-            assert time.monotonic() < deadline, f"{what}: job {jid} is {job['state']} ({job['reason']})"
-            time.sleep(0.2)
+        return wait_for(lambda: self.get(jid).json(), until, what=f"{what} (job {jid})", timeout=timeout,
+                        describe=lambda job: f"job {jid} is {job['state']} ({job['reason']})")
 
     def events(self, jid) -> list[str]:
         return [f"{e['kind']}: {e['message']}" for e in self.get(jid, "/events").json()["items"]]

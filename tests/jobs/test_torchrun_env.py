@@ -11,15 +11,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
+from waiting import await_for
 
 from trainhub import distenv
 
@@ -129,14 +128,12 @@ async def trainhub_envs(tmp_path, warm: bool) -> tuple[dict[int, dict], object]:
     try:
         job = await store.write(store.create, user="ann", name="env", script=DUMP, workers=2, gpus=0,
                                 env={"DUMP_DIR": str(out), "DUMP_KEYS": json.dumps(KEYS)})
-        deadline = time.monotonic() + 240
-        while True:
+        async def step(job_id=job.id):
             await engine.run_once()
-            job = await store.read(store.get, job.id)
-            if job.state in JOB_TERMINAL:
-                break
-            assert time.monotonic() < deadline, f"job still {job.state}: {job.reason}"
-            await asyncio.sleep(0.1)
+            return await store.read(store.get, job_id)
+
+        job = await await_for(step, lambda job: job.state in JOB_TERMINAL, what="the torchrun job to end", timeout=240,
+                              interval=0.1, describe=lambda job: f"still {job.state}: {job.reason}")
         logs = "".join(p.read_text() for p in (data / "jobs" / job.key).glob("attempt-1/worker-*.log"))
         assert job.state == "succeeded", (job.reason, logs[-3000:])
         return {rank: json.loads((out / f"env-{rank}.json").read_text()) for rank in (0, 1)}, job

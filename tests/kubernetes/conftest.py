@@ -54,6 +54,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from waiting import await_for
 import pytest_asyncio
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -264,14 +265,11 @@ class Cluster:
     async def wait_for_cache(self, predicate, timeout: float = 20):
         from kubespawner import KubeSpawner
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
+        def caught_up():
             refl = [r for (kind, _), r in KubeSpawner.reflectors.items() if kind == "trainhub-pods"]
-            if not refl or predicate(refl[0].pods):
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("pod cache did not catch up")
+            return not refl or predicate(refl[0].pods)
+
+        await await_for(caught_up, what="the pod cache to catch up", timeout=timeout, interval=0.02)
 
     def count_requests(self, path_fragment: str) -> int:
         """List requests (GET without watch) whose path contains ``path_fragment`` (the stand-in's
@@ -299,7 +297,9 @@ async def _prepare_real_cluster(namespace: str):
     await api.patch_node_status(node, patch)  # a list body goes out as application/json-patch+json
     with contextlib.suppress(client.ApiException):
         await api.create_namespace({"metadata": {"name": namespace}})
-    await asyncio.sleep(2)  # the kubelet copies capacity to allocatable
+    # the kubelet copies capacity to allocatable
+    await await_for(lambda: api.read_node(node), lambda n: (n.status.allocatable or {}).get("nvidia.com/gpu") == "4",
+                    what=f"nvidia.com/gpu: 4 in the allocatable of node {node}", timeout=60, interval=0.2)
 
 
 _NODES_RES = ("", "v1", "nodes")

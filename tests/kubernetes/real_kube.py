@@ -32,6 +32,7 @@ import urllib.parse
 from types import SimpleNamespace
 
 import yarl
+from waiting import wait_for
 
 MANAGED_LABEL = "kubelet.trainhub.io/managed"
 READY_ANNOTATION = "kubelet.trainhub.io/ready"
@@ -231,15 +232,11 @@ class RealKube:
     # -- waiting -------------------------------------------------------------------------------
 
     def wait_for(self, fn, what: str, timeout: float = 30):
-        deadline = time.monotonic() + timeout
-        while True:
+        def alive_and(fn=fn):
             self.plane.check_alive()
-            value = fn()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(0.05)
+            return fn()
+
+        return wait_for(alive_and, what=what, timeout=timeout, interval=0.05)
 
 
 def _restarts(pod, container: str) -> int:

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from waiting import await_for
 import pytest_asyncio
 from k8s_test_config import PROFILES, REAL_KUBECONFIG
 from kube_standin import PODS
@@ -111,10 +112,7 @@ async def test_idle_notebook_pod_is_warned_then_released_busy_one_kept(kube, pro
         async def holds_both():
             hs = await asyncio.to_thread(culler.allocator.holdings)
             return {h.holder for h in hs} == {"server:alice/gpu", "server:bob/gpu"}
-        for _ in range(200):
-            if await holds_both():
-                break
-            await asyncio.sleep(0.05)
+        await await_for(holds_both, what="the allocator to see both notebook pods", timeout=10)
 
         first = {i.user: d for i, d in await culler.run_once()}
         assert first["alice"].action == NONE and first["alice"].reason.startswith("not culled: idle 0s of 10m")
@@ -144,10 +142,8 @@ async def test_a_pod_without_fresh_dcgm_series_is_never_idle(kube, prom):
     culler.client = FakeHub({"carol": [""]})
     culler.setup()
     try:
-        for _ in range(200):
-            if await asyncio.to_thread(culler.allocator.holdings):
-                break
-            await asyncio.sleep(0.05)
+        await await_for(lambda: asyncio.to_thread(culler.allocator.holdings), what="the allocator to see carol's pod",
+                        timeout=10)
         for _ in range(3):
             (info, decision), = await culler.run_once()
             assert decision.action == NONE and decision.reason.startswith("not culled: no recent GPU metrics")

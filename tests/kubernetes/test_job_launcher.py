@@ -17,9 +17,9 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from waiting import await_for
 import pytest_asyncio
 
 from k8s_test_config import GPU_TYPE_LABEL, MIG, PROFILES, REAL_KUBECONFIG, TEST_IMAGE
@@ -93,15 +93,7 @@ BASE_ENV = {"PATH": "/srv/venv/bin:/usr/bin", "TRAINHUB_JOB_ID": "x", "TRAINHUB_
 
 
 async def until(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return await await_for(predicate, what=what, timeout=timeout, interval=0.02)
 
 
 def job_pods(kube, name):
@@ -235,8 +227,8 @@ async def test_success_logs_and_metrics_land_in_the_job_dir(kube, make_launcher)
     kube.add_log_line(NS, names[0], jm.METRICS_MARK + json.dumps({"step": 1, "loss": 0.9}))
     log0 = os.path.join(state["dir"], "worker-0.log")
     await poll_until(launcher, view, state, lambda s: os.path.exists(log0) and "loss 0.9" in open(log0).read())
-    await asyncio.sleep(0.1)
     await launcher.poll(view, state)  # more reads must not repeat lines
+    await launcher.poll(view, state)
     kube.add_log_line(NS, names[0], "epoch 2 loss 0.5")
     await kube.finish_pod(NS, names[0], 0)
     await kube.finish_pod(NS, names[1], 0)
@@ -325,7 +317,7 @@ async def test_adopt_after_a_restart_finds_the_job_and_keeps_the_log_whole(kube,
     second = make_launcher()  # the service restarted: a new process knows nothing but the launch state
     assert await second.adopt(view, state) is True
     assert await second.poll(view, state) == [WorkerStatus(0, True)]
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # pacing, no verdict: the new line gets a later timestamp than the last one read
     kube.add_log_line(NS, pod, "after the restart")
     await poll_until(second, view, state, lambda s: "after" in open(log0).read())
     assert [LOG_LINE.match(x).group(2) for x in open(log0).read().splitlines()] == ["before the restart", "after the restart"]
@@ -343,7 +335,10 @@ async def test_kueue_mode_creates_a_suspended_job_until_admitted(kube, make_laun
     job = kube.get(JOBS, NS, state["name"])
     assert job["spec"]["suspend"] is True and job["metadata"]["labels"][jm.KUEUE_QUEUE_LABEL] == "trainhub"
     validate({k: v for k, v in job.items() if k != "status"})
-    await asyncio.sleep(0.3)
+    # the Job controller has seen the Job and held it (condition Suspended): it would have made pods by then
+    await until(lambda: any(c["type"] == "Suspended" and c["status"] == "True"
+                            for c in kube.get(JOBS, NS, state["name"])["status"].get("conditions") or []),
+                what="the Job controller to mark the Job Suspended")
     assert job_pods(kube, state["name"]) == {}  # nothing runs before admission
     assert await launcher.poll(view, state) == [WorkerStatus(0, True), WorkerStatus(1, True)]  # waiting, not ended
     await kube.mutate(JOBS, NS, state["name"], {"spec": {"suspend": False}})  # Kueue admits the gang

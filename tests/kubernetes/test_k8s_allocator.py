@@ -10,9 +10,11 @@ Skipped against a real cluster (the tests count every GPU of the cluster).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
+from waiting import await_for
 import pytest_asyncio
 from k8s_test_config import GPU_TYPE_LABEL, MIG, PROFILES, REAL_KUBECONFIG, TEST_IMAGE
 from kube_standin import JOBS, PODS
@@ -95,15 +97,7 @@ async def add_pod(kube, name, gpus=1, *, user=None, server=None, job_id=None, re
 
 
 async def until(fn, what, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await asyncio.to_thread(fn)
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+    return await await_for(lambda: asyncio.to_thread(fn), what=what, timeout=timeout)
 
 
 def by_holder(holdings):
@@ -141,14 +135,20 @@ async def test_devices_are_the_schedulable_gpus_of_ready_tolerated_nodes(make_al
 
 
 async def test_no_list_per_call(kube, make_allocator):
-    allocator = make_allocator()
-    await asyncio.to_thread(allocator.devices)
-    await asyncio.sleep(0.5)  # the reflectors' watch loops list once more as they start
+    def requests_(watch: bool, kind: str):
+        return sum(1 for r in kube.recorded_requests() if str(r.method).upper().endswith("GET")
+                   and (str(r.params.get("watch", "")).lower() in ("true", "1")) == watch
+                   and str(r.url.path).rstrip("/").endswith(kind))
 
     def lists():
-        return sum(1 for r in kube.recorded_requests() if str(r.method).upper().endswith("GET")
-                   and str(r.params.get("watch", "")).lower() not in ("true", "1")
-                   and str(r.url.path).rstrip("/").endswith(("/nodes", "/pods")))
+        return requests_(False, "/nodes") + requests_(False, "/pods")
+
+    watches = requests_(True, "/nodes"), requests_(True, "/pods")  # of earlier tests' reflectors
+    allocator = make_allocator()
+    await asyncio.to_thread(allocator.devices)
+    # the reflectors' watch loops list once more as they start, then watch: wait for this allocator's watches
+    await until(lambda: requests_(True, "/nodes") > watches[0] and requests_(True, "/pods") > watches[1],
+                what="the node and pod watches")
     before = lists()
     for _ in range(5):
         await asyncio.to_thread(allocator.devices)
@@ -371,10 +371,7 @@ async def test_engine_admits_jobs_through_the_kubernetes_ledger(kube, make_alloc
             await engine.run_once()
             return (await store.read(store.get, job_id)).state
 
-        for _ in range(200):
-            if await state(big.id) == "running":
-                break
-            await asyncio.sleep(0.05)
+        await await_for(lambda: state(big.id), lambda st: st == "running", what="the big job to run", timeout=20)
         job = await store.read(store.get, big.id)
         assert job.state == "running"
         held = by_holder(await asyncio.to_thread(allocator.holdings))
@@ -390,14 +387,16 @@ async def test_engine_admits_jobs_through_the_kubernetes_ledger(kube, make_alloc
             return {t.pod for t in targets.values()} if len(targets) == 4 else None
         pods = await until(pods_hold, "the job's pods holding its GPUs")
         assert all(p.startswith(name) for p in pods) and len(pods) == 2
-        for _ in range(200):
+        async def finish_workers():
             # the workers exit (again, if the stand-in's kubelet raced a late Pending event and set one Running)
             for pod in pods:
                 if (kube.get(PODS, NS, pod) or {}).get("status", {}).get("phase") == "Running":
                     await kube.finish_pod(NS, pod, 0)
-            if await state(big.id) == "succeeded" and await state(small.id) == "running":
-                break
-            await asyncio.sleep(0.05)
+            return await state(big.id), await state(small.id)
+
+        with contextlib.suppress(AssertionError):  # the assertions below say what was seen instead
+            await await_for(finish_workers, lambda states: states == ("succeeded", "running"),
+                            what="big to succeed and small to run", timeout=20)
         assert (await store.read(store.get, big.id)).state == "succeeded", (
             [(n, p["status"].get("phase")) for (_, n), p in kube.store(PODS).items()], kube.store(JOBS))
         assert (await store.read(store.get, small.id)).state == "running"

@@ -3,10 +3,10 @@ configurable-http-proxy) spawning with GPUKubeSpawner against the API stand-in."
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 
 import pytest
+from waiting import await_for
 import pytest_asyncio
 from k8s_test_config import NAMESPACE, REAL_KUBECONFIG, spawner_config
 
@@ -72,11 +72,8 @@ async def test_profile_from_rest_body_reaches_the_pod(hub, cluster):
     finally:
         hub.tornado_application.settings["slow_spawn_timeout"] = 5
     assert resp.status_code in (201, 202), resp.text
-    for _ in range(200):
-        pods = await cluster.pods()
-        if "jupyter-rest-ok" in pods:
-            break
-        await asyncio.sleep(0.05)
+    pods = await await_for(cluster.pods, lambda pods: "jupyter-rest-ok" in pods, what="the pod jupyter-rest-ok",
+                           timeout=20, describe=lambda pods: f"pods: {sorted(pods)}")
     pod = pods["jupyter-rest-ok"]
     assert pod["metadata"]["namespace"] == NAMESPACE
     assert pod["metadata"]["annotations"]["trainhub.io/profile"] == "mig-small"
@@ -86,12 +83,10 @@ async def test_profile_from_rest_body_reaches_the_pod(hub, cluster):
     assert user.spawner.user_options == {"profile": "mig-small"}
 
     # stop it through the API; the pod goes away
-    while user.spawner.pending == "spawn":
-        await asyncio.sleep(0.05)
+    await await_for(lambda: user.spawner.pending, lambda pending: pending != "spawn", what="the spawn to settle",
+                    timeout=60)
     resp = await api_request(hub, "users", "rest-ok", "server", method="delete", name="rest-ok")
     assert resp.status_code in (202, 204), resp.text
-    for _ in range(200):
-        if "jupyter-rest-ok" not in await cluster.pods():
-            break
-        await asyncio.sleep(0.05)
+    await await_for(cluster.pods, lambda pods: "jupyter-rest-ok" not in pods, what="the pod jupyter-rest-ok gone",
+                    timeout=20, describe=lambda pods: f"pods: {sorted(pods)}")
     assert "jupyter-rest-ok" not in await cluster.pods()

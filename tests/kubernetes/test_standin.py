@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from waiting import await_for
 from k8s_test_config import NAMESPACE, REAL_KUBECONFIG
 
 pytestmark = pytest.mark.skipif(bool(REAL_KUBECONFIG), reason="checks the stand-in, not a cluster")
@@ -38,7 +39,7 @@ async def test_jobs_create_list_watch_delete(cluster):
                     return
 
     task = asyncio.create_task(follow())
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # pacing, no verdict: the watch starts at the list's resourceVersion, connected or not
     await batch.patch_namespaced_job_status("train-1", NAMESPACE, {"status": {"active": 1}})
     # background propagation: a plain delete of a batch/v1 Job orphans its pods (``orphan`` finalizer, more events)
     await batch.delete_namespaced_job("train-1", NAMESPACE, propagation_policy="Background")
@@ -58,11 +59,9 @@ async def test_unschedulable_pod_stays_pending_and_owned_objects_go(cluster):
         {"apiVersion": "v1", "kind": "Pod", "name": "too-big", "uid": created.metadata.uid}]},
         "spec": {"ports": [{"port": 80}]}}
     await core.create_namespaced_service(NAMESPACE, svc)
-    for _ in range(100):
-        status = cluster.kube.get(PODS, NAMESPACE, "too-big")["status"]
-        if status.get("conditions"):
-            break
-        await asyncio.sleep(0.02)
+    status = await await_for(lambda: cluster.kube.get(PODS, NAMESPACE, "too-big")["status"],
+                             lambda status: status.get("conditions"), what="the scheduler's verdict on too-big",
+                             timeout=10, interval=0.02)
     assert status["phase"] == "Pending"
     assert status["conditions"][0]["reason"] == "Unschedulable"
     await core.delete_namespaced_pod("too-big", NAMESPACE)

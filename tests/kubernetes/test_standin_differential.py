@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import time
 import uuid
 
 import aiohttp
 import pytest
+from waiting import await_for
 import pytest_asyncio
 from k8s_test_config import NODES, SESSION_NODES
 from kube_standin import standin_server
@@ -61,14 +61,9 @@ class Api:
         return events
 
     async def until(self, path: str, predicate, what: str, timeout: float = 30):
-        deadline = time.monotonic() + timeout
-        while True:
-            status, obj = await self.req("GET", path)
-            if predicate(status, obj):
-                return status, obj
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: timed out waiting for {what}: {status} {json.dumps(obj)[:600]}")
-            await asyncio.sleep(0.1)
+        return await await_for(lambda: self.req("GET", path), lambda got: predicate(*got), what=f"{self.name}: {what}",
+                               timeout=timeout, interval=0.1,
+                               describe=lambda got: f"{got[0]} {json.dumps(got[1])[:600]}")
 
     async def close(self):
         await self.session.close()
@@ -405,7 +400,7 @@ async def test_graceful_pod_deletion_agrees(both):
     async def delete_and_watch(api, rv):
         watcher = asyncio.create_task(api.watch(f"/api/v1/namespaces/{ns}/pods", {
             "resourceVersion": rv, "fieldSelector": "metadata.name=p"}, stop=lambda ev: ev[-1]["type"] == "DELETED"))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # pacing, no verdict: the watch starts at rv, so it sees what follows whenever it connects
         status, obj = await api.req("DELETE", path)
         events = await asyncio.wait_for(watcher, 40)
         return status, obj, events
@@ -573,7 +568,7 @@ async def test_watch_from_a_resource_version_agrees(both):
         rv = listed["metadata"]["resourceVersion"]
         watcher = asyncio.create_task(api.watch(f"/api/v1/namespaces/{ns}/configmaps", {"resourceVersion": rv, "labelSelector": "x"},
                                                 stop=lambda ev: ev[-1]["type"] == "DELETED"))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # pacing, no verdict: the watch starts at rv, so it sees what follows whenever it connects
         await api.req("POST", f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "after", "labels": {"x": "1"}}})
         await api.req("PATCH", f"/api/v1/namespaces/{ns}/configmaps/after", {"data": {"k": "v"}},
                       ctype="application/merge-patch+json")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import time
 
 import aiohttp
 import pytest
+from waiting import await_for
 import pytest_asyncio
 from k8s_test_config import NODES, PROFILES
 from kube_standin import PODS, standin_server
@@ -78,14 +78,7 @@ def notebook_pod(user: str) -> dict:
 
 
 async def until(fn, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await asyncio.to_thread(fn)
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
+    return await await_for(lambda: asyncio.to_thread(fn), what=what, timeout=timeout, interval=0.1)
 
 
 async def first_event(base, headers, ctx, path, rv) -> dict:

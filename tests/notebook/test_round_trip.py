@@ -8,32 +8,18 @@ tests/notebook/test_round_trip_e2e.py.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from IPython.core.error import UsageError
 
 from trainhub.client import TrainhubClient
 from trainhub.handle import JobFailedError
 
-
-def _contract():
-    """tests/**/jobs_contract_server.py (the stand-in), imported once under its own name."""
-    mod = sys.modules.get("jobs_contract_server")
-    if mod is None:
-        path = next(Path(__file__).resolve().parents[1].rglob("jobs_contract_server.py"))
-        spec = importlib.util.spec_from_file_location("jobs_contract_server", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["jobs_contract_server"] = mod
-        spec.loader.exec_module(mod)
-    return mod
+import jobs_contract_server
 
 
 @pytest.fixture(scope="module")
 def _server():
-    server = _contract().ServerThread()
+    server = jobs_contract_server.ServerThread()
     yield server
     server.stop()
 

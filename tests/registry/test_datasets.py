@@ -3,18 +3,15 @@ versions, deprecation by owners and admins, and who may point where."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
+from waiting import wait_for
 
 
 def wait_ready(registry, name, version, as_="alice", timeout=60):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = registry.call("GET", f"/datasets/{name}/versions/{version}", as_).json()
-        if v["status"] != "pending" or time.monotonic() > deadline:
-            return v
-        time.sleep(0.1)
+    return wait_for(lambda: registry.call("GET", f"/datasets/{name}/versions/{version}", as_).json(),
+                    lambda v: v["status"] != "pending", what=f"dataset {name} v{version} scanned", timeout=timeout,
+                    interval=0.1)
 
 
 def test_register_computes_size_and_count(registry):

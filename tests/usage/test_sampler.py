@@ -7,10 +7,10 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 
 import pytest
+from waiting import wait_for
 
 from trainhub.db import write_session
 from trainhub.metrics import ScriptedMetricsSource
@@ -122,16 +122,20 @@ def test_metrics_unavailable_counts_allocation_only(env, tmp_path):
 def test_tree_sampler_measures_a_busy_child():
     busy = subprocess.Popen([sys.executable, "-c", "import os\nos.setsid()\nwhile True: pass"])
     try:
-        s = TreeSampler()
-        t0, ticks0 = time.monotonic(), read_stat(busy.pid).cpu_ticks
+        # the sampler's clock seam: the two passes are `elapsed` seconds apart on its clock, whatever the wall says
+        elapsed = 10.0
+        passes = iter([100.0, 100.0 + elapsed])
+        s = TreeSampler(clock=lambda: next(passes))
+        ticks0 = read_stat(busy.pid).cpu_ticks
         assert s.sample([busy.pid]) == {busy.pid: None}  # first pass: nothing to compare with
         # shared CI cores: wait until the child got 0.3 s of CPU, however long that takes
-        while read_stat(busy.pid).cpu_ticks - ticks0 < 0.3 * CLK_TCK and time.monotonic() - t0 < 20:
-            time.sleep(0.1)
+        wait_for(lambda: read_stat(busy.pid).cpu_ticks - ticks0, lambda ticks: ticks >= 0.3 * CLK_TCK,
+                 what="0.3 s of CPU used by the busy child", timeout=120, interval=0.1)
         m = s.sample([busy.pid])[busy.pid]
-        elapsed = time.monotonic() - t0
+        ticks1 = read_stat(busy.pid).cpu_ticks
         assert m is not None and m.processes == 1
         assert m.cpu_percent / 100 * elapsed >= 0.25  # the CPU seconds it used, seen by the sampler
+        assert m.cpu_percent / 100 * elapsed <= (ticks1 - ticks0) / CLK_TCK + 0.01  # and no more than it used
         assert m.max_process_cpu_percent == pytest.approx(m.cpu_percent)
         assert m.cpu_cores >= 1 and 0.0 <= m.iowait_fraction <= 1.0
     finally:

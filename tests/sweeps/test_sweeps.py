@@ -9,13 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 import requests
+from waiting import wait_for
 
 from trainhub.states import SWEEP_TERMINAL as SWEEP_DONE
 
@@ -89,21 +88,14 @@ class Sweeps:
         return requests.get(f"{self.url}/jobs", params={"limit": 1}, headers=self.h, timeout=30).json()["total"]
 
     def wait(self, sid, until=lambda s: s["state"] in SWEEP_DONE, timeout=120, what="to end") -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
+        def fetch():
             try:
-                s = self.get(sid)
-                if until(s):
-                    return s
+                return self.get(sid)
             except (requests.RequestException, AssertionError):
-                s = None  # the service may be restarting
-            if time.monotonic() > deadline:
-                raise AssertionError(f"sweep {sid} did not {what} within {timeout}s: {s}\n{self.trials(sid) if s else ''}")
-            time.sleep(0.3)
+                return None  # the service may be restarting
 
-
-def seconds(a: str, b: str) -> float:
-    return (datetime.fromisoformat(b.replace("Z", "+00:00")) - datetime.fromisoformat(a.replace("Z", "+00:00"))).total_seconds()
+        return wait_for(fetch, lambda s: s is not None and until(s), what=f"sweep {sid} to {what}", timeout=timeout,
+                        interval=0.3, describe=lambda s: f"{s}\n{self.trials(sid) if s else ''}")
 
 
 def test_sweep_over_a_numpy_regression_beats_random_configs(platform):
@@ -112,15 +104,15 @@ def test_sweep_over_a_numpy_regression_beats_random_configs(platform):
                  sampler="tpe", pruner="none", seed=7,
                  space={"lr": "loguniform:1e-4:0.5", "wd": "loguniform:1e-6:1e-1"})
     assert s["id"].startswith("s-") and s["state"] == "running" and s["trials"] == 8 and s["parallel"] == 2
-    peak = 0
-    deadline = time.monotonic() + 150
-    while True:
-        s = sw.get(s["id"])
-        peak = max(peak, s["progress"]["running"] + s["progress"]["pending"])
-        if s["state"] in SWEEP_DONE:
-            break
-        assert time.monotonic() < deadline, s
-        time.sleep(0.2)
+    peaks = [0]
+
+    def look(sid=s["id"]):
+        s = sw.get(sid)
+        peaks.append(s["progress"]["running"] + s["progress"]["pending"])
+        return s
+
+    s = wait_for(look, lambda s: s["state"] in SWEEP_DONE, what="the regression sweep to end", timeout=150)
+    peak = max(peaks)
     assert s["state"] == "completed", s
     assert peak <= 2
     trials = sw.trials(s["id"])
@@ -170,11 +162,9 @@ def test_pruning_stops_bad_trials_early_and_frees_their_gpus(platform):
     assert xs[0] < 0.5 and sum(x >= 0.5 for x in xs) >= 2, f"seed 5 no longer gives a good first trial: {xs}"
 
     sw = Sweeps(platform, "sweep-prune")
-    t0 = time.monotonic()
     s = sw.start(name="prune", script=PRUNABLE, gpus=1, trials=6, parallel=2, metric="val_loss", mode="min",
                  sampler="random", seed=5, pruner="median", startup_trials=1, space={"x": "uniform:0:1"})
     s = sw.wait(s["id"], timeout=120)
-    elapsed = time.monotonic() - t0
     assert s["state"] == "completed", s
     trials = sw.trials(s["id"])
     assert [round(t["params"]["x"], 9) for t in trials] == [round(x, 9) for x in xs]
@@ -184,11 +174,14 @@ def test_pruning_stops_bad_trials_early_and_frees_their_gpus(platform):
         assert t["params"]["x"] >= 0.5 and "pruned at step" in t["reason"], t
         job = sw.job(t["job_id"])
         assert job["state"] == "cancelled", job
-        ran = seconds(job["started"], job["finished"])
-        assert ran < 9, f"pruned trial {t['number']} ran {ran:.1f}s (unpruned it would take 15s): {job}"
+        # stopped early, not run to its end: killed by a signal before its last step (29) was reported
+        steps = [step for step, _ in t["intermediate"]]
+        assert steps and max(steps) < 29, f"pruned trial {t['number']} reported steps {steps}: {job}"
+        assert job["exit_codes"] and all(c < 0 for c in job["exit_codes"]), job
     assert all(t["state"] == "complete" for t in trials if t["params"]["x"] < 0.5), trials
     assert s["progress"]["pruned"] == len(pruned) and s["best"]["value"] == 0.1
-    assert elapsed < 60, f"the sweep took {elapsed:.0f}s: pruned trials did not free their slots promptly"
+    # pruned trials freed their slots at once: their jobs were cancelled (above), not left to run out, and the
+    # sweep completed with every trial run (the sweep's speed is benchmarks/sweep_bench.py's)
     assert platform.held_by("sweep-prune") == []  # every GPU went back to the pool
 
 
@@ -207,20 +200,20 @@ def test_trials_are_held_to_the_gpu_quota(platform):
     sw = Sweeps(platform, "sweep-quota")
     s = sw.start(name="quota", script=QUICK, gpus=1, trials=4, parallel=4, metric="val_loss", mode="min",
                  pruner="none", space={"x": "uniform:0:1"})
-    peak_running, peak_unfinished, waited_for_quota = 0, 0, False
-    deadline = time.monotonic() + 90
-    while True:
-        s = sw.get(s["id"])
-        jobs = requests.get(sw.url + "/jobs", params={"sweep": int(s["id"][2:])}, headers=sw.h, timeout=30).json()["items"]
+    seen = {"peak_running": 0, "peak_unfinished": 0, "waited_for_quota": False}
+
+    def look(sid=s["id"]):
+        s = sw.get(sid)
+        jobs = requests.get(sw.url + "/jobs", params={"sweep": int(sid[2:])}, headers=sw.h, timeout=30).json()["items"]
         running = [j for j in jobs if j["state"] == "running"]
-        peak_running = max(peak_running, len(running))
-        peak_unfinished = max(peak_unfinished, sum(j["state"] in ("queued", "running") for j in jobs))
-        waited_for_quota |= any(j["state"] == "queued" and "quota" in j["reason"].lower() for j in jobs)
+        seen["peak_running"] = max(seen["peak_running"], len(running))
+        seen["peak_unfinished"] = max(seen["peak_unfinished"], sum(j["state"] in ("queued", "running") for j in jobs))
+        seen["waited_for_quota"] |= any(j["state"] == "queued" and "quota" in j["reason"].lower() for j in jobs)
         assert sum(len(j["devices"][0]) for j in running if j["devices"]) <= 2
-        if s["state"] in SWEEP_DONE:
-            break
-        assert time.monotonic() < deadline, s
-        time.sleep(0.2)
+        return s
+
+    s = wait_for(look, lambda s: s["state"] in SWEEP_DONE, what="the quota sweep to end", timeout=90)
+    peak_running, peak_unfinished, waited_for_quota = seen["peak_running"], seen["peak_unfinished"], seen["waited_for_quota"]
     assert s["state"] == "completed" and s["progress"]["complete"] == 4, s
     assert peak_running == 2 and peak_unfinished == 4 and waited_for_quota
     assert platform.held_by("sweep-quota") == []
@@ -241,22 +234,27 @@ def test_cancel_stops_running_trials_and_starts_no_more(platform):
     s = sw.start(name="cancel-me", script=SLOW, gpus=0, trials=5, parallel=2, metric="val_loss", mode="min",
                  pruner="none", space={"x": "uniform:0:1"})
     sw.wait(s["id"], until=lambda s: s["progress"]["running"] == 2, timeout=60, what="run 2 trials")
-    deadline = time.monotonic() + 30
-    while not all(sw.job(t["job_id"])["state"] == "running" for t in sw.trials(s["id"])):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    t0 = time.monotonic()
+    wait_for(lambda: [sw.job(t["job_id"])["state"] for t in sw.trials(s["id"])],
+             lambda states: all(st == "running" for st in states), what="both trials' jobs to run", timeout=30)
     r = sw.cancel(s["id"])
     assert r.status_code == 202, r.text
     s = sw.wait(s["id"], timeout=30)
     assert s["state"] == "cancelled" and "sweep-cancel" in s["reason"], s
-    assert time.monotonic() - t0 < 20
     trials = sw.trials(s["id"])
     assert len(trials) == 2 and all(t["state"] == "cancelled" for t in trials), trials
     for t in trials:
-        assert sw.job(t["job_id"])["state"] == "cancelled"
-    time.sleep(1.5)
+        job = sw.job(t["job_id"])
+        assert job["state"] == "cancelled"
+        # stopped, not waited for: killed by a signal, its 60 s sleep never ran out
+        assert job["exit_codes"] and all(c < 0 for c in job["exit_codes"]), job
+    # a later pass of the controller (it steps running sweeps one pass after another) has started a trial of
+    # another sweep: by then a new trial of the cancelled one would have been started too
+    after = sw.start(name="after-cancel", script=QUICK, gpus=0, trials=1, parallel=1, metric="val_loss", mode="min",
+                     pruner="none", space={"x": "uniform:0:1"})
+    sw.wait(after["id"], until=lambda a: a["progress"]["running"] + a["progress"]["complete"] >= 1, timeout=60,
+            what="start its trial")
     assert len(sw.trials(s["id"])) == 2  # nothing new was started
+    sw.cancel(after["id"])
     assert sw.cancel(s["id"]).status_code == 202  # cancelling an ended sweep changes nothing
     assert sw.get(s["id"])["state"] == "cancelled"
 

@@ -1,7 +1,7 @@
 """End to end: %%train from a notebook executed by nbclient in a real kernel, against the real
 jobs service behind a real `trainhub up`.
 
-Needs the ``platform`` fixture (provided by the e2e conftest): ``.url`` (public base URL, e.g.
+Needs the ``platform`` fixture (tests/conftest.py): ``.url`` (public base URL, e.g.
 ``http://127.0.0.1:8000``), ``.token(user) -> str`` (a JupyterHub API token for ``user``) and
 ``.data_dir``.
 """

@@ -14,12 +14,12 @@
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 import socket
 from pathlib import Path
 
 import pytest
+from waiting import await_for
 from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets.config import Config
@@ -126,10 +126,7 @@ async def test_group_directory_refreshes_and_stops(monkeypatch):
     try:
         groups.start()
         task = groups._loop._task
-        for _ in range(200):  # condition with a deadline (10 s)
-            if groups("bo"):
-                break
-            await asyncio.sleep(0.05)
+        await await_for(lambda: groups("bo"), what="the group directory to know bo", timeout=10)
         assert groups("bo") == ("lab", "ops") and groups("ann") == ("lab",) and calls == ["token svc-token"]
         await groups.stop()
         assert task.done() and groups._loop is None

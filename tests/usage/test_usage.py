@@ -6,12 +6,14 @@ never sees another's figures or diagnosis)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
-import time
+from datetime import datetime
 
 import pytest
 import requests
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -58,29 +60,43 @@ class API:
         return r.json()
 
     def wait_running(self, jid, timeout=30):
-        deadline = time.monotonic() + timeout
-        while True:
+        def job():
             job = self.get(f"/jobs/{jid}").json()
-            if job["state"] == "running" and job["devices"]:
-                return job
-            assert job["state"] == "queued" and time.monotonic() < deadline, job
-            time.sleep(0.2)
+            assert job["state"] in ("queued", "running"), job
+            return job
+
+        return wait_for(job, lambda job: job["state"] == "running" and job["devices"], what=f"job {jid} running on a GPU",
+                        timeout=timeout)
+
+    def wait_ended(self, jid, timeout=30):
+        return wait_for(lambda: self.get(f"/jobs/{jid}").json(),
+                        lambda job: job["state"] in ("cancelled", "failed", "succeeded"), what=f"job {jid} to end",
+                        timeout=timeout, interval=0.3)
 
     def cancel(self, jid):
         requests.delete(f"{self.url}/jobs/{jid}", headers=self.h, timeout=30)
 
 
 def wait_diagnosis(api, jid, ready, timeout=45):
-    deadline = time.monotonic() + timeout
-    body = None
-    while time.monotonic() < deadline:
+    def diagnosis():
         r = api.get(f"/jobs/{jid}/diagnosis")
         assert r.status_code == 200, r.text
-        body = r.json()
-        if ready(body):
-            return body
-        time.sleep(0.5)
-    raise AssertionError(f"no expected diagnosis of {jid} within {timeout}s: {json.dumps(body, indent=1)}")
+        return r.json()
+
+    return wait_for(diagnosis, ready, what=f"the expected diagnosis of {jid}", timeout=timeout, interval=0.5,
+                    describe=lambda body: json.dumps(body, indent=1))
+
+
+def accounted_until(plat) -> float:
+    """How far the usage sampler's accounting has got (its own clock, POSIX seconds; 0 before its first pass)."""
+    db = sqlite3.connect(f"file:{plat.data_dir / 'trainhub.sqlite'}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT value FROM usage_state WHERE key = 'accounted_until'").fetchone()
+    except sqlite3.OperationalError:  # the table is not there yet
+        row = None
+    finally:
+        db.close()
+    return row[0] if row else 0.0
 
 
 def cli(plat, *args, token):
@@ -123,12 +139,13 @@ def test_input_bound_diagnosed_healthy_not_and_usage_accounted(plat):
     finally:
         alice.cancel(starved["id"])
         bob.cancel(healthy["id"])
-    for api, jid in ((alice, starved["id"]), (bob, healthy["id"])):
-        deadline = time.monotonic() + 30
-        while api.get(f"/jobs/{jid}").json()["state"] not in ("cancelled", "failed", "succeeded"):
-            assert time.monotonic() < deadline
-            time.sleep(0.3)
-    time.sleep(2.5)  # a pass after the release closes the accounting of both jobs
+    ended = [api.wait_ended(jid) for api, jid in ((alice, starved["id"]), (bob, healthy["id"]))]
+    # a pass after the release closes the accounting of both jobs: wait until the sampler has accounted past
+    # both ends, then for one more pass
+    last_end = max(datetime.fromisoformat(j["finished"].replace("Z", "+00:00")).timestamp() for j in ended)
+    closing = wait_for(lambda: accounted_until(plat), lambda t: t > last_end,
+                       what="the usage accounting past both jobs' ends", timeout=30)
+    wait_for(lambda: accounted_until(plat), lambda t: t > closing, what="one more usage pass", timeout=30)
 
     # usage: alice sees herself only, bob's figures are refused to her
     mine = alice.get("/usage", params={"by": "holder"}).json()

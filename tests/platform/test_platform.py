@@ -10,12 +10,12 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 
 from trainhub.procs import processes_with as _tagged
+from waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,17 +49,6 @@ def _clean_servers(request):
         p = request.getfixturevalue("platform")
         if p.running:
             p.stop_all_servers()
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.25, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(interval)
 
 
 def pool_is_free(platform, timeout: float = 60) -> None:
@@ -194,12 +183,9 @@ def test_killed_server_returns_its_devices(platform):
     [holding] = [h for h in LocalGPUAllocator(config=load_platform_config(platform.data_dir)).holdings() if h.user == "kim"]
     assert holding.pid, "the ledger records the server's pid"
     os.kill(holding.pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    # poll_interval is 2 s in the test config; allow for a slow, shared machine
-    wait_for(lambda: not platform.held_by("kim"), timeout=20, what="device released after SIGKILL")
-    released_after = time.monotonic() - t0
-    wait_for(lambda: platform.server_model("kim") is None, timeout=20, what="hub notices the dead server")
-    assert released_after < 20
+    # poll_interval is 2 s in the test config: the spawner's poll notices the dead server and releases its device
+    wait_for(lambda: not platform.held_by("kim"), timeout=60, what="device released after SIGKILL")
+    wait_for(lambda: platform.server_model("kim") is None, timeout=60, what="hub notices the dead server")
     # the device is usable again
     platform.spawn("kim", "gpu-1")
     assert platform.held_by("kim") == [row["device"]] or len(platform.held_by("kim")) == 1

@@ -1,24 +1,18 @@
 """The storage extension's forwarders for the JupyterLab idle-GPU notification
 (``trainhub/culler/warnings`` and ``trainhub/culler/keep``), against a stand-in culler that
-records what it receives. The real culler is exercised by tests/browser/test_culler_notification.py."""
+records what it receives. The real culler is exercised by tests/culler/test_culler_notification.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import fsspec
 import pytest
 
-# the storage tests' jupyter-server launcher (tests/ has no packages, so load the sibling conftest by path)
-_spec = importlib.util.spec_from_file_location("_storage_conftest", Path(__file__).with_name("conftest.py"))
-_storage = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_storage)
-Backend, start_storage_server = _storage.Backend, _storage.start_storage_server
+from storageserver import Backend, start_storage_server  # the storage tests' jupyter-server launcher
 
 SERVER_TOKEN = "server-own-hub-token"
 

@@ -1,6 +1,6 @@
 """%%train and %train in a real in-process IPython shell.
 
-Submissions go to the jobs-API contract stand-in (tests/client/jobs_contract_server.py), where the
+Submissions go to the jobs-API contract stand-in (tests/jobs_contract_server.py), where the
 generated scripts really run as subprocesses; ``service.posts`` counts what reached the API.
 """
 

@@ -14,25 +14,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.25)
 
 
 def test_cpu_job_over_the_cpu_quota_is_refused_alike_by_api_cli_and_train_magic(platform, shell, monkeypatch, capsys):
@@ -71,18 +61,18 @@ def test_cpu_job_over_the_cpu_quota_is_refused_alike_by_api_cli_and_train_magic(
     first = requests.post(api + "/jobs", json={"command": "sleep 60", "workers": 2, "gpus": 0, "name": "hold"},
                           headers=h, timeout=30).json()
     wait_for(lambda: requests.get(f"{api}/jobs/{first['id']}", headers=h, timeout=30).json()["state"] == "running",
-             60, "the first CPU job to run")
+             timeout=60, what="the first CPU job to run")
     second = requests.post(api + "/jobs", json={"command": "echo second", "workers": 1, "gpus": 0},
                            headers=h, timeout=30)
     assert second.status_code == 201, second.text
     sid = second.json()["id"]
     why = wait_for(lambda: (lambda w: w if w.get("code") == "quota-cpu" else None)(
-        requests.get(f"{api}/jobs/{sid}/why", headers=h, timeout=30).json()), 30, "the quota-cpu wait reason")
+        requests.get(f"{api}/jobs/{sid}/why", headers=h, timeout=30).json()), timeout=30, what="the quota-cpu wait reason")
     assert why["message"] == "over CPU quota: adm-cpu runs 2 of 2 CPU-only workers and this job needs 1"
     assert requests.get(f"{api}/jobs/{sid}", headers=h, timeout=30).json()["state"] == "queued"
     requests.delete(f"{api}/jobs/{first['id']}", headers=h, timeout=30)
     done = wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed", "cancelled", "lost") else None)(
-        requests.get(f"{api}/jobs/{sid}", headers=h, timeout=30).json()), 60, "the second job to end")
+        requests.get(f"{api}/jobs/{sid}", headers=h, timeout=30).json()), timeout=60, what="the second job to end")
     assert done["state"] == "succeeded", done
 
 
@@ -105,7 +95,7 @@ def test_server_over_the_gpu_quota_is_refused_alike_by_api_and_spawn_form(platfo
         assert len(platform.held_by(user)) == 2
 
         # the hub saw a SpawnException: logged with the refusal's kind and numbers, counted as a refusal
-        wait_for(lambda: "SpawnException(reason=quota): QuotaExceeded(" in platform.log(), 30, "the refusal in the hub log")
+        wait_for(lambda: "SpawnException(reason=quota): QuotaExceeded(" in platform.log(), timeout=30, what="the refusal in the hub log")
         metrics = requests.get(f"{platform.url}/hub/metrics", headers={"Authorization": f"token {platform.admin_token}"},
                                timeout=30)
         assert metrics.status_code == 200, metrics.text[:300]

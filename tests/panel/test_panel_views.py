@@ -26,7 +26,8 @@ from datetime import date, timedelta
 import pytest
 import requests
 
-from browserlab import ARGS, CHROMIUM, Screenshots, log_in_to_lab, open_side_panel, require_chromium, run_command, wait_for
+from browserlab import ARGS, CHROMIUM, Screenshots, log_in_to_lab, open_side_panel, require_chromium, run_command
+from waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -71,7 +72,7 @@ def seeded(platform):
         states = [requests.get(f"{api}/jobs/{j}", headers=h, timeout=30).json()["state"] for j in jobs.values()]
         return all(s in ("succeeded", "failed", "cancelled", "lost") for s in states)
 
-    wait_for(finished, 120, what="the seeded jobs to finish")
+    wait_for(finished, timeout=120, what="the seeded jobs to finish")
     # a GPU server, so the usage chart has GPU-hours to show
     platform.spawn(USER, "gpu-1", timeout=180)
     platform.spawn(ADMIN, "cpu", timeout=180)
@@ -80,7 +81,7 @@ def seeded(platform):
         u = requests.get(api + "/usage", params={"by": "day"}, headers=h, timeout=30).json()
         return u["items"] and u["items"][-1]["gpu_hours_allocated"] > 0
 
-    wait_for(used, 120, interval=1, what="the usage sampler to count the GPU server")
+    wait_for(used, timeout=120, interval=1, what="the usage sampler to count the GPU server")
     yield {"api": api, "headers": h, "jobs": jobs}
     platform.stop_server(USER)
     platform.stop_server(ADMIN)
@@ -203,7 +204,7 @@ def test_tabs_fit_and_icons_are_svg(platform, seeded, browser, tmp_path):
         for _ in range(4):
             change_ui_font(page, "Increase UI Font Size")
         page.set_viewport_size(NARROW)  # also makes JupyterLab lay out again for the larger top bar
-        wait_for(lambda: len({round(t["tab"]["y"]) for t in tab_geometry(panel)["tabs"]}) > 1, 30, what="the tabs to wrap")
+        wait_for(lambda: len({round(t["tab"]["y"]) for t in tab_geometry(panel)["tabs"]}) > 1, timeout=30, what="the tabs to wrap")
         g = tab_geometry(panel)
         rows = assert_tabs_fit(g)
         assert len(rows) >= 2, g

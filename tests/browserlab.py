@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "browser"
 
 
 def require_chromium() -> None:
@@ -64,18 +63,6 @@ def culler_platform(platform_factory, name: str, config: str, user: str, passwor
     p.spawn(user, "gpu-1", timeout=180)
     assert len(p.held_by(user)) == 1
     return p
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
-    """Poll ``predicate`` until it returns something true (returned) or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def open_side_panel(page):

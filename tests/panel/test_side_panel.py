@@ -5,10 +5,10 @@ A screenshot goes to the test's tmp folder, and to test-artifacts/browser/side-p
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import requests
+from waiting import wait_for
 
 from browserlab import ARGS, CHROMIUM, Screenshots, log_in_to_lab, require_chromium
 
@@ -35,10 +35,8 @@ def seeded(platform):
     assert r.status_code == 201, r.text
     script = "import trainhub\ntrainhub.log_metrics(step=1, acc=0.875)\n(trainhub.outputs_dir() / 'm.bin').write_bytes(b'w')\n"
     job = requests.post(api + "/jobs", json={"name": "panel-job", "script": script, "gpus": 0}, headers=h, timeout=60).json()
-    deadline = time.monotonic() + 120
-    while requests.get(f"{api}/jobs/{job['id']}", headers=h, timeout=30).json()["state"] not in ("succeeded", "failed"):
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    wait_for(lambda: requests.get(f"{api}/jobs/{job['id']}", headers=h, timeout=30).json()["state"],
+             lambda state: state in ("succeeded", "failed"), what="the panel's seeded job to end", timeout=120, interval=0.5)
     r = requests.post(api + "/models", json={"name": "panel-model", "job": job["id"]}, headers=h, timeout=120)
     assert r.status_code == 201, r.text
     platform.spawn(USER, "cpu")

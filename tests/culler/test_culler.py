@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from waiting import wait_for
 
 from trainhub.procs import processes_with
 
@@ -67,15 +68,9 @@ SERVERS = {"cull-idle": "gpu-1", "cull-keep": "gpu-1", "cull-busy": "gpu-1", "cu
 SIDE_ENV = {"TRAINHUB_SERVICES": "trainhub-culler"}
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+def at(row_or_text) -> datetime:
+    """When the culler made a decision or stamped a time (its own clock), as an aware datetime."""
+    return datetime.fromisoformat(str(row_or_text["at"] if isinstance(row_or_text, dict) else row_or_text))
 
 
 class Culler:
@@ -123,6 +118,12 @@ class Culler:
         rows = self.decisions(user, acted=False)["latest"]
         return rows[0] if rows else None
 
+    def decision_after(self, user, moment: datetime, what: str, timeout: float) -> dict:
+        """The culler's latest decision about ``user`` once it was made after ``moment`` (the culler's own clock):
+        proof that a pass has looked at the server since then."""
+        return wait_for(lambda: self.latest(user), lambda row: row is not None and at(row) > moment,
+                        what=f"a decision about {user} after {what}", timeout=timeout)
+
     def metrics(self) -> str:
         r = requests.get(self.url + "/metrics", headers=self._h(token=self.platform.admin_token), timeout=30)
         assert r.status_code == 200, r.text
@@ -168,7 +169,7 @@ def start_executing_cell(platform, user: str, code: str = "import time; time.sle
     assert r.status_code == 201, r.text
     kid = r.json()["id"]
     ws_url = base.replace("http://", "ws://", 1) + f"/{kid}/channels"
-    ws = wait_for(lambda: _try_ws(websocket, ws_url, token), 60, what=f"kernel websocket of {user}")
+    ws = wait_for(lambda: _try_ws(websocket, ws_url, token), timeout=60, what=f"kernel websocket of {user}")
     msg_id = uuid.uuid4().hex
     ws.send(json.dumps({
         "header": {"msg_id": msg_id, "username": user, "session": uuid.uuid4().hex, "msg_type": "execute_request",
@@ -238,7 +239,7 @@ class WarningWatch:
         self._thread.join(timeout=10)
 
     def seen(self, user: str, timeout: float) -> tuple[float, dict]:
-        return wait_for(lambda: self.first.get(user), timeout, what=f"a warning for {user}")
+        return wait_for(lambda: self.first.get(user), timeout=timeout, what=f"a warning for {user}")
 
 
 class Fleet:
@@ -327,7 +328,6 @@ def test_keep_my_gpu_restarts_the_clock_for_ones_own_server_only(fleet):
     assert culler.warnings(token=server_token) == [w]
     r = culler.keep(token=server_token, body={"server": ""})
     assert r.status_code == 200, r.text
-    kept = time.monotonic()
     assert r.json()["user"] == "cull-keep" and r.json()["server"] == "" and r.json()["kept_at"]
     assert culler.warnings(token=server_token) == []  # withdrawn at once
 
@@ -335,11 +335,12 @@ def test_keep_my_gpu_restarts_the_clock_for_ones_own_server_only(fleet):
         latest = culler.latest("cull-keep")
         return latest if latest["measurements"].get("clock_reset_by") == "keep pressed" else None
 
-    latest = wait_for(after_keep, 3 * CHECK + 5, what="a decision counting from the keep")
+    latest = wait_for(after_keep, timeout=3 * CHECK + 5, what="a decision counting from the keep")
     assert latest["action"] == "none" and latest["reason"].startswith("not culled: idle"), latest
-    # past the timeout since its GPU went idle, the server still has its GPU: the clock restarted at keep
-    time.sleep(max(0.0, fleet.idle_since["cull-keep"] + TIMEOUT + CHECK - time.monotonic()))
-    assert time.monotonic() - kept < TIMEOUT
+    # past the timeout since its GPU went idle (a pass after the warning's act_at), the server still has its GPU:
+    # the clock restarted at keep, and that pass counted from the keep
+    later = culler.decision_after("cull-keep", at(w["act_at"]), "the warning's act_at", timeout=TIMEOUT + 30)
+    assert later["action"] in ("none", "warn") and later["measurements"].get("clock_reset_by") == "keep pressed", later
     assert p.held_by("cull-keep") == fleet.devices["cull-keep"]
     assert p.server_model("cull-keep")["user_options"] == {"profile": "gpu-1"}
     actions = [r["action"] for r in culler.decisions("cull-keep")["items"][::-1]]
@@ -355,14 +356,12 @@ def test_idle_server_is_warned_then_released_to_cpu(fleet):
     assert w["action"] == "release" and w["keep_url"] == "/services/trainhub-culler/api/keep"
     assert "will release in" in w["message"] and "unsaved kernel state" in w["message"]
     assert datetime.fromisoformat(w["act_at"]) > datetime.fromisoformat(w["warned_at"])
-    assert warned - fleet.idle_since["cull-idle"] >= TIMEOUT - WARNING - 1  # not before it was due
 
     def released():
         model = p.server_model("cull-idle")
         return model if model and model.get("ready") and model["user_options"].get("profile") == "cpu" else None
 
-    wait_for(released, WARNING + 60, what="cull-idle restarted on the cpu profile")
-    assert time.monotonic() - warned >= WARNING - 1  # the user had the warning period
+    wait_for(released, timeout=WARNING + 60, what="cull-idle restarted on the cpu profile")
     assert p.held_by("cull-idle") == []
     row = next(r for r in p.ledger()["devices"] if r["device"] == device)
     assert row["holder"] is None  # back in the pool
@@ -373,6 +372,7 @@ def test_idle_server_is_warned_then_released_to_cpu(fleet):
     assert [r["action"] for r in rows] == ["warn", "release"], rows
     warn, release = rows
     assert warn["reason"] == w["message"] and not warn["acted"]
+    assert warn["measurements"]["idle_s"] >= TIMEOUT - WARNING  # not warned before it was due
     assert release["acted"] and release["error"] is None and "releasing" in release["reason"]
     assert release["devices"] == [device] and release["measurements"]["timeout_s"] == TIMEOUT
     assert release["measurements"]["idle_s"] >= TIMEOUT
@@ -391,8 +391,12 @@ def test_idle_server_is_warned_then_released_to_cpu(fleet):
 
 def test_busy_gpu_executing_cell_and_untimed_profile_are_never_culled(fleet):
     p, culler = fleet.main, fleet.culler
-    # give the idle ones at least a full timeout plus the warning period
-    time.sleep(max(0.0, fleet.idle_since["cull-cell"] + TIMEOUT + WARNING + 2 * CHECK - time.monotonic()))
+    # cull-idle went idle with cull-cell and cull-long and has been released (a full timeout plus the warning
+    # period): a pass after that release has looked at each of them, and would have culled them by then
+    release = wait_for(lambda: [r for r in culler.decisions("cull-idle")["items"] if r["action"] == "release"],
+                       what="cull-idle's release", timeout=TIMEOUT + WARNING + 60)[0]
+    for user in ("cull-busy", "cull-cell", "cull-long"):
+        culler.decision_after(user, at(release), "cull-idle's release", timeout=3 * CHECK + 30)
     expected = {
         "cull-busy": f"not culled: GPU busy {BUSY}%",
         "cull-cell": "not culled: kernel executing",
@@ -425,11 +429,14 @@ def test_prometheus_counters(fleet):
     # one GPU, counted from the release until now (it is not held again)
     reclaimed = culler.metric("trainhub_culler_gpu_hours_reclaimed_total")
     [release] = [r for r in culler.decisions("cull-idle")["items"] if r["action"] == "release"]
-    assert 0 < reclaimed * 3600 <= time.time() - datetime.fromisoformat(release["at"]).timestamp() + 1
+    last_pass = culler.metric("trainhub_culler_last_pass_timestamp_seconds")  # counted up to the last pass
+    assert 0 < reclaimed * 3600 <= last_pass - at(release).timestamp() + 1
     for label in ("GPU busy", "kernel executing", "profile", "idle"):
         assert culler.metric("trainhub_culler_skips_total", reason=label) > 0, label
     assert culler.metric("trainhub_culler_errors_total") == 0
-    assert culler.metric("trainhub_culler_last_pass_timestamp_seconds") > time.time() - 30
+    # the culler keeps passing: the end of its last pass moves on
+    wait_for(lambda: culler.metric("trainhub_culler_last_pass_timestamp_seconds"), lambda t: t > last_pass,
+             what="another culler pass", timeout=3 * CHECK + 30)
 
 
 def test_culler_role_is_least_privilege(fleet):
@@ -454,13 +461,13 @@ def test_culler_role_is_least_privilege(fleet):
 def test_action_stop_stops_the_server(fleet):
     p = fleet.stopper
     culler = Culler(p)
-    warned, w = fleet.watch.seen("cull-stopped", TIMEOUT + 15)
+    _, w = fleet.watch.seen("cull-stopped", TIMEOUT + 15)
     assert w["action"] == "stop" and "will stop in" in w["message"]
-    wait_for(lambda: p.server_model("cull-stopped") is None, WARNING + 30, what="the server stopped")
-    assert time.monotonic() - warned >= WARNING - 1
+    wait_for(lambda: p.server_model("cull-stopped") is None, timeout=WARNING + 30, what="the server stopped")
     assert p.held_by("cull-stopped") == [] and p.ledger()["free"] == 1
     rows = culler.decisions("cull-stopped")["items"][::-1]
     assert [(r["action"], r["acted"]) for r in rows] == [("warn", False), ("stop", True)], rows
+    assert (at(rows[1]) - at(rows[0])).total_seconds() >= WARNING  # the user had the warning period
     assert culler.warnings("cull-stopped") == []
     assert culler.metric("trainhub_culler_culls_total", reason="gpu_idle", action="stop") == 1
     assert culler.metric("trainhub_culler_gpus_released_total") == 1
@@ -473,9 +480,11 @@ def test_dry_run_reports_but_never_acts(fleet):
     def would_release():
         return [r for r in culler.decisions("cull-dry")["items"] if r["action"] == "release"]
 
-    [row] = wait_for(would_release, TIMEOUT + WARNING + 20, what="a dry-run release decision")[-1:]
+    [row] = wait_for(would_release, timeout=TIMEOUT + WARNING + 20, what="a dry-run release decision")[-1:]
     assert row["dry_run"] and not row["acted"] and row["reason"].startswith("dry run: idle")
-    time.sleep(max(0.0, datetime.fromisoformat(row["at"]).timestamp() + 2 * CHECK + 1 - time.time()))
+    # two more passes reported the same release: a real release would have freed the GPU by then
+    wait_for(would_release, lambda rows: len(rows) >= 3, what="two more dry-run release decisions",
+             timeout=4 * CHECK + 30)
     assert p.held_by("cull-dry") == [0]
     assert p.server_model("cull-dry")["user_options"] == {"profile": "gpu-1"}
     assert "cull-dry" not in fleet.watch.first and culler.warnings("cull-dry") == []  # nobody is warned

@@ -27,6 +27,7 @@ import pytest
 import requests
 
 from browserlab import ARGS, CHROMIUM, culler_platform, log_in_to_lab, script_gpus
+from waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -79,16 +80,15 @@ def latest_decision(p) -> dict:
 
 def connected_kernel(p, timeout: float = 60) -> dict:
     """Wait until the notebook's kernel is up with the tab's websocket connected."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def kernels():
         r = requests.get(f"{p.url}/user/{USER}/api/kernels", params={"no_track_activity": 1},
                          headers={"Authorization": f"token {p.token(USER)}"}, timeout=30)
-        kernels = r.json() if r.status_code == 200 else []
-        ready = [k for k in kernels if k["connections"] >= 1 and k["execution_state"] == "idle"]
-        if ready:
-            return ready[0]
-        assert time.monotonic() < deadline, f"no connected idle kernel: {r.status_code} {kernels}"
-        time.sleep(0.5)
+        return r.json() if r.status_code == 200 else [r.status_code]
+
+    def ready(kernels):
+        return [k for k in kernels if isinstance(k, dict) and k["connections"] >= 1 and k["execution_state"] == "idle"]
+
+    return ready(wait_for(kernels, ready, what="a connected idle kernel", timeout=timeout, interval=0.5))[0]
 
 
 def culler_pid(p) -> int:
@@ -129,19 +129,28 @@ def test_hidden_tab_stays_connected_closed_browser_is_released(presence_platform
         try:
             hidden_at = time.time()
             seen = []  # (seconds since hidden, hub last_activity - hidden_at)
-            for _ in range(HIDDEN_FOR // 5):
-                page.wait_for_timeout(5000)
+
+            def activity():
                 seen.append((round(time.time() - hidden_at), round(hub_last_activity(p) - hidden_at, 1)))
+                return seen[-1][1]
+
+            # what jupyterhub-idle-culler reads kept moving (websocket pings every 30 s, plus a few polls a
+            # minute): the hub's last_activity reaches HIDDEN_FOR - 30 s after hiding, the tab still hidden
+            wait_for(activity, lambda since_hidden: since_hidden >= HIDDEN_FOR - 30,
+                     what="the hub's last_activity to move on with the tab hidden", timeout=HIDDEN_FOR + 90,
+                     interval=5, describe=lambda _: f"(t, hub last_activity - hidden_at) seen: {seen}")
         finally:
             os.kill(culler, signal.SIGCONT)
+        resumed_at = time.time()
         polls = [(round(t - hidden_at), u.split("/user/")[-1].split("?")[0]) for t, u in requests_seen]
         print(f"\nhidden tab: (t, hub last_activity) {seen}\nits HTTP requests: {polls}")
-        # what jupyterhub-idle-culler reads kept moving (websocket pings every 30 s, plus a few polls a minute)
         assert seen[-1][1] >= HIDDEN_FOR - 30, f"the hub's last_activity stopped with the tab hidden: {seen}"
 
-        page.wait_for_timeout(3 * CHECK * 1000)  # a few culler passes after it resumed
+        # a culler pass after it resumed that measured the idle GPU and who is connected
+        d = wait_for(lambda: latest_decision(p),
+                     lambda d: ts(d["at"]) > resumed_at and "idle_s" in d["measurements"],
+                     what="a culler decision measuring the idle GPU after it resumed", timeout=10 * CHECK + 30)
         # trainhub's culler counted the tab as present: GPU idle for longer than away_timeout, no warning
-        d = latest_decision(p)
         assert d["action"] == "none" and "of 2h00m" in d["reason"], d
         assert d["measurements"]["server"]["connections"] >= 1, d
         assert not d["measurements"].get("away"), d
@@ -150,16 +159,17 @@ def test_hidden_tab_stays_connected_closed_browser_is_released(presence_platform
     closed_at = time.time()
 
     # nobody connected: warned, then released to the CPU profile within away_timeout (+ passes)
-    deadline = closed_at + AWAY + 90
-    while True:
+    def decisions():
         r = requests.get(p.url + "/services/trainhub-culler/api/decisions", params={"user": USER, "limit": 1000},
                          headers={"Authorization": f"token {p.admin_token}"}, timeout=30)
-        rows = r.json()["items"]
-        released = [row for row in rows if row["action"] == "release" and row["acted"]]
-        if released:
-            break
-        assert time.time() < deadline, f"not released: {rows[:3]}"
-        time.sleep(1)
+        return r.json()["items"]
+
+    def releases(rows):
+        return [row for row in rows if row["action"] == "release" and row["acted"]]
+
+    rows = wait_for(decisions, releases, what="the released GPU of the closed browser", timeout=AWAY + 90, interval=1,
+                    describe=lambda rows: f"latest decisions: {rows[:3]}")
+    released = releases(rows)
     released_after = time.time() - closed_at
     (release,) = released
     assert p.held_by(USER) == []

@@ -7,7 +7,7 @@ tree as Python imports it: a ``trainhub/`` of real folders whose ``.py`` files a
 checkout's files. Every import statement counts, at module level or inside a function (a test below
 plants one of each kind of breach to prove the check sees it).
 
-Run it by hand with ``make lint-imports`` (or ``python tests/unit/test_import_layers.py``); it prints
+Run it by hand with ``make lint-imports`` (or ``python tests/architecture/test_import_layers.py``); it prints
 import-linter's report and exits non-zero when a contract is broken.
 """
 

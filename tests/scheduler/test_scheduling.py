@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
+from waiting import wait_for
 
 from trainhub.states import JOB_TERMINAL as TERMINAL
 
@@ -66,32 +66,17 @@ class Jobs:
         requests.delete(f"{self.url}/jobs/{jid}", headers=self.h, timeout=30)
 
     def wait(self, jid, states=TERMINAL, timeout=60) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.job(jid)
-            if job["state"] in states:
-                return job
-            assert time.monotonic() < deadline, f"job {jid} still {job['state']}: {job['reason']}"
-            time.sleep(0.1)
+        return wait_for(lambda: self.job(jid), lambda job: job["state"] in states, what=f"job {jid} to be in {states}",
+                        timeout=timeout, interval=0.1, describe=lambda job: f"still {job['state']}: {job['reason']}")
 
     def wait_why(self, jid, code, timeout=20) -> dict:
         """Until the scheduler has explained ``jid`` with ``code`` (a pass runs at least every second)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            why = self.why(jid)
-            if why.get("code") == code:
-                return why
-            assert time.monotonic() < deadline, f"{jid}: expected wait code {code}, got {why}"
-            time.sleep(0.1)
+        return wait_for(lambda: self.why(jid), lambda why: why.get("code") == code, what=f"{jid}: wait code {code}",
+                        timeout=timeout, interval=0.1)
 
     def wait_log(self, jid, text, timeout=20) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            logs = self.get(jid, "/logs").text
-            if text in logs:
-                return logs
-            assert time.monotonic() < deadline, f"{jid}: no {text!r} in logs: {logs!r}"
-            time.sleep(0.1)
+        return wait_for(lambda: self.get(jid, "/logs").text, lambda logs: text in logs, what=f"{text!r} in the logs of {jid}",
+                        timeout=timeout, interval=0.1)
 
 
 def cli_why(jobs: Jobs, jid: str) -> str:
