@@ -11,9 +11,9 @@ import pytest
 import requests
 
 from trainhub import tensorboard as tb
-from trainhub.backoff import poll
 from trainhub.exceptions import InvalidRequest
 from trainhub.states import JOB_TERMINAL
+from waiting import wait_for
 
 WRITER = r'''
 import trainhub
@@ -37,8 +37,8 @@ def _events(folder, scalars=3):
 
 
 def _wait_job(api, h, job_id):
-    return poll(lambda: requests.get(f"{api}/jobs/{job_id}", headers=h, timeout=30).json(),
-                lambda j: j["state"] in JOB_TERMINAL, what=f"job {job_id} to end", describe=repr, start=0.5, timeout=180)
+    return wait_for(lambda: requests.get(f"{api}/jobs/{job_id}", headers=h, timeout=30).json(),
+                    lambda j: j["state"] in JOB_TERMINAL, what=f"job {job_id} to end", interval=0.5, timeout=180)
 
 
 def _job(job_id, area, name=None):
@@ -124,8 +124,8 @@ def test_tensorboard_through_the_users_server(platform):
             return requests.get(platform.url + url + "data/runs", headers=h, timeout=60).json()
 
         # TensorBoard loads the logdir in the background
-        poll(runs, lambda found: found == [f"{job['id']}-curves"], what="TensorBoard to show the job's run",
-             describe=repr, start=0.5, factor=1.0, timeout=90)
+        wait_for(runs, lambda found: found == [f"{job['id']}-curves"], what="TensorBoard to show the job's run",
+                 interval=0.5, timeout=90)
         # the same jobs again: the same TensorBoard; a link for notebook output redirects to it
         assert requests.post(base, json={"jobs": [job["id"]]}, headers=h, timeout=60).json()["url"] == url
         r = requests.get(f"{base}/open", params={"jobs": job["id"]}, headers=h, timeout=60, allow_redirects=False)
@@ -163,8 +163,8 @@ def test_cli_gathers_and_serves(platform, tmp_path):
             except (requests.ConnectionError, ValueError):
                 return None
 
-        poll(runs, lambda found: found == [tb.run_name(done)], what="the CLI's TensorBoard to show the job's run",
-             describe=repr, start=0.5, factor=1.0, timeout=90)
+        wait_for(runs, lambda found: found == [tb.run_name(done)], what="the CLI's TensorBoard to show the job's run",
+                 interval=0.5, timeout=90)
     finally:
         proc.terminate()
         proc.wait(30)
