@@ -24,6 +24,8 @@ LOST = "lost"
 JOB_STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST)
 JOB_ACTIVE = frozenset({QUEUED, RUNNING})
 JOB_TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, LOST})
+#: a queued job's reason until a scheduling pass has given it its own
+SUBMITTED_REASON = "waiting for the scheduler's next pass"
 
 # -- sweeps -------------------------------------------------------------------------------------
 COMPLETED = "completed"

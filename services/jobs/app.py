@@ -23,6 +23,7 @@ from trainhub.loops import PeriodicLoop
 from trainhub.profiles import ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.services.api import make_application
+from trainhub.states import SUBMITTED_REASON
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
 
@@ -216,7 +217,7 @@ class JobsService(Application):
             script=spec.script, gpus=gpus, workers=spec.workers, env=spec.env, time_limit=spec.time_limit,
             retries=spec.retries, profile=profile.slug if profile else None, priority=priority,
             preemptible=spec.preemptible, submit_key=(f"{caller.name}:{spec.submit_key}" if spec.submit_key else None),
-            sweep_id=spec.sweep_id, params=spec.params, reason="waiting for the scheduler's next pass",
+            sweep_id=spec.sweep_id, params=spec.params, reason=SUBMITTED_REASON,
         )
         self.log.info("job %s submitted by %s: %d worker(s) × %d GPU(s)", job.key, caller.name, spec.workers, gpus)
         self.engine.wake()

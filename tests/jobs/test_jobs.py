@@ -17,6 +17,7 @@ import requests
 from waiting import wait_for
 
 from trainhub.states import JOB_TERMINAL as TERMINAL
+from trainhub.states import SUBMITTED_REASON
 
 pytestmark = pytest.mark.e2e
 
@@ -49,8 +50,8 @@ class Jobs:
                         describe=lambda job: f"still {job['state']}: {job['reason']}")
 
     def considered(self, jid, timeout=30) -> dict:
-        """The job once the scheduler has looked at it: its reason is the scheduler's, not the initial "queued"."""
-        return wait_for(lambda: self.get(jid).json(), lambda job: job["state"] != "queued" or job["reason"] != "queued",
+        """The job once the scheduler has looked at it: its reason is the scheduler's, not the one given at submission."""
+        return wait_for(lambda: self.get(jid).json(), lambda job: job["state"] != "queued" or job["reason"] != SUBMITTED_REASON,
                         what=f"a scheduling pass to consider job {jid}", timeout=timeout)
 
     def logs(self, jid, **params) -> str:
@@ -223,7 +224,7 @@ def test_gang_waits_for_all_gpus_and_quota_is_shared_with_servers(platform, jobs
     gang = waiter.run(command="echo go", gpus=1, workers=2, name="gang")
     queued = waiter.considered(gang["id"])  # a scheduling pass has decided about it (it would have started it by now)
     assert queued["state"] == "queued"
-    assert "GPU" in queued["reason"] and queued["reason"] != "queued", queued["reason"]
+    assert "GPU" in queued["reason"] and queued["reason"] != SUBMITTED_REASON, queued["reason"]
     assert job_devices(platform, gang["id"]) == []  # no partial start
     why = waiter.get(gang["id"], "/why").json()
     assert why["state"] == "queued" and why["message"]
