@@ -13,7 +13,7 @@ PROXY  := $(NODE_PREFIX)/node_modules/.bin/configurable-http-proxy
 UP_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test-deps system-deps up test test-unit test-e2e lint-imports bench clean
+.PHONY: install test-deps system-deps controlplane up test test-unit test-e2e test-kube-real lint-imports bench clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "trainhub needs Python >= 3.11"'
@@ -50,8 +50,28 @@ test-deps: system-deps install
 up: install
 	$(VENV)/bin/trainhub up $(UP_ARGS)
 
-test: test-deps
+# the real Kubernetes control plane the tests run against: kube-apiserver, controller-manager and
+# scheduler v1.20.2 built from Debian's source package (about 14 min the first time, then cached in
+# ~/.cache/trainhub/kube-1.20.2) plus Debian's etcd; as root it installs the apt packages it needs.
+# TRAINHUB_SKIP_CONTROLPLANE=1 skips it and the tests that need it (on purpose only).
+controlplane:
+	@if [ "$${TRAINHUB_SKIP_CONTROLPLANE:-}" = 1 ]; then \
+	    echo "TRAINHUB_SKIP_CONTROLPLANE=1: the real control plane and its tests are skipped"; \
+	else \
+	    bash tests/kubernetes/controlplane/build.sh; \
+	fi
+
+# every test; then tests/kubernetes again against the real control plane (--kube=real; the tests
+# marked controlplane use it in the first run already)
+test: test-deps controlplane
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	@if [ "$${TRAINHUB_SKIP_CONTROLPLANE:-}" != 1 ]; then \
+	    echo "== tests/kubernetes against the real v1.20 control plane"; \
+	    $(PY) -m pytest -q tests/kubernetes --kube=real -m "not controlplane" $(PYTEST_ARGS); \
+	fi
+
+test-kube-real: test-deps controlplane
+	$(PY) -m pytest -q tests/kubernetes --kube=real $(PYTEST_ARGS)
 
 test-unit: test-deps
 	$(PY) -m pytest -q -m "not e2e and not browser" $(PYTEST_ARGS)
@@ -63,7 +83,9 @@ test-e2e: test-deps
 lint-imports: test-deps
 	$(PY) tests/unit/test_import_layers.py
 
+# the benchmarks also need the loaders they compare with (the `bench` extra)
 bench: test-deps
+	$(PIP) install -q -e ".[test,bench]"
 	@set -e; for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b; done
 
 clean:

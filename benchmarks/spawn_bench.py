@@ -5,7 +5,12 @@ command, and alternates spawns between them (so a neighbour's load hits both ali
 
 * trainhub: a real `trainhub up --gpus 4` (simulated devices without a driver), each spawn
   with ``{"profile": "gpu-1"}`` (so the ledger, quota and storage work are in the measure);
-* stock: a plain ``jupyterhub`` with ``SimpleLocalProcessSpawner`` and a minimal config.
+* stock: a plain ``jupyterhub`` with ``SimpleLocalProcessSpawner`` and a minimal config. Its
+  single-user servers run from the same virtualenv, where `trainhub up` enables trainhub's
+  storage server extension and lab extension for every server; the stock servers get their
+  own ``JUPYTER_CONFIG_DIR`` that turns every trainhub extension off, and the benchmark
+  checks the stock server's log for the extensions it loaded (none of trainhub's, jupyterlab
+  present) before timing anything.
 
 Each measure is the time from the spawn POST to the hub reporting the server ``ready``
 (polled every 50 ms through the REST API); the server is stopped between spawns. One
@@ -18,7 +23,9 @@ trainhub's median is at most 1.10 x stock's. Exit status 0 on PASS, 1 on FAIL.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,6 +41,7 @@ import requests
 
 from trainhub.app import up
 from trainhub.backoff import WaitTimeout, poll
+from trainhub.extensions import LABEXTENSION_NAME, SERVER_EXTENSION
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -139,6 +147,7 @@ c.SimpleLocalProcessSpawner.home_dir_template = "{root}/homes/{{username}}"
 c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]  # the same command trainhub uses
 c.Spawner.default_url = "/lab"
 c.Spawner.args = {args!r}
+c.Spawner.environment = {{"JUPYTER_CONFIG_DIR": {jupyter_config!r}}}  # no trainhub extension (see clean_jupyter_config)
 c.JupyterHub.services = [{{"name": "bench", "api_token": {token!r}}}]
 c.JupyterHub.load_roles = [{{"name": "bench", "scopes": ["admin:users", "admin:servers"], "services": ["bench"]}}]
 """
@@ -151,6 +160,48 @@ def find_proxy() -> str:
     return found
 
 
+def clean_jupyter_config(root: Path) -> Path:
+    """A JUPYTER_CONFIG_DIR that turns off every trainhub extension this environment enables.
+
+    ``trainhub up`` enables the storage server extension in ``<venv>/etc/jupyter`` and installs
+    the lab extension in ``<venv>/share/jupyter``, which every server started from this
+    virtualenv would load. The user config dir has the highest priority, so setting
+    ``jpserver_extensions`` to false there (and disabling the lab extension in
+    ``labconfig/page_config.json``) gives the stock servers a stock Jupyter.
+    """
+    server = {SERVER_EXTENSION: False}
+    for conf in (Path(sys.prefix) / "etc" / "jupyter" / "jupyter_server_config.d").glob("*.json"):
+        try:
+            enabled = json.loads(conf.read_text()).get("ServerApp", {}).get("jpserver_extensions", {})
+        except ValueError:
+            continue
+        server.update({name: False for name in enabled if name.split(".")[0] == "trainhub"})
+    lab = {LABEXTENSION_NAME: True}
+    labext = Path(sys.prefix) / "share" / "jupyter" / "labextensions"
+    if labext.is_dir():
+        lab.update({p.name: True for p in labext.iterdir() if p.name.startswith("trainhub")})
+    cfg = root / "jupyter-config"
+    (cfg / "labconfig").mkdir(parents=True)
+    (cfg / "jupyter_server_config.json").write_text(json.dumps({"ServerApp": {"jpserver_extensions": server}}, indent=1))
+    (cfg / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": lab}, indent=1))
+    return cfg
+
+
+LOADED = re.compile(r"(\S+) \| extension was successfully loaded")
+
+
+def check_stock_is_clean(log: Path) -> list[str]:
+    """The server extensions the stock hub's single-user servers loaded; exit if any is trainhub's."""
+    loaded = sorted(set(LOADED.findall(log.read_text(errors="replace"))))
+    if "jupyterlab" not in loaded:
+        raise SystemExit(f"cannot tell which extensions the stock server loaded: no 'jupyterlab | extension was "
+                         f"successfully loaded' line in {log} (run with --keep to look)")
+    ours = [name for name in loaded if name.split(".")[0] == "trainhub"]
+    if ours:
+        raise SystemExit(f"the stock hub's single-user server loaded trainhub extension(s) {ours}: not a stock baseline")
+    return loaded
+
+
 def start_stock(tmp: Path) -> Hub:
     root = tmp / "stock"
     (root / "homes").mkdir(parents=True)
@@ -158,7 +209,7 @@ def start_stock(tmp: Path) -> Hub:
     cfg = root / "jupyterhub_config.py"
     cfg.write_text(STOCK_CONFIG.format(
         port=port, hub_port=free_port(), proxy_port=free_port(), proxy=find_proxy(), root=root, token=token,
-        args=["--allow-root"] if os.geteuid() == 0 else [],
+        args=["--allow-root"] if os.geteuid() == 0 else [], jupyter_config=str(clean_jupyter_config(root)),
     ))
     log = open(tmp / "stock-jupyterhub.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
@@ -184,6 +235,8 @@ def main(argv=None) -> int:
             hub.ensure_user("bench")
             hub.spawn_to_ready("bench")  # warm-up: imports, home folder, first proxy route
             hub.stop_server("bench")
+        stock_extensions = check_stock_is_clean(tmp / "stock-jupyterhub.log")
+        print("stock single-user server loaded: " + ", ".join(stock_extensions) + " (no trainhub extension)", flush=True)
         times: dict[str, list[float]] = {h.name: [] for h in hubs}
         for i in range(args.spawns):
             order = hubs if i % 2 == 0 else hubs[::-1]
@@ -210,6 +263,8 @@ def main(argv=None) -> int:
     print(f"(for information: median of the per-round ratios = {paired:.3f}; load from elsewhere on the machine "
           "moves single spawns by seconds)")
     verdict = "PASS" if ratio <= args.target else "FAIL"
+    print("stock: SimpleLocalProcessSpawner, same virtualenv, JUPYTER_CONFIG_DIR turning off trainhub's server and "
+          "lab extensions; server extensions loaded: " + ", ".join(stock_extensions))
     print(f"ratio trainhub/stock = {ratio:.3f} (target <= {args.target:.2f}): {verdict}")
     return 0 if verdict == "PASS" else 1
 

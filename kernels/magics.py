@@ -20,7 +20,7 @@ from traitlets import Float, Integer, Unicode
 from trainhub.backoff import Backoff
 from trainhub.fmt import elapsed_seconds, fmt_duration, format_job
 from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
-from trainhub.kernels.context import CellSyntaxError, build_job_script, left_out_message
+from trainhub.kernels.context import CellSyntaxError, build_job_script, check_returns, left_out_message
 from trainhub.states import JOB_STATES, SUCCEEDED
 
 CELL_HELP = """\
@@ -36,6 +36,7 @@ LINE_HELP = """\
 %train status ID                    a job's live panel (or summary)
 %train logs ID [--tail N] [--worker N] [--follow]
 %train cancel ID [ID ...]
+%train result ID [--as VAR]         wait for a job, then set the values it sent back (%%train --return)
 %train help                         this help and the %%train flags
 """
 
@@ -65,10 +66,22 @@ def cell_parser() -> argparse.ArgumentParser:
     add_spec_options(p)
     p.add_argument("--wait", action="store_true", help="block until the job ends; fail the cell if the job fails")
     p.add_argument("--as", dest="as_var", metavar="VAR", help="bind the JobHandle to VAR (it is also the cell's result, _)")
+    p.add_argument("--return", dest="returns", metavar="NAME[,NAME...]", type=return_names, default=[],
+                   help="send these variables' values back from rank 0 when the cell has finished: with --wait they "
+                   "are set here, else job.result() or %%train result ID returns them")
     p.add_argument("--ignore-missing", action="store_true",
                    help="submit even if some variables the cell uses cannot be sent (too big / not picklable)")
     p.add_argument("--dry-run", action="store_true", help="print the generated job script, submit nothing")
     return p
+
+
+def return_names(text: str) -> list[str]:
+    """``--return model,acc`` -> ["model", "acc"] (Python names, no duplicates)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected Python names separated by commas (--return model,acc), got {text!r}")
+    return list(dict.fromkeys(names))
 
 
 def line_parser() -> argparse.ArgumentParser:
@@ -88,6 +101,10 @@ def line_parser() -> argparse.ArgumentParser:
     lg.add_argument("--follow", "-f", action="store_true")
     c = sub.add_parser("cancel", help="cancel jobs", allow_abbrev=False)
     c.add_argument("id", metavar="ID", nargs="+")
+    r = sub.add_parser("result", help="set the values a job sent back (--return) in this notebook", allow_abbrev=False)
+    r.add_argument("id", metavar="ID")
+    r.add_argument("--as", dest="as_var", metavar="VAR", help="bind them as one dict to VAR instead of one variable each")
+    r.add_argument("--timeout", type=float, metavar="S", help="seconds to wait for a job still running (default: no limit)")
     sub.add_parser("help", help="show help")
     return p
 
@@ -173,13 +190,18 @@ class TrainMagics(Magics):
         history = list(self.shell.history_manager.input_hist_raw) if self.shell is not None else []
         try:
             script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
-                                      transform=self.shell.transform_cell, line_offset=1)
+                                      transform=self.shell.transform_cell, line_offset=1,
+                                      returns=getattr(args, "returns", None))
         except CellSyntaxError as e:
             where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
             pointer = f"\n    {e.line.strip()}" if e.line else ""
             raise UsageError(f"syntax error in {where}: {e.msg}{pointer}\nNothing was submitted.") from None
         if script.left_out and not args.ignore_missing:
             raise UsageError(left_out_message(script, self.max_value_bytes).replace("%%train", magic))
+        never = check_returns(cell, getattr(args, "returns", None) or [], script)
+        if never:
+            raise UsageError(f"--return {', '.join(never)}: the cell never assigns {'it' if len(never) == 1 else 'them'} "
+                             f"and the job would not have {'it' if len(never) == 1 else 'them'}; nothing was submitted.")
         return args, script
 
     def _present(self, handle, make_panel, text: str, as_var: str | None) -> None:
@@ -237,7 +259,29 @@ class TrainMagics(Magics):
                 except Exception:
                     tail = ""
                 raise JobFailedError(job, tail)
+            if args.returns:
+                self._set_results(handle, None)
         return handle
+
+    def _set_results(self, handle, as_var: str | None) -> dict:
+        """Read the values a finished job sent back and set them in the notebook (one variable each, or
+        one dict ``as_var``); a value that could not be sent or read is a UsageError naming it and why."""
+        from trainhub.results import ResultsError
+
+        try:
+            values = handle.result()
+        except ResultsError as e:
+            if e.values:
+                self.shell.user_ns.update(e.values)
+                print(f"%train: set {', '.join(e.values)} from {handle.id}", file=sys.stderr)
+            raise UsageError(f"the values of {handle.id} could not all come back: {e}") from None
+        if as_var:
+            self.shell.user_ns[as_var] = values
+            print(f"%train: {as_var} = the values {handle.id} sent back ({', '.join(values)})", file=sys.stderr)
+        else:
+            self.shell.user_ns.update(values)
+            print(f"%train: set {', '.join(values)} from {handle.id}", file=sys.stderr)
+        return values
 
     def _report_context(self, script) -> None:
         notes = []
@@ -328,11 +372,32 @@ class TrainMagics(Magics):
                 print(self._call(f"cannot read the logs of {args.id}", self.client.logs, args.id,
                                  worker=args.worker, tail=args.tail), end="")
             return None
+        if args.action == "result":
+            return self._result(args)
         if args.action == "cancel":
             for job_id in args.id:
                 job = self._call(f"cannot cancel {job_id}", self.client.cancel, job_id)
                 print(f"{job['id']}: {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else ""))
             return None
+        return None
+
+    def _result(self, args):
+        """``%train result ID``: wait for the job if needed (an interrupt stops waiting), then set its values."""
+        from trainhub.kernels.handle import JobFailedError, JobHandle
+
+        if args.as_var is not None and not args.as_var.isidentifier():
+            raise UsageError(f"--as {args.as_var!r}: not a Python variable name")
+        handle = JobHandle(self.client, self._call(f"cannot find {args.id}", self.client.get, args.id))
+        try:
+            handle.wait(poll=self.poll_interval, timeout=args.timeout)
+        except KeyboardInterrupt:
+            print(f"stopped waiting; {handle.id} keeps running", file=sys.stderr)
+            raise
+        except JobFailedError as e:
+            raise UsageError(str(e)) from None
+        except TimeoutError as e:
+            raise UsageError(f"{handle.id} is still {handle.job.get('state')}: {e}") from None
+        self._set_results(handle, args.as_var)
         return None
 
     def _list(self, args):

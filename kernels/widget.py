@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 
 from trainhub.backoff import Backoff
-from trainhub.fmt import diagnosis_summary, elapsed_seconds, fmt_devices, fmt_duration, measurement_line, parse_time
+from trainhub.fmt import diagnosis_summary, elapsed_seconds, fmt_devices, fmt_duration, measurement_line, parse_time, resumed_from
 from trainhub.states import CANCELLED, FAILED, JOB_TERMINAL, LOST, QUEUED, RUNNING, SUCCEEDED
 
 STATE_COLORS = {QUEUED: "#8a6d00", RUNNING: "#1f6feb", SUCCEEDED: "#1a7f37", FAILED: "#cf222e", CANCELLED: "#6e7781",
@@ -24,7 +24,8 @@ STATE_COLORS = {QUEUED: "#8a6d00", RUNNING: "#1f6feb", SUCCEEDED: "#1a7f37", FAI
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT(\d\d:\d\d:\d\d))\S*\s+(\[\d+\])\s?(.*)$")
 
 
-def render_header(job: dict, now: datetime | None = None) -> str:
+def render_header(job: dict, now: datetime | None = None, resumed: str = "") -> str:
+    """The panel's first lines; ``resumed``: "resumed from step S" when this attempt started from a checkpoint."""
     state = job.get("state", "?")
     color = STATE_COLORS.get(state, "#6e7781")
     name = html.escape(job.get("name") or "")
@@ -35,7 +36,7 @@ def render_header(job: dict, now: datetime | None = None) -> str:
     if job.get("profile"):
         parts.append("profile " + html.escape(job["profile"]))
     if (job.get("attempt") or 1) > 1:
-        parts.append(f"attempt {job['attempt']}")
+        parts.append(f"attempt {job['attempt']}" + (f" ({html.escape(resumed)})" if resumed else ""))
     out = " &middot; ".join(parts)
     if job.get("reason") and (state != RUNNING):
         out += f"<br><span style='color:#57606a'>{html.escape(job['reason'])}</span>"
@@ -181,6 +182,8 @@ class JobPanel:
         self.poll = poll
         self.metrics_every = metrics_every
         self.log_lines = log_lines
+        self.resumed = ""  # "resumed from step S" when the attempt shown started from a checkpoint
+        self._events_read = False
         self.done = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -205,7 +208,7 @@ class JobPanel:
                now: datetime | None = None) -> None:
         if job is not None:
             self.job = job
-            self.header.value = render_header(job, now)
+            self.header.value = render_header(job, now, self.resumed)
             terminal = job.get("state") in JOB_TERMINAL
             self.cancel_button.disabled = terminal
             self.cancel_button.layout.display = "none" if terminal else None
@@ -228,12 +231,27 @@ class JobPanel:
         """One poll: job, log tail and (optionally) metrics; returns the job."""
         job_id = self.job["id"]
         job = self.client.get(job_id)
+        self._see_resume(job)
         logs = self.client.logs(job_id, tail=self.log_lines * 4)
         metrics = self.client.metrics(job_id) if with_metrics or job.get("state") in JOB_TERMINAL else None
         self.update(job, metrics, logs)
         if (with_metrics or job.get("state") in JOB_TERMINAL) and job.get("state") != QUEUED:
             self.refresh_diagnosis(job_id)
         return job
+
+    def _see_resume(self, job: dict) -> None:
+        """While running, the reason says whether this attempt resumed; once ended, the job's events do
+        (read once)."""
+        if (job.get("attempt") or 1) <= 1:
+            return
+        if job.get("state") == RUNNING:
+            self.resumed = resumed_from([], job.get("reason"))
+        elif job.get("state") in JOB_TERMINAL and not self._events_read:
+            try:
+                self.resumed = resumed_from(self.client.events(job["id"]))
+                self._events_read = True
+            except Exception:
+                pass
 
     def refresh_diagnosis(self, job_id: str) -> None:
         """The advisor's line; a service without the usage plugin (404/error) leaves it empty."""

@@ -435,6 +435,18 @@ def _start_or_skip(p: Platform) -> Platform:
         raise
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--kube", choices=("standin", "real"), default=None,
+        help="where tests/kubernetes talk: the API stand-in (default) or the real v1.20 control plane "
+             "built by tests/kubernetes/controlplane/build.sh (same as TRAINHUB_TEST_KUBE=real)")
+
+
+def pytest_configure(config):
+    if config.getoption("--kube"):
+        os.environ["TRAINHUB_TEST_KUBE"] = config.getoption("--kube")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

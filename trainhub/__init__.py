@@ -10,8 +10,11 @@ core; a module imports only its own layer and those below (docs/architecture.md)
 
 __version__ = "0.1.0"
 
-# The in-job API, re-exported lazily (no import-time work): trainhub.log_metrics(step=1, loss=0.5)
-_RUNTIME_EXPORTS = ("log_metrics", "report", "params", "outputs_dir")
+# The in-job API, re-exported lazily (no import-time work): trainhub.log_metrics(step=1, loss=0.5),
+# trainhub.save_checkpoint(state, step), trainhub.resume(); and @trainhub.remote (trainhub.remotejob)
+_RUNTIME_EXPORTS = ("log_metrics", "report", "params", "outputs_dir", "save_checkpoint", "load_checkpoint",
+                    "checkpoints", "resume", "attempt")
+_REMOTE_EXPORTS = ("remote",)
 
 
 def __getattr__(name):
@@ -19,8 +22,12 @@ def __getattr__(name):
         from trainhub import runtime
 
         return getattr(runtime, name)
+    if name in _REMOTE_EXPORTS:
+        from trainhub import remotejob
+
+        return getattr(remotejob, name)
     raise AttributeError(f"module 'trainhub' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_RUNTIME_EXPORTS))
+    return sorted(list(globals()) + list(_RUNTIME_EXPORTS) + list(_REMOTE_EXPORTS))

@@ -7,6 +7,7 @@ module; none of them imports another's formatting. Pure functions: API dicts in,
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime, timezone
 
@@ -122,6 +123,28 @@ def format_job(job: dict) -> str:
         if job.get(key):
             lines.append(f"  {key.replace('_', ' ')}: {job[key]}")
     return "\n".join(lines)
+
+
+_RESUMED = re.compile(r"resumed from step \d+")
+
+
+def resumed_from(events: list[dict], reason: str | None = None) -> str:
+    """"resumed from step S" of the job's last resume, from its events (kind "resumed") or, for a running
+    attempt, its reason ("running on GPU 0; resumed from step S"); "" when it did not resume."""
+    if reason:
+        m = _RESUMED.search(reason)
+        return m.group(0) if m else ""
+    for e in reversed(events or []):
+        if e.get("kind") == "resumed":
+            m = _RESUMED.search(e.get("message", ""))
+            if m:
+                return m.group(0)
+    return ""
+
+
+def format_events(events: list[dict], indent: str = "  ") -> str:
+    """A job's events as lines ``<time> <kind>: <message>`` (``trainhub jobs show``)."""
+    return "\n".join(f"{indent}{(e.get('time') or '')[:19]} {e.get('kind')}: {e.get('message')}" for e in events or [])
 
 
 def metrics_rows(metrics: dict) -> tuple[list[str], list[dict]]:

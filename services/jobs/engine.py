@@ -31,8 +31,10 @@ from datetime import datetime, timezone
 from traitlets import CaselessStrEnum, Float, Instance, Type, Unicode
 from traitlets.config import LoggingConfigurable
 
+from trainhub.distenv import job_env
 from trainhub.exceptions import TrainhubError
 from trainhub.fmt import fmt_duration
+from trainhub.jobarea import JOB_URL_VAR, RESUME_STEP_VAR, RESUME_URL_VAR, area_url, latest_checkpoint
 from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
@@ -415,18 +417,25 @@ class JobEngine(LoggingConfigurable):
         v = view(job)
         jdir = self.launcher.job_dir(v)
         outputs_url = self.syncer.target_url(job.user, job.key)
+        env = self._base_env(job)
+        resume = await self._resume_point(job, env) if attempt > 1 else None
+        resumed = f"; resumed from step {resume.step}" if resume else ""
         # claim the job first: if the service dies mid-launch, recovery finds a RUNNING job and reconciles it
         claimed = await self.store.write(
             self.store.update, job.id, only_if_state=(QUEUED,), state=RUNNING, attempt=attempt, devices=per_worker,
-            started=now_utc(), reason=f"running on {_devices_text(per_worker)}", outputs_url=outputs_url,
+            started=now_utc(), reason=f"running on {_devices_text(per_worker)}{resumed}", outputs_url=outputs_url,
             outputs_path=os.path.join(jdir, "outputs"), launch_state={"dir": None, "workers": []},
             event=("started", f"attempt {attempt}: {job.workers} worker(s) on {_devices_text(per_worker)}"),
         )
         if not claimed:  # cancelled in the meantime
             await asyncio.to_thread(self.allocator.release, job_holder(job.id))
             return
+        if resume:
+            env.update({RESUME_URL_VAR: resume.url, RESUME_STEP_VAR: str(resume.step)})
+            await self.store.write(self.store.update, job.id, event=(
+                "resumed", f"resumed from step {resume.step}: attempt {attempt} is offered checkpoint {resume.name}"))
         try:
-            state = await self.launcher.launch(v, per_worker, self._base_env(job))
+            state = await self.launcher.launch(v, per_worker, env)
         except Exception as e:
             self.log.exception("job %s: launch failed", job.key)
             job.launch_state = {}
@@ -441,6 +450,8 @@ class JobEngine(LoggingConfigurable):
                 pass
 
     def _base_env(self, job: Job) -> dict:
+        """What every worker of this attempt gets from the engine (launchers add the per-worker part:
+        ranks, devices, OMP_NUM_THREADS; see trainhub.distenv)."""
         env = {
             "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", os.defpath),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
@@ -448,7 +459,9 @@ class JobEngine(LoggingConfigurable):
             "TRAINHUB_JOB_NAME": job.name,
             "TRAINHUB_USER": job.user,
             "TRAINHUB_PARAMS": json.dumps(job.params or {}),
+            "TRAINHUB_JOB_ATTEMPT": str(job.attempt),
             INSTANCE_VAR: os.environ.get(INSTANCE_VAR, ""),
+            **job_env(key=job.key, attempt=job.attempt, retries=job.retries or 0),
         }
         if job.profile:
             env["TRAINHUB_PROFILE"] = job.profile
@@ -459,7 +472,28 @@ class JobEngine(LoggingConfigurable):
             env["TRAINHUB_API_URL"] = self.api_url
         if self.storage.url:
             env.update(self.storage.env_for(job.user))
+        area = self._area_url(job)
+        if area:
+            env[JOB_URL_VAR] = area  # results and checkpoints (trainhub.jobarea)
         return env
+
+    def _area_url(self, job: Job) -> str | None:
+        """The job's storage area (trainhub.jobarea): its outputs_url on the platform's storage, else its folder."""
+        return area_url(self.storage.user_url(job.user) if self.storage.url else None, job.key,
+                        self.launcher.job_dir(view(job)))
+
+    async def _resume_point(self, job: Job, env: dict):
+        """The newest checkpoint the job saved in its storage area (None: none, or storage unreachable, said
+        in an event), offered to the attempt about to start."""
+        url = env.get(JOB_URL_VAR)
+        options = self.storage.storage_options(job.user) if self.storage.url else {}
+        try:
+            return await asyncio.to_thread(latest_checkpoint, url, options)
+        except Exception as e:
+            self.log.warning("job %s: cannot look for checkpoints in %s: %s", job.key, url, e)
+            await self.store.write(self.store.update, job.id, event=(
+                "resume", f"could not look for checkpoints in its storage area ({type(e).__name__}: {e}); starting afresh"))
+            return None
 
     # -- GPU samples -----------------------------------------------------------------
     async def _sample_gpus(self, jobs: list[Job]) -> None:

@@ -22,6 +22,7 @@ import re
 from datetime import datetime, timezone
 from typing import Iterable, Mapping
 
+from trainhub import distenv
 from trainhub.kube.names import COMPONENT_LABEL, JOB_USER_ANNOTATION, PROFILE_LABEL, SECRET_ENV_KEYS, k8s_name
 
 from .launcher import WorkerStatus
@@ -125,8 +126,10 @@ def secret_refs(secret_name: str, keys: Iterable[str] = SECRET_ENV_KEYS) -> dict
 
 def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[str, str], user_env: Mapping[str, str],
                command: str | None, script: str | None, outputs_url: str | None = None, gpus: int = 0,
-               python: str = "python3", secret_name: str | None = None) -> dict:
+               python: str = "python3", secret_name: str | None = None, cpu_limit: float | None = None) -> dict:
     """The environment of every pod of the attempt (RANK comes from the pod's completion index).
+
+    ``cpu_limit``: the pod's CPU limit (cores), which sizes OMP_NUM_THREADS; None leaves it unset.
 
     Credentials in ``base_env`` (``AWS_*``) are replaced by references to ``secret_name`` when
     one is given, so no credential value appears in the Job; without one they stay plain values.
@@ -146,10 +149,13 @@ def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[s
         env["TRAINHUB_STORAGE_OPTIONS"] = json.dumps({k: v for k, v in opts.items() if k not in ("key", "secret", "token")})
     env.update(user_env)
     index = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}
+    # what torchrun --nnodes W --nproc_per_node 1 --node_rank i would give it (trainhub.distenv)
+    env.update(distenv.worker_env(rank=index, local_rank=0, group_rank=index, world_size=workers, local_world_size=1,
+                                  group_world_size=workers, master_addr=f"{name}-0.{name}", master_port=master_port,
+                                  gpus_per_worker=gpus, cores=cpu_limit, error_file=f"{POD_ROOT}/error.json",
+                                  user_env=user_env))
     env.update({
-        "RANK": index, "GROUP_RANK": index, "NODE_RANK": index, "LOCAL_RANK": "0",
-        "WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": f"{name}-0.{name}", "MASTER_PORT": str(master_port),
+        "NODE_RANK": index,
         "TRAINHUB_JOB_DIR": POD_ROOT, "TRAINHUB_METRICS_FILE": f"{POD_ROOT}/metrics.jsonl",
         "TRAINHUB_OUTPUTS_DIR": f"{POD_ROOT}/outputs", "TRAINHUB_METRICS_MARK": METRICS_MARK,
         "TRAINHUB_PYTHON": python, "PYTHONUNBUFFERED": "1",

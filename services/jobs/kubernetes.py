@@ -356,6 +356,7 @@ class KubernetesLauncher(Launcher):
             name=name, workers=job.workers, master_port=self.master_port, base_env=env, user_env=job.env,
             command=job.command, script=job.script, outputs_url=outputs_url,
             gpus=gpus, python=self.python, secret_name=self._secret_name(job.user),
+            cpu_limit=profile.cpu_limit if profile else None,
         )
         node_selector = {**self.node_selector, **(profile.node_selector if profile else {})}
         tolerations = list(self.tolerations) + [dict(t) for t in (profile.tolerations if profile else ()) if dict(t) not in self.tolerations]

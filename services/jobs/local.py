@@ -6,6 +6,7 @@ Layout of a job's folder (``<jobs_dir>/<job key>/``)::
     attempt-<n>/worker-<r>.log   timestamped output of worker r
     attempt-<n>/worker-<r>.exit  its exit status, written when it ends
     attempt-<n>/metrics-<r>.jsonl
+    attempt-<n>/worker-<r>.error.json  $TORCHELASTIC_ERROR_FILE (torch's @record writes a failure there)
     outputs/                     $TRAINHUB_OUTPUTS_DIR, synced to storage
 
 and ``<jobs_dir>/.forkserver.sock`` / ``.forkserver.log``: the warm fork server of `script` jobs
@@ -39,6 +40,7 @@ from traitlets import Bool, Float, Instance, Unicode, default
 from trainhub import envexec, procs
 from trainhub.accounts import Account, fs_identity, own_dir
 from trainhub.backoff import WaitTimeout, apoll
+from trainhub.distenv import available_cores, worker_env
 from trainhub.ledger import pid_alive, process_start_time
 from trainhub.procs import HOLDER_VAR, processes_with
 from trainhub.settings import DataDir
@@ -171,6 +173,7 @@ class LocalLauncher(Launcher):
             if not self._said_cold:
                 self._said_cold = True
                 self.log.info("workers start cold: warm start cannot give a forked worker its own account, sandbox and devices")
+        cores = available_cores()
         try:
             for rank in range(job.workers):
                 visible = ",".join(str(d) for d in devices[rank]) if devices else ""
@@ -178,10 +181,12 @@ class LocalLauncher(Launcher):
                 wenv = dict(env)
                 wenv.update(job.env)
                 wenv.update({k: v for k, v in env.items() if k.startswith("TRAINHUB_")})
+                # what torchrun --nproc_per_node W would give it (trainhub.distenv), OMP_NUM_THREADS its share of the cores
+                wenv.update(worker_env(rank=str(rank), local_rank=rank, group_rank="0", world_size=job.workers,
+                                       local_world_size=job.workers, group_world_size=1, master_addr="127.0.0.1",
+                                       master_port=port, gpus_per_worker=len(devices[rank]) if devices else 0,
+                                       cores=cores, error_file=str(adir / f"worker-{rank}.error.json"), user_env=job.env))
                 wenv.update({
-                    "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(job.workers),
-                    "LOCAL_WORLD_SIZE": str(job.workers), "GROUP_RANK": "0",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible or "void",
                     "TRAINHUB_METRICS_FILE": str(adir / f"metrics-{rank}.jsonl"),
                     "TRAINHUB_OUTPUTS_DIR": str(jdir / "outputs"),

@@ -90,11 +90,12 @@ class FakeJobsService:
                "profile": profile, "command": spec.get("command") or "python script.py", "script": spec.get("script"),
                "env": spec.get("env") or {}, "time_limit": spec.get("time_limit"), "retries": spec.get("retries", 0),
                "attempt": 1, "exit_codes": [], "created": now_iso(), "started": now_iso(), "finished": None,
-               "outputs_url": f"file://{jdir}/outputs", "outputs_path": str(jdir / "outputs"),
+               "outputs_url": f"file://{jdir}", "outputs_path": str(jdir / "outputs"),
                "links": {"self": f"/jobs/{job_id}", "logs": f"/jobs/{job_id}/logs", "metrics": f"/jobs/{job_id}/metrics"}}
         env = dict(os.environ, **job["env"], TRAINHUB_JOB_ID=job_id, TRAINHUB_JOB_DIR=str(jdir),
                    TRAINHUB_OUTPUTS_DIR=str(jdir / "outputs"), TRAINHUB_METRICS_FILE=str(jdir / "metrics.jsonl"),
                    TRAINHUB_PARAMS="{}", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                   TRAINHUB_JOB_URL=f"file://{jdir}", TRAINHUB_JOB_ATTEMPT="1", TRAINHUB_STORAGE_OPTIONS="{}",
                    PYTHONUNBUFFERED="1")
         env.pop("TRAINHUB_API_URL", None)
         if spec.get("script"):

@@ -272,3 +272,38 @@ def test_progress_without_tqdm(monkeypatch):
         bar.update(2**20)
     assert "packing: 100.0% (2.0/2.0 MiB" in out.getvalue()
     assert out.getvalue().endswith("\n")
+
+
+def test_shuffle_initial_starts_sooner_and_keeps_every_sample(tmp_path, make_samples):
+    import random
+
+    from trainhub.data.reader import _shuffled
+
+    expected = make_samples(str(tmp_path / "src"), 30)
+    pack(str(tmp_path / "src"), str(tmp_path / "out"), shard_size="4KB", progress=False)
+    url = str(tmp_path / "out")
+
+    def keys(**kw):
+        return [s["__key__"] for s in ShardReader(url, shuffle_buffer=8, seed=2, **kw)]
+
+    early = keys(shuffle_initial=2)
+    assert sorted(early) == sorted(expected) and early == keys(shuffle_initial=2)
+    assert early != keys()
+    assert keys(shuffle_initial=8) == keys(shuffle_initial=50) == keys()  # initial >= buffer: the plain buffer
+    with pytest.raises(ValueError, match="shuffle_initial"):
+        ShardReader(url, shuffle_buffer=8, shuffle_initial=0)
+
+    def first_after(initial):
+        consumed = []
+
+        def source():
+            for i in range(100):
+                consumed.append(i)
+                yield i
+        out = _shuffled(source(), 8, random.Random(0), initial)
+        first = next(out)
+        n = len(consumed)
+        assert sorted([first, *out]) == list(range(100))
+        return n
+
+    assert first_after(None) == 9 and first_after(2) == 4

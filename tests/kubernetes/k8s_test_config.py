@@ -6,11 +6,46 @@ from __future__ import annotations
 import os
 
 REAL_KUBECONFIG = os.environ.get("TRAINHUB_TEST_KUBECONFIG", "")
+
+
+def kube_mode() -> str:
+    """Where the ``cluster`` and ``kube`` fixtures point: ``standin`` (default: ``KubeStandin`` on
+    loopback), ``real`` (the v1.20.2 control plane of ``controlplane/``, with the kubelet
+    stand-in; ``pytest --kube=real`` or ``TRAINHUB_TEST_KUBE=real``) or ``cluster`` (an existing
+    cluster: ``TRAINHUB_TEST_KUBECONFIG``)."""
+    if REAL_KUBECONFIG:
+        return "cluster"
+    mode = os.environ.get("TRAINHUB_TEST_KUBE", "standin") or "standin"
+    if mode not in ("standin", "real"):
+        raise ValueError(f"TRAINHUB_TEST_KUBE={mode!r}: expected 'standin' or 'real'")
+    return mode
+
+
+# the version of the real control plane the suite builds and runs (controlplane/build.sh)
+CONTROL_PLANE_VERSION = (1, 20)
 NAMESPACE = os.environ.get("TRAINHUB_TEST_NAMESPACE", "trainhub-test")
 TEST_IMAGE = os.environ.get("TRAINHUB_TEST_IMAGE", "busybox:1.36")
 
 GPU_TYPE_LABEL = "trainhub.io/gpu-type"
 MIG = "nvidia.com/mig-1g.10gb"
+
+GPU_TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+
+# The nodes of the default cluster: two tainted A100 nodes (4 + 2 GPUs), one MIG node, one CPU
+# node and GPU nodes that must not count (cordoned, not Ready, a taint no profile tolerates).
+NODES = {
+    "gpu-a": dict(allocatable={"nvidia.com/gpu": "4"}, taints=GPU_TAINT, labels={
+        GPU_TYPE_LABEL: "a100", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.memory": "40960"}),
+    "gpu-b": dict(allocatable={"nvidia.com/gpu": "2"}, labels={GPU_TYPE_LABEL: "a100"}, taints=GPU_TAINT),
+    "mig-a": dict(allocatable={MIG: "2"}, labels={GPU_TYPE_LABEL: "a100-mig"}),
+    "cpu-a": dict(allocatable={}),
+    "gpu-cordoned": dict(allocatable={"nvidia.com/gpu": "8"}, labels={GPU_TYPE_LABEL: "a100"}, taints=GPU_TAINT,
+                         unschedulable=True),
+    "gpu-notready": dict(allocatable={"nvidia.com/gpu": "8"}, taints=GPU_TAINT, ready=False),
+    "gpu-reserved": dict(allocatable={"nvidia.com/gpu": "8"},
+                         taints=[{"key": "dedicated", "value": "other-team", "effect": "NoSchedule"}]),
+}
+SESSION_NODES = ("gpu-a", "gpu-b", "mig-a", "cpu-a", "gpu-cordoned")
 
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU", "gpus": 0, "image": TEST_IMAGE},

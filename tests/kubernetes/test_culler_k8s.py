@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import pytest_asyncio
 from k8s_test_config import PROFILES, REAL_KUBECONFIG
-from kube_standin import PODS, standin_server, write_kubeconfig
+from kube_standin import PODS
 from test_dcgm_metrics import _gpu, prom  # noqa: F401 - the canned Prometheus fixture
 from traitlets.config import Config
 
@@ -59,11 +59,9 @@ class FakeHub:
 
 
 @pytest_asyncio.fixture
-async def kube(tmp_path):
-    async with standin_server() as kube:
-        kube.add_node("gpu-a", allocatable={"nvidia.com/gpu": "4"},
-                      taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
-        yield SimpleNamespace(kube=kube, kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", str(kube.url).rstrip("/"), NS))
+async def kube(tmp_path, kube_backend):
+    async with kube_backend(nodes=("gpu-a",), namespaces=(NS,)) as kube:
+        yield SimpleNamespace(kube=kube, kubeconfig=kube.write_kubeconfig(tmp_path / "kubeconfig", NS))
 
 
 async def notebook_pod(kube, user, server, gpus=1):
@@ -78,7 +76,7 @@ async def notebook_pod(kube, user, server, gpus=1):
                                      "trainhub.io/profile": "gpu-1"}},
         "spec": {"containers": [{"name": "notebook", "image": "busybox",
                                  "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
-                 "tolerations": [{"operator": "Exists"}]},
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
     })
     return name
 

@@ -1,14 +1,21 @@
-"""The Helm chart without a helm binary: what can be checked honestly here.
+"""The Helm chart, with the real helm (v4.1.4, ``tools/get-helm.sh``) and the vendored Zero to
+JupyterHub chart 4.4.0 (``helm/trainhub/charts/``, as ``helm dependency update`` leaves it).
 
-Checked: Chart.yaml and its dependency on the Zero to JupyterHub chart; values.schema.json is
-valid draft-07; values.yaml and every example (merged over values.yaml as helm merges) pass
-it and bad values fail it; the hub extraConfig snippet, run against the JSON the ConfigMap
-carries, sets known traits to allowed values and yields valid profiles; scopes and roles
-match trainhub.hub_config.scopes; templates only reference values that exist; the launcher
-Role's static rules are least privilege.
+Checked: ``helm lint --strict`` and ``helm template`` of values.yaml and every example for the
+lowest and the highest Kubernetes the chart supports (1.29: Chart.yaml's kubeVersion; 1.37: the
+newest schemas kubernetes-validate carries, the chart has no upper bound), every rendered object
+strict-valid for that version (the Kueue LocalQueue is a CRD without a bundled schema: checked
+by shape); a Kubernetes below the floor is refused; the vendored dependency matches Chart.lock.
+Without helm: Chart.yaml and its dependency; values.schema.json is valid draft-07; values.yaml
+and every example (merged over values.yaml as helm merges) pass it and bad values fail it; the
+hub extraConfig snippet, run against the JSON the ConfigMap carries, sets known traits to
+allowed values and yields valid profiles; scopes and roles match trainhub.hub_config.scopes;
+templates only reference values that exist; the launcher Role's rules are least privilege
+(from the template text and from the rendered objects).
 
-Not checked here (no helm): rendering the templates. The k3s workflow runs `helm lint`,
-`helm template` and a real install.
+The chart's RBAC applied to a real API server and exercised as the chart's ServiceAccounts:
+``test_chart_rbac_controlplane.py``. Installing the chart (pods running the images) is left to
+``.github/workflows/k3s-e2e.yml``.
 """
 
 from __future__ import annotations
@@ -21,10 +28,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from kube_tools import CHART, CRD_KINDS, EXAMPLES, KUBE_HIGHEST, KUBE_LOWEST, helm, render_chart
 from traitlets.config import Config
-
-CHART = Path(__file__).resolve().parents[2] / "helm" / "trainhub"
-EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 
 
 def load_yaml(path: Path):
@@ -228,3 +233,92 @@ def test_launcher_role_is_least_privilege():
 def test_hub_extra_rbac_rules():
     rules = _static_rules(CHART / "templates" / "hub-rbac.yaml", r"(gpuWatchAllNamespaces|csi)")
     assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+
+
+# ---------------------------------------------------------------------------------------------
+# with the real helm
+
+VALUES_CASES = [None] + EXAMPLES
+KUBE_VERSIONS = [KUBE_LOWEST, KUBE_HIGHEST]
+
+
+def _case_id(p):
+    return p.name if p else "values.yaml"
+
+
+def test_vendored_dependency_matches_chart_lock():
+    import hashlib
+    import tarfile
+
+    lock = load_yaml(CHART / "Chart.lock")
+    (dep,) = lock["dependencies"]
+    assert (dep["name"], dep["repository"]) == ("jupyterhub", "https://hub.jupyter.org/helm-chart/")
+    package = CHART / "charts" / f"jupyterhub-{dep['version']}.tgz"
+    assert sorted(p.name for p in (CHART / "charts").iterdir()) == [package.name]
+    with tarfile.open(package) as tar:
+        inner = yaml.safe_load(tar.extractfile("jupyterhub/Chart.yaml"))
+    assert inner["version"] == dep["version"] == "4.4.0" and inner["appVersion"] == "5.5.0"
+    assert inner["kubeVersion"] == ">=1.28.0-0"
+    assert hashlib.sha256(package.read_bytes()).hexdigest() == \
+        "f4fd87eb723ef6d8a33feaefd926de3a06e5d2a9530b8e6ddfae96b5e0667bea"
+    listing = helm("dependency", "list", str(CHART)).stdout
+    assert re.search(r"^jupyterhub\s.*\sok\s*$", listing, flags=re.M), listing
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("example", VALUES_CASES, ids=_case_id)
+def test_helm_lint_strict(example, kube_version):
+    args = ["lint", "--strict", str(CHART), "--kube-version", kube_version]
+    if example:
+        args += ["-f", str(example)]
+    out = helm(*args).stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    assert "[ERROR]" not in out and "[WARNING]" not in out, out
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("example", VALUES_CASES, ids=_case_id)
+def test_every_rendered_object_is_strict_valid(example, kube_version):
+    import kubernetes_validate
+
+    objects = render_chart(example, kube_version)
+    kinds = {(o["apiVersion"], o["kind"]) for o in objects}
+    # the chart's own pieces and Z2JH's hub, proxy and scheduler are there
+    assert {("apps/v1", "Deployment"), ("v1", "ConfigMap"), ("rbac.authorization.k8s.io/v1", "Role"),
+            ("v1", "ServiceAccount")} <= kinds
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {("Deployment", "hub"), ("Deployment", "proxy"), ("ConfigMap", "trainhub-config")} <= names
+    errors = []
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            assert set(obj) == {"apiVersion", "kind", "metadata", "spec"} and obj["spec"]["clusterQueue"]
+            continue
+        try:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+    assert not errors, "\n".join(errors)
+    assert len(objects) >= 29
+
+
+def test_render_counts_and_the_kubernetes_floor():
+    total = sum(len(render_chart(e, v)) for e in VALUES_CASES for v in KUBE_VERSIONS)
+    assert total == 2 * sum(len(render_chart(e, KUBE_LOWEST)) for e in VALUES_CASES)
+    refused = helm("template", "trainhub", str(CHART), "--kube-version", "1.28.15", check=False)
+    assert refused.returncode != 0
+    assert "incompatible with Kubernetes v1.28.15" in refused.stderr
+
+
+def test_rendered_launcher_role_is_least_privilege():
+    objects = render_chart(None, KUBE_HIGHEST)
+    roles = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("launcher")]
+    assert len(roles) == 1, [o["metadata"]["name"] for o in objects if o["kind"] == "Role"]
+    granted = {(g, r): sorted(rule["verbs"]) for rule in roles[0]["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted == {
+        ("batch", "jobs"): ["create", "delete", "get", "list", "watch"],
+        ("", "pods"): ["get", "list", "watch"],
+        ("", "pods/log"): ["get"],
+        ("", "services"): ["create", "delete", "get", "list"],
+    }
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")
+                and "launcher" in o["metadata"]["name"]]

@@ -38,7 +38,7 @@ LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \[(\d+)\] (.*)$"
 
 @pytest_asyncio.fixture(scope="module")
 async def kube(tmp_path_factory):
-    async with standin_server(jobs=True) as kube:
+    async with standin_server(jobs=True, namespaces=(NS,)) as kube:
         taint = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
         kube.add_node("gpu-a", allocatable={"nvidia.com/gpu": "8"}, labels={GPU_TYPE_LABEL: "a100"}, taints=taint)
         kube.add_node("mig-a", allocatable={MIG: "2"})
@@ -159,9 +159,12 @@ async def test_launch_creates_indexed_job_and_headless_service(kube, make_launch
     assert pod["nodeSelector"] == {GPU_TYPE_LABEL: "a100"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     (c,) = pod["containers"]
-    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16G"}, "requests": {"nvidia.com/gpu": "1"}}
+    # as stored: the apiserver defaults requests from limits and fieldRef.apiVersion to v1
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16G"},
+                              "requests": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16G"}}
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
-    assert env["RANK"] == {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env["RANK"] == {"fieldRef": {"apiVersion": "v1",
+                                        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
     assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("2", f"{name}-0.{name}", "29500")
     assert env["EPOCHS"] == "3" and env["TRAINHUB_JOB_COMMAND"] == "python train.py"
     assert "PATH" not in env  # the service's PATH means nothing in the image
@@ -251,6 +254,15 @@ async def test_success_logs_and_metrics_land_in_the_job_dir(kube, make_launcher)
     assert kube.get(JOBS, NS, state["name"]) is None and kube.get(kmock_services(), NS, state["name"]) is None
 
 
+# A defect for the Kubernetes defects wave, found by the stand-in's upstream Job semantics: after FailJob the
+# Job controller deletes the other workers' pods gracefully, so they end Failed with exit 143 (SIGTERM) before
+# they are removed and before the Job's Failed condition; worker_statuses() expects them removed (-15, or
+# running until the engine stops the gang) and reports 143 when it polls in between: a race, so not strict.
+GANG_TERMINATION_RACE = pytest.mark.xfail(strict=False, reason=(
+    "defect: a worker the Job controller stopped after FailJob reads as exit 143, not -15 (see the comment)"))
+
+
+@GANG_TERMINATION_RACE
 async def test_a_failing_index_fails_the_whole_job(kube, make_launcher):
     launcher = make_launcher()
     view = make_view(workers=3)
@@ -567,6 +579,7 @@ async def test_engine_cancel_terminates_the_job(kube, engine_with):
     assert done.exit_codes == [-15] and kube.get(JOBS, NS, running.launch_state["name"]) is None
 
 
+@GANG_TERMINATION_RACE
 async def test_engine_fails_the_gang_when_one_worker_fails(kube, engine_with):
     engine = engine_with
     job = await engine.store.write(engine.store.create, user="alice", name="train", command="python train.py",

@@ -15,7 +15,7 @@ import threading
 import pytest
 import pytest_asyncio
 from k8s_test_config import GPU_TYPE_LABEL, MIG, PROFILES, REAL_KUBECONFIG, TEST_IMAGE
-from kube_standin import JOBS, PODS, standin_server, write_kubeconfig
+from kube_standin import JOBS, PODS
 from traitlets.config import Config
 
 from trainhub.exceptions import NoFreeGPUs, QuotaExceeded
@@ -29,27 +29,23 @@ pytestmark = pytest.mark.skipif(bool(REAL_KUBECONFIG), reason="counts every GPU 
 NS = "trainhub-ledger-test"
 TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
 TOLERATE_ALL = [{"operator": "Exists"}]
+# what GPU pods tolerate (a blanket toleration would let a real scheduler use the cordoned, not-ready
+# and reserved nodes, whose GPUs the ledger rightly does not count)
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
 @pytest_asyncio.fixture(scope="module")
-async def kube():
-    async with standin_server(jobs=True) as kube:
-        kube.add_node("gpu-a", allocatable={"nvidia.com/gpu": "4"},
-                      labels={GPU_TYPE_LABEL: "a100", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
-                              "nvidia.com/gpu.memory": "40960"}, taints=TAINT)
-        kube.add_node("gpu-b", allocatable={"nvidia.com/gpu": "2"}, labels={GPU_TYPE_LABEL: "a100"}, taints=TAINT)
-        kube.add_node("mig-a", allocatable={MIG: "2"}, labels={GPU_TYPE_LABEL: "a100-mig"})
-        kube.add_node("cpu-a", allocatable={})
-        kube.add_node("gpu-cordoned", allocatable={"nvidia.com/gpu": "8"}, taints=TAINT, unschedulable=True)
-        kube.add_node("gpu-notready", allocatable={"nvidia.com/gpu": "8"}, taints=TAINT, ready=False)
-        kube.add_node("gpu-reserved", allocatable={"nvidia.com/gpu": "8"},
-                      taints=[{"key": "dedicated", "value": "other-team", "effect": "NoSchedule"}])
+async def kube(kube_backend):
+    # gpu-a 4 + gpu-b 2 (tainted A100), mig-a (2 slices), cpu-a, and GPU nodes that must not count:
+    # gpu-cordoned, gpu-notready, gpu-reserved (a taint no profile tolerates); see conftest.NODES
+    async with kube_backend(nodes=("gpu-a", "gpu-b", "mig-a", "cpu-a", "gpu-cordoned", "gpu-notready", "gpu-reserved"),
+                            jobs=True, namespaces=(NS,)) as kube:
         yield kube
 
 
 @pytest.fixture(scope="module")
 def ledger_kubeconfig(kube, tmp_path_factory):
-    return write_kubeconfig(tmp_path_factory.mktemp("ledgerkube") / "config", str(kube.url).rstrip("/"), NS)
+    return kube.write_kubeconfig(tmp_path_factory.mktemp("ledgerkube") / "config", NS)
 
 
 @pytest_asyncio.fixture
@@ -73,7 +69,7 @@ async def make_allocator(kube, ledger_kubeconfig):
 
 
 async def add_pod(kube, name, gpus=1, *, user=None, server=None, job_id=None, resource="nvidia.com/gpu",
-                  node=None, phase=None, tolerations=TOLERATE_ALL, profile=None):
+                  node=None, phase=None, tolerations=TOLERATE_GPU, profile=None):
     """A pod as KubeSpawner (user + server) or the job launcher (user + job_id) would make it."""
     labels, annotations = {}, {}
     if server is not None:
@@ -348,6 +344,7 @@ def test_import_needs_no_kubernetes_client():
 # the real job engine and Kubernetes launcher admitting through this ledger
 
 
+@pytest.mark.kube_api("1.21", "the launcher's Indexed Job (completionMode) and pod failure policy")
 async def test_engine_admits_jobs_through_the_kubernetes_ledger(kube, make_allocator, ledger_kubeconfig, tmp_path):
     from trainhub.services.jobs.engine import JobEngine
     from trainhub.services.jobs.kubernetes import KubernetesLauncher

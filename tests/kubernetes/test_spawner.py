@@ -4,6 +4,7 @@ against the API stand-in (or a real cluster with TRAINHUB_TEST_KUBECONFIG)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 
 import pytest
@@ -68,7 +69,9 @@ async def test_gpu_profile_spawn_creates_pod_with_limits_selector_storage(make_s
     if not cluster.real:
         assert pod["spec"]["nodeName"] in ("gpu-a", "gpu-b")
         assert pod["status"]["phase"] == "Running"
-        assert secret["stringData"] == {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY", "AWS_SECRET_ACCESS_KEY": "s3cr3t-do-not-leak"}
+        # the apiserver stores stringData as base64 data
+        assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+            "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY", "AWS_SECRET_ACCESS_KEY": "s3cr3t-do-not-leak"}
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         home_claim = volumes["trainhub-home"]["persistentVolumeClaim"]["claimName"]
         assert volumes["trainhub-datasets"]["persistentVolumeClaim"] == {"claimName": "trainhub-datasets", "readOnly": True}
@@ -80,7 +83,10 @@ async def test_gpu_profile_spawn_creates_pod_with_limits_selector_storage(make_s
         assert pv["spec"]["csi"]["driver"] == "s3.csi.aws.com"
         assert pv["spec"]["csi"]["volumeAttributes"] == {"bucketName": "trainhub-bucket"}
         assert "prefix prod/users/alice/" in pv["spec"]["mountOptions"]
-        assert pv["spec"]["claimRef"] == {"namespace": NAMESPACE, "name": home_claim}
+        # pre-bound to the claim; the PV controller completes the binding (claim's uid, Bound)
+        claim_ref = pv["spec"]["claimRef"]
+        assert {k: claim_ref[k] for k in ("namespace", "name")} == {"namespace": NAMESPACE, "name": home_claim}
+        assert claim_ref["uid"] == pvc["metadata"]["uid"] and pvc["status"]["phase"] == "Bound"
         ds_pv = await cluster.read("pv", (await cluster.read("pvc", "trainhub-datasets"))["spec"]["volumeName"])
         assert "read-only" in ds_pv["spec"]["mountOptions"] and ds_pv["spec"]["csi"]["readOnly"] is True
         for obj in spawner.storage_manifests():
@@ -231,6 +237,8 @@ async def test_options_from_form(make_spawner, cluster):
 
 
 @standin_only
+@pytest.mark.kube_api("1.28", "native sidecars (initContainers[].restartPolicy: Always); 1.20 drops the field "
+                               "and then refuses the sidecars' lifecycle and startupProbe with 422")
 async def test_fuse_sidecar_mount_manifest(make_spawner, cluster, validate_k8s):
     config = spawner_config(**S3, GPUKubeSpawner__storage_mount="fuse-sidecar")
     spawner = make_spawner("kate", options={"profile": "gpu-1"}, config=config)

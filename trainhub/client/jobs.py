@@ -54,6 +54,10 @@ class JobsAPI(ClientBase):
         """GET /jobs/{id}/metrics: ``{"metrics": [...], "gpu": [...]}``."""
         return self._json("GET", f"/jobs/{_job(job_id)}/metrics")
 
+    def events(self, job_id: str) -> list[dict]:
+        """GET /jobs/{id}/events: what happened to the job, oldest first (``time``, ``kind``, ``message``)."""
+        return self._json("GET", f"/jobs/{_job(job_id)}/events")["items"]
+
     def why(self, job_id: str) -> dict:
         """GET /jobs/{id}/why: why a queued job waits (code, message, blocking job)."""
         return self._json("GET", f"/jobs/{_job(job_id)}/why")

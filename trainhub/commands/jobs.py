@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from trainhub.cli import CommandError
-from trainhub.fmt import (elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_job, last_log_line, metrics_rows,
+from trainhub.fmt import (elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_events, format_job, last_log_line,
+                          metrics_rows,
                           parse_time, text_table, wait_reason_text)
 from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
 from trainhub.states import JOB_STATES, QUEUED, RUNNING, SUCCEEDED
@@ -62,7 +63,9 @@ def add_parser(sub):
     _conn(ls)
     ls.set_defaults(func=cmd_list)
 
-    sh = jobs.add_parser("show", help="show one job", description="Show one job: state, reason, GPUs, times, exit codes.")
+    sh = jobs.add_parser("show", help="show one job",
+                         description="Show one job: state, reason, GPUs, times, exit codes, and what happened to it (its events: "
+                         "starts, retries, preemptions, \"resumed from step S\").")
     sh.add_argument("id", metavar="ID", help="job id, e.g. j-000042")
     sh.add_argument("--json", action="store_true", help="the job object as JSON")
     _conn(sh)
@@ -240,6 +243,13 @@ def cmd_show(args):
         print(json.dumps(job, indent=2))
         return 0
     print(format_job(job))
+    try:
+        events = client.events(job["id"])
+    except Exception:  # an older service without the events route: the job alone
+        events = []
+    if events:
+        print("  events:")
+        print(format_events(events, indent="    "))
     diagnosis = _diagnosis_or_none(client, job)
     if diagnosis is not None:
         print(format_diagnosis(diagnosis, remedies=False, indent="  "))

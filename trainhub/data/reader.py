@@ -2,8 +2,10 @@
 
 The reader resolves its shard list once (from ``index.json``, so nothing is listed), picks
 this process's share (rank, then DataLoader worker), downloads whole shards ``prefetch`` at a
-time (as coroutines on the filesystem's event loop for s3fs and other async filesystems, on a
-thread pool otherwise), unpacks them into sample dicts, and optionally shuffles within a buffer.
+time, unpacks them into sample dicts, and optionally shuffles within a buffer. On S3 the
+downloads are presigned plain-HTTP GETs into one buffer per shard, large shards as parallel
+byte ranges (:mod:`trainhub.data.s3direct`); other async filesystems run as coroutines on
+their event loop, the rest on a thread pool.
 Orders are deterministic for a given ``seed`` and epoch.
 """
 
@@ -17,6 +19,7 @@ import os
 import random
 import re
 import sys
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
@@ -24,7 +27,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .exceptions import CorruptShardError, DataError, IndexNotFoundError, InvalidURLError, ShardNotFoundError
 from .packing import INDEX_FORMAT, INDEX_NAME
-from .storage import full_url, is_async, join, url_to_fs
+from . import s3direct
+from .s3direct import direct_getter
+from .storage import full_url, is_async, join, protocol_of, url_to_fs
 from .tario import iter_samples
 
 log = logging.getLogger(__name__)
@@ -111,6 +116,16 @@ class ShardReader:
     decode:
         ``None`` (fields stay bytes), ``"basic"`` (:data:`BASIC_DECODERS`), a mapping
         ``{ext: fn(bytes)}``, or a callable ``fn(sample) -> sample``.
+    direct_http:
+        On S3 (s3fs), fetch shards with presigned ``http.client`` GETs straight into one
+        buffer, no HEAD first, shards larger than 8 MiB as parallel byte ranges (the default);
+        ``False`` uses s3fs's ``cat_file``. Filesystems other than s3fs, requester-pays or
+        SSE-C options and HTTP proxies always use s3fs.
+    shuffle_initial:
+        Samples buffered before the first one is handed out (default: the whole
+        ``shuffle_buffer``). Smaller values start an epoch sooner: the buffer then grows by one
+        sample per sample handed out until it holds ``shuffle_buffer`` (webdataset's
+        ``shuffle(bufsize, initial)``), so the first samples are drawn from fewer candidates.
 
     Shards are split by position: global slot ``rank * num_workers + worker_id`` takes every
     ``world_size * num_workers``-th shard, so the parts are disjoint and together complete.
@@ -129,12 +144,17 @@ class ShardReader:
         worker_info: Any = None,
         storage_options: Mapping[str, Any] | None = None,
         decode: None | str | Mapping[str, Callable[[bytes], Any]] | Callable[[Sample], Sample] = None,
+        direct_http: bool = True,
+        shuffle_initial: int | None = None,
     ):
         if int(shuffle_buffer) < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer!r}")
         if int(prefetch) < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch!r}")
+        if shuffle_initial is not None and int(shuffle_initial) < 1:
+            raise ValueError(f"shuffle_initial must be >= 1 or None, got {shuffle_initial!r}")
         self.shuffle_buffer = int(shuffle_buffer)
+        self.shuffle_initial = None if shuffle_initial is None else int(shuffle_initial)
         self.seed = seed
         self.prefetch = int(prefetch)
         self.rank = rank
@@ -143,12 +163,17 @@ class ShardReader:
         self.storage_options = None if storage_options is None else dict(storage_options)
         self.decode = self._make_decoder(decode)
         self._decode_arg = decode
+        self.direct_http = bool(direct_http)
         self.epoch = 0
         self.index: dict | None = None
+        #: shard URL -> size in bytes, from the index (lets S3 reads skip the HEAD and split ranges)
+        self.shard_bytes: dict[str, int] = {}
         self.shards: list[str] = self._resolve(url_or_shards)
         if not self.shards:
             raise DataError(f"no shards to read from {url_or_shards!r}")
         self.total_samples: int | None = self.index["total_samples"] if self.index else None
+        if self.direct_http and protocol_of(self.shards[0]) in ("s3", "s3a"):
+            s3direct.warm(url_to_fs(self.shards[0], self.storage_options)[0])
 
     # -- setup -------------------------------------------------------------------------
 
@@ -177,7 +202,10 @@ class ShardReader:
             else:
                 index_path, base = join(fs, path, INDEX_NAME), path
             self.index = self._load_index(fs, index_path, url)
-            return [full_url(fs, join(fs, base, s["name"])) for s in self.index["shards"]]
+            urls = [full_url(fs, join(fs, base, s["name"])) for s in self.index["shards"]]
+            self.shard_bytes = {u: s["bytes"] for u, s in zip(urls, self.index["shards"])
+                                if isinstance(s.get("bytes"), int)}
+            return urls
         try:
             shards = [os.fspath(s) for s in source]
         except TypeError:
@@ -266,7 +294,7 @@ class ShardReader:
         samples = self._samples(mine)
         if self.shuffle_buffer > 0:
             rng = random.Random(f"{self.seed}:{self.epoch}:{rank}:{wid}")
-            samples = _shuffled(samples, self.shuffle_buffer, rng)
+            samples = _shuffled(samples, self.shuffle_buffer, rng, self.shuffle_initial)
         if self.decode is None:
             return samples
         return map(self.decode, samples)
@@ -275,41 +303,32 @@ class ShardReader:
         for url, data in self._fetch_all(urls):
             yield from iter_samples(data, url)
 
-    def _fetch(self, url: str) -> bytes:
-        fs, path = url_to_fs(url, self.storage_options)
-        try:
-            return fs.cat_file(path)
-        except (FileNotFoundError, IsADirectoryError) as e:
-            raise self._fetch_error(url, e) from None
-
     @staticmethod
     def _fetch_error(url: str, error: Exception) -> Exception:
         if isinstance(error, IsADirectoryError):
             return ShardNotFoundError(f"shard {url} is a folder, not a tar file")
         return ShardNotFoundError(f"shard {url} does not exist (was the folder re-packed or moved?)")
 
-    def _submit(self, pool, url: str):
-        """Start downloading ``url``; returns a concurrent.futures.Future of its bytes.
+    def _fetch_all(self, urls: list[str]) -> Iterator[tuple[str, bytes | bytearray]]:
+        fetcher = _Fetcher(self.storage_options, self.shard_bytes, self.direct_http)
+        try:
+            yield from self._prefetched(urls, fetcher)
+        finally:
+            fetcher.close()
 
-        Async filesystems (s3fs, ...) get the coroutine scheduled on their own event loop,
-        with no thread per download; others go through the thread pool.
-        """
-        fs, path = url_to_fs(url, self.storage_options)
-        if is_async(fs) and getattr(fs, "loop", None) is not None:
-            return asyncio.run_coroutine_threadsafe(fs._cat_file(path), fs.loop)
-        return pool.submit(self._fetch, url)
-
-    def _fetch_all(self, urls: list[str]) -> Iterator[tuple[str, bytes]]:
+    def _prefetched(self, urls: list[str], fetcher: "_Fetcher") -> Iterator[tuple[str, bytes | bytearray]]:
         if self.prefetch == 0 or len(urls) <= 1:
             for url in urls:
-                yield url, self._fetch(url)
+                data = fetcher.fetch(url)
+                yield url, data
+                fetcher.recycle(data)  # the consumer has copied the samples out of it
             return
         pool = ThreadPoolExecutor(max_workers=min(self.prefetch, len(urls)), thread_name_prefix="trainhub-shards")
         pending: deque = deque()
         todo = iter(urls)
         try:
             for url in islice(todo, self.prefetch):
-                pending.append((url, self._submit(pool, url)))
+                pending.append((url, fetcher.submit(pool, url)))
             while pending:
                 url, future = pending.popleft()
                 try:
@@ -318,8 +337,9 @@ class ShardReader:
                     raise self._fetch_error(url, e) from None
                 nxt = next(todo, None)
                 if nxt is not None:
-                    pending.append((nxt, self._submit(pool, nxt)))
+                    pending.append((nxt, fetcher.submit(pool, nxt)))
                 yield url, data
+                fetcher.recycle(data)  # the consumer has copied the samples out of it
                 del data
         finally:
             for _, future in pending:
@@ -330,8 +350,10 @@ class ShardReader:
 
     def _init_kwargs(self) -> dict:
         return dict(url_or_shards=list(self.shards), shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+                    shuffle_initial=self.shuffle_initial,
                     prefetch=self.prefetch, rank=self.rank, world_size=self.world_size,
-                    worker_info=self.worker_info, storage_options=self.storage_options, decode=self._decode_arg)
+                    worker_info=self.worker_info, storage_options=self.storage_options, decode=self._decode_arg,
+                    direct_http=self.direct_http)
 
     def as_torch(self):
         """This reader as a ``torch.utils.data.IterableDataset`` (needs PyTorch)."""
@@ -339,11 +361,81 @@ class ShardReader:
 
         ds = TorchShardDataset(**self._init_kwargs())
         ds.index, ds.total_samples, ds.epoch = self.index, self.total_samples, self.epoch
+        ds.shard_bytes = dict(self.shard_bytes)
         return ds
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.shards)} shards, samples={self.total_samples}, "
                 f"shuffle_buffer={self.shuffle_buffer}, seed={self.seed}, epoch={self.epoch})")
+
+
+class _Fetcher:
+    """Downloads for one iteration: picks per filesystem between a direct S3 getter
+    (:func:`~trainhub.data.s3direct.direct_getter`), coroutines on an async filesystem's
+    loop, and plain ``cat_file`` on a thread; ``close()`` ends its range pools.
+
+    Direct downloads of shards whose size the index records go into buffers of the largest
+    shard's size that are reused once the consumer is done with a shard (``recycle``): fresh
+    buffers cost a page fault per 4 KiB, a large share of the CPU of reading at memory speed.
+    """
+
+    def __init__(self, storage_options, shard_bytes: Mapping[str, int], direct_http: bool, keep_buffers: int = 6):
+        self.storage_options = storage_options
+        self.shard_bytes = shard_bytes
+        self.direct_http = direct_http
+        self._getters: dict[int, Any] = {}
+        self._capacity = max(shard_bytes.values(), default=0)
+        self._free: list[bytearray] = []
+        self._ours: set[int] = set()
+        self._keep = keep_buffers
+        self._lock = threading.Lock()
+
+    def _buffer(self, size: int | None) -> bytearray | None:
+        if size is None or size > self._capacity:
+            return None
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            buf = bytearray(self._capacity)
+            self._ours.add(id(buf))
+            return buf
+
+    def recycle(self, data) -> None:
+        buf = data.obj if isinstance(data, memoryview) else data
+        with self._lock:
+            if id(buf) in self._ours and len(self._free) < self._keep and all(b is not buf for b in self._free):
+                self._free.append(buf)
+
+    def _getter(self, fs):
+        if not self.direct_http:
+            return None
+        key = id(fs)
+        if key not in self._getters:  # (fs, getter): holding fs keeps its id from being reused
+            self._getters[key] = (fs, direct_getter(fs))
+        return self._getters[key][1]
+
+    def fetch(self, url: str) -> bytes | bytearray:
+        fs, path = url_to_fs(url, self.storage_options)
+        try:
+            getter = self._getter(fs)
+            if getter is not None:
+                size = self.shard_bytes.get(url)
+                return getter.get(path, size, into=self._buffer(size))
+            return fs.cat_file(path)
+        except (FileNotFoundError, IsADirectoryError) as e:
+            raise ShardReader._fetch_error(url, e) from None
+
+    def submit(self, pool, url: str):
+        """Start downloading ``url``; returns a concurrent.futures.Future of its bytes."""
+        fs, path = url_to_fs(url, self.storage_options)
+        if self._getter(fs) is None and is_async(fs) and getattr(fs, "loop", None) is not None:
+            return asyncio.run_coroutine_threadsafe(fs._cat_file(path), fs.loop)
+        return pool.submit(self.fetch, url)
+
+    def close(self) -> None:
+        for _, getter in self._getters.values():
+            if getter is not None:
+                getter.close()
 
 
 class _FieldDecoder:
@@ -359,11 +451,25 @@ class _FieldDecoder:
         return sample
 
 
-def _shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:
+def _shuffled(samples: Iterator[Sample], size: int, rng: random.Random, initial: int | None = None) -> Iterator[Sample]:
+    """Shuffle through a buffer of ``size`` samples, handing out the first once ``initial``
+    are buffered (``None``: once it is full); in between, the buffer grows by one sample per
+    sample handed out. ``initial >= size`` is the plain buffer shuffle."""
+    initial = size if initial is None else max(1, min(initial, size))
     buf: list[Sample] = []
+    grow = False
     for sample in samples:
+        if len(buf) < initial:
+            buf.append(sample)
+            continue
         if len(buf) < size:
             buf.append(sample)
+            grow = not grow
+            if grow:
+                continue
+            i = rng.randrange(len(buf))
+            buf[i], buf[-1] = buf[-1], buf[i]
+            yield buf.pop()
             continue
         i = rng.randrange(size)
         yield buf[i]

@@ -76,8 +76,9 @@ def _pax_records(blob: bytes) -> dict[bytes, bytes]:
     return out
 
 
-def iter_members(data: bytes, url: str = "") -> Iterator[tuple[str, int, int]]:
-    """Yield ``(name, offset, size)`` for each regular file in a tar archive held in memory.
+def iter_members(data: bytes | bytearray | memoryview, url: str = "") -> Iterator[tuple[str, int, int]]:
+    """Yield ``(name, offset, size)`` for each regular file in a tar archive held in memory
+    (``bytes``, or the ``bytearray``/``memoryview`` of a buffer a direct S3 download fills).
 
     A small parser for what tar writers produce (ustar, PAX ``path``/``size`` records, GNU
     long names); headers are checksummed, so random bytes are reported as corrupt. It is
@@ -88,7 +89,7 @@ def iter_members(data: bytes, url: str = "") -> Iterator[tuple[str, int, int]]:
     pax: dict[bytes, bytes] = {}
     where = url or "shard"
     while pos + _BLOCK <= end:
-        header = data[pos:pos + _BLOCK]
+        header = bytes(data[pos:pos + _BLOCK])
         if header.count(0) == _BLOCK:
             return  # end-of-archive marker
         stored = _number(header[148:156], "checksum", url)
@@ -103,10 +104,10 @@ def iter_members(data: bytes, url: str = "") -> Iterator[tuple[str, int, int]]:
             raise CorruptShardError(f"{where} is truncated (a member needs {size} bytes at byte {start})")
         pos = start + -(-size // _BLOCK) * _BLOCK
         if kind == b"x":
-            pax = _pax_records(data[start:start + size])
+            pax = _pax_records(bytes(data[start:start + size]))
             continue
         if kind == b"L":
-            long_name = data[start:start + size].rstrip(b"\0")
+            long_name = bytes(data[start:start + size]).rstrip(b"\0")
             continue
         if kind in _REGULAR:
             if b"path" in pax:
@@ -123,11 +124,11 @@ def iter_members(data: bytes, url: str = "") -> Iterator[tuple[str, int, int]]:
         long_name = None
         if kind != b"g":
             pax = {}
-    if pos < end and data[pos:].count(0) != end - pos:
+    if pos < end and bytes(data[pos:end]).count(0) != end - pos:
         raise CorruptShardError(f"{where} is not a readable tar file: {end - pos} stray bytes at the end")
 
 
-def iter_samples(data: bytes, url: str = "") -> Iterator[dict]:
+def iter_samples(data: bytes | bytearray | memoryview, url: str = "") -> Iterator[dict]:
     """Yield ``{"__key__", "__url__", ext: bytes, ...}`` for each sample in a tar archive.
 
     Consecutive members with the same key form one sample; names without a key and
