@@ -137,7 +137,7 @@ def secure_tree(root: Path, skip=()) -> None:
     logs, the runtime file, secrets (folders and users' areas in ``skip`` are left alone)."""
     skip = {Path(p) for p in skip}
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if Path(dirpath, d) not in skip and d != "outputs"]  # jobs' outputs are users' files
+        dirnames[:] = [d for d in dirnames if Path(dirpath, d) not in skip and d not in ("outputs", "work")]  # jobs' outputs are users' files
         for name in filenames:
             if name.endswith((".sqlite", ".sqlite-wal", ".sqlite-shm", ".db", ".log", ".json", ".pid")) or "secret" in dirpath:
                 path = Path(dirpath, name)

@@ -8,6 +8,8 @@ Layout of a job's folder (``<jobs_dir>/<job key>/``)::
     attempt-<n>/metrics-<r>.jsonl
     attempt-<n>/worker-<r>.error.json  $TORCHELASTIC_ERROR_FILE (torch's @record writes a failure there)
     outputs/                     $TRAINHUB_OUTPUTS_DIR, synced to storage
+    work/                        $TRAINHUB_JOB_DIR of an isolated job (the user's; attempt-<n>-worker-<r>.error.json
+                                 there); without isolation $TRAINHUB_JOB_DIR is the job folder itself
 
 and ``<jobs_dir>/.forkserver.sock`` / ``.forkserver.log``: the warm fork server of `script` jobs
 (see forkserver.py; ``warm_start``).
@@ -52,6 +54,7 @@ from .launcher import JobView, Launcher, WorkerStatus
 
 WORKER_SCRIPT = os.path.abspath(worker.__file__)
 ENVEXEC_SCRIPT = os.path.abspath(envexec.__file__)
+WORK_DIR = "work"  # $TRAINHUB_JOB_DIR of an isolated job: the part of its folder that is the user's
 
 
 def free_port() -> int:
@@ -125,13 +128,14 @@ class LocalLauncher(Launcher):
         for folder in (Path(self.jobs_dir), jdir, adir):
             os.chmod(folder, walk)
         outputs = own_dir(jdir / "outputs", account, 0o700)
-        rw, ro = [str(outputs)], []
+        work = own_dir(jdir / WORK_DIR, account, 0o700)
+        rw, ro = [str(outputs), str(work)], []
         home = self.home_dir(job.user)
         if home:
             areas_rw, areas_ro = self.isolation.user_areas(self.storage, job.user, account, home)
             rw += areas_rw
             ro += areas_ro
-        cwd = home or str(jdir)
+        cwd = home or str(work)
         if job.script is not None:
             script = jdir / "script.py"
             if account is not None:
@@ -159,6 +163,9 @@ class LocalLauncher(Launcher):
         else:
             cmd = ["/bin/bash", "-c", job.command]
         account, rw, ro, cwd = None, [], [], self._cwd(job)
+        # the job's own folder: the job folder itself, or (isolated) its sub-folder the user owns: the rest of the job
+        # folder (logs, exit files) is the platform's, which the job must not be able to replace
+        work = jdir / WORK_DIR if self.isolating else jdir
         if self.isolating:
             account = self.isolation.account(job.user)
             rw, ro, cwd = self._prepare(job, jdir, adir, account)
@@ -185,12 +192,14 @@ class LocalLauncher(Launcher):
                 wenv.update(worker_env(rank=str(rank), local_rank=rank, group_rank="0", world_size=job.workers,
                                        local_world_size=job.workers, group_world_size=1, master_addr="127.0.0.1",
                                        master_port=port, gpus_per_worker=len(devices[rank]) if devices else 0,
-                                       cores=cores, error_file=str(adir / f"worker-{rank}.error.json"), user_env=job.env))
+                                       cores=cores, user_env=job.env,
+                                       error_file=str((work / f"{adir.name}-worker-{rank}.error.json") if self.isolating
+                                                      else adir / f"worker-{rank}.error.json")))
                 wenv.update({
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible or "void",
                     "TRAINHUB_METRICS_FILE": str(adir / f"metrics-{rank}.jsonl"),
                     "TRAINHUB_OUTPUTS_DIR": str(jdir / "outputs"),
-                    "TRAINHUB_JOB_DIR": str(jdir),
+                    "TRAINHUB_JOB_DIR": str(work),
                     "PYTHONUNBUFFERED": "1",
                     HOLDER_VAR: tag,
                 })

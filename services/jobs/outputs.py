@@ -5,7 +5,7 @@ often, so a big checkpoint is not re-uploaded every few seconds; everything goes
 exit. Only files whose size or modification time changed are copied.
 
 With per-user accounts the copy is made with the user's rights (``user_fs``, the launcher's
-``Launcher.user_fs``): files under ``outputs/`` (the job's own, which may be symbolic links to
+``Launcher.user_fs``): files under ``outputs/`` and ``work/`` (the job's own, which may be symbolic links to
 anything) are opened as the user, so a link to the platform's secrets or another user's files is
 refused by the kernel; the platform's own files of the job (logs, metrics) are read as the
 platform; and what lands in a local storage area is written as the user, so it is theirs.
@@ -24,6 +24,10 @@ from traitlets.config import LoggingConfigurable
 
 from trainhub.accounts import reach
 from trainhub.storage import StorageConfig
+
+#: folders of a job's folder that are the job's own (outputs/; work/, $TRAINHUB_JOB_DIR of an isolated job): read with
+#: the user's rights, as anything in them may be a symbolic link
+USER_FOLDERS = ("outputs", "work")
 
 
 class OutputSyncer(LoggingConfigurable):
@@ -97,9 +101,10 @@ class OutputSyncer(LoggingConfigurable):
     def _copy(self, fs, user: str, job_dir: Path, rel: str, dest: str) -> None:
         """Open the source with the rights of whoever wrote it (the user for outputs/), write as the user. The user's
         side goes through descriptors of the folders (accounts.reach): their parents may be closed to the user."""
-        if rel.startswith("outputs/"):
-            with reach(job_dir / "outputs") as via, self.user_fs(user):
-                src = os.open(via / rel[len("outputs/"):], os.O_RDONLY)
+        top, _, rest = rel.partition("/")
+        if top in USER_FOLDERS and rest:
+            with reach(job_dir / top) as via, self.user_fs(user):
+                src = os.open(via / rest, os.O_RDONLY)
         else:  # the platform's own files of the job (logs, metrics): in its folders, which the job cannot change
             src = os.open(job_dir / rel, os.O_RDONLY | os.O_NOFOLLOW)
         try:

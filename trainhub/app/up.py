@@ -229,11 +229,14 @@ def _install_notebook_extensions() -> None:
     """The side panel and the storage server extension, into this environment (idempotent)."""
     from trainhub.extensions import install_labextension
 
+    old = os.umask(0o022)  # installed into the environment every user's server reads (not the data dir)
     try:
         install_labextension()
     except OSError as e:
         print(f"WARNING: could not install the trainhub JupyterLab panel into {sys.prefix}: {e}\n"
               "         notebooks work, but without the side panel and storage browser", file=sys.stderr, flush=True)
+    finally:
+        os.umask(old)
 
 
 def _pump(stream, sinks):
