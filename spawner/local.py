@@ -62,6 +62,20 @@ def server_alive(h: Holding) -> bool:
     return h.holder in _starting
 
 
+def start_ledger_reconciler(allocator: GPUAllocator, interval, log) -> PeriodicLoop:
+    """The hub's loop that frees, every ``interval()`` seconds, the devices of servers that are gone (a release
+    that failed on a locked database, a crash); one per allocator class in the hub process. Needs a running loop."""
+    key = f"{type(allocator).__module__}.{type(allocator).__qualname__}"
+    loop = _reconcilers.get(key)
+    if loop is None:
+        async def reconcile():
+            await asyncio.to_thread(allocator.reconcile, server_alive)
+
+        loop = _reconcilers[key] = PeriodicLoop("trainhub-ledger-reconcile", reconcile, interval, log)
+        loop.start()
+    return loop
+
+
 def _apply_profile_option(spawner, user_options):
     """JupyterHub's apply_user_options hook: validate the profile before start() (400/403 on error)."""
     spawner.profile_slug = spawner._selected_profile().slug
@@ -318,18 +332,9 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         self.proc, self.pid = None, 0
 
     def _ensure_reconciler(self) -> None:
-        """Start, once per hub process, the loop that frees devices of servers that are gone."""
-        key = f"{type(self.allocator).__module__}.{type(self.allocator).__qualname__}"
-        if key in _reconcilers:
-            return
-        allocator, log = self.allocator, self.log
-
-        async def reconcile():
-            await asyncio.to_thread(allocator.reconcile, server_alive)
-
-        loop = PeriodicLoop("trainhub-ledger-reconcile", reconcile, lambda: self.poll_interval, log)
-        _reconcilers[key] = loop
-        loop.start()
+        """Start, once per hub process, the loop that frees devices of servers that are gone (the hub's config
+        starts it at hub start already: ``start_ledger_reconciler``)."""
+        start_ledger_reconciler(self.allocator, lambda: self.poll_interval, self.log)
 
     async def _signal(self, sig):
         """Signals other than 0 and SIGKILL go to the processes inside a sandbox: bwrap itself would die at once and

@@ -258,3 +258,32 @@ def test_a_platform_stop_requeues_the_job_it_ended(platform_factory):
     assert "SIGTERM" not in json.dumps(said), said
     carol.cancel(jid)
     assert carol.wait(jid)["state"] == "cancelled"
+
+
+def test_the_ledger_gives_back_devices_of_gone_holders_within_a_poll(platform):
+    """Holdings whose holder is gone without releasing them (a server that crashed while the database was locked,
+    a job holding left by a service that died mid-launch) are freed by the platform on its own, not at restart."""
+    import subprocess
+    import sys
+
+    from trainhub.ledger import LocalGPUAllocator
+    from trainhub.settings import DataDir, Runtime
+
+    runtime = Runtime.load(platform.data_dir)
+    ledger = LocalGPUAllocator(db_url=DataDir(platform.data_dir).platform_db_url, device_list=runtime.devices)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    deadline = time.monotonic() + 60
+    while True:  # two free devices (other tests' servers may be stopping)
+        if len(ledger.free_devices()) >= 2:
+            break
+        assert time.monotonic() < deadline, ledger.holdings()
+        time.sleep(0.2)
+    ledger.allocate("server:iso-ghost/", kind="server", user="iso-ghost", count=1)
+    ledger.set_pid("server:iso-ghost/", dead.pid)
+    ledger.allocate("job:999999", kind="job", user="iso-ghost", count=1)
+    assert len(platform.held_by("iso-ghost")) == 2
+    deadline = time.monotonic() + 60  # the hub's poll is 2 s, the jobs engine's pass shorter: far within this
+    while platform.held_by("iso-ghost"):
+        assert time.monotonic() < deadline, platform.ledger()
+        time.sleep(0.2)
