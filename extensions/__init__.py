@@ -67,7 +67,19 @@ def install_labextension(prefix: str | os.PathLike | None = None, enable_server_
         text = SERVER_CONFIG.read_text()
         if not conf.exists() or conf.read_text() != text:
             conf.write_text(text)
+        os.chmod(conf, 0o644)
+    _readable_by_all(dest)
     return dest
+
+
+def _readable_by_all(root: Path) -> None:
+    """Every user's server reads the panel (per-user accounts): folders 0755, files 0644, whatever the umask was."""
+    os.chmod(root, 0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o755)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
 
 
 def _differs(src: Path, dest: Path) -> bool:

@@ -76,9 +76,21 @@ def install_kernel_startup(spawner, home) -> None:
 
 
 def reconcile_ledger(c) -> None:
-    """On hub start, free devices whose server process is gone (crash, reboot, SIGKILL)."""
+    """On hub start, free devices whose server process is gone (crash, reboot, SIGKILL), then keep doing so every
+    ``Spawner.poll_interval`` while the hub runs (``trainhub.spawner.local.start_ledger_reconciler``)."""
+    import asyncio
+    import logging
+
+    from trainhub.spawner.local import start_ledger_reconciler
+
     allocator = LocalGPUAllocator(config=c)
     allocator.reconcile(lambda h: h.kind != "server" or pid_alive(h.pid, h.pid_started))
+    try:
+        asyncio.get_running_loop()  # JupyterHub loads its config inside its event loop
+    except RuntimeError:
+        return  # (config loaded elsewhere: the spawner starts the loop on its first start)
+    interval = float(c.Spawner.poll_interval) if "poll_interval" in c.Spawner else 30.0
+    start_ledger_reconciler(allocator, lambda: interval, logging.getLogger("JupyterHub"))
 
 
 def configure(c, data_dir: str) -> None:

@@ -1,30 +1,79 @@
 """The local GPU spawner: single-user servers as local processes holding ledger devices.
 
-It extends JupyterHub's ``SimpleLocalProcessSpawner`` (users need no Unix account)
-with profiles, quotas, the GPU ledger and the storage environment. Scripts choose a
+It extends JupyterHub's ``SimpleLocalProcessSpawner`` with profiles, quotas, the GPU ledger,
+the storage environment and isolation (``trainhub.isolation``): run as root, each user's server
+runs as their own Unix account, created on demand (as JupyterHub's ``LocalProcessSpawner`` with
+``LocalAuthenticator.create_system_users`` would); with bubblewrap, in a sandbox that sees only
+the user's home, storage area, ``datasets/`` and the ledger's device nodes. Scripts choose a
 profile exactly as with KubeSpawner: ``user_options = {"profile": "<slug>"}``.
+
+A server is started only once *its own* process listens on its port (``trainhub.procs.listens``):
+an HTTP answer on that port from another process (the port taken meanwhile) never counts as ready.
+Devices come back within one ``poll_interval`` whatever happened: the spawner releases them when
+its server stops or dies, and a reconciler in the hub frees holdings whose server process is gone
+(a release that failed because the database was locked, a crash between allocation and start).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import shlex
+import signal
 import sys
 import uuid
 from pathlib import Path
+from subprocess import Popen
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
-from traitlets import Callable, Instance, List, Type, Unicode, default
+from jupyterhub.utils import random_port
+from traitlets import Bool, Callable, Instance, List, Type, Unicode, default
 
+from trainhub import procs
+from trainhub.accounts import Account, fs_identity, reach
+from trainhub.backoff import WaitTimeout, apoll
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
-from trainhub.ledger import GPUAllocator, LocalGPUAllocator, server_holder
-from trainhub.procs import HOLDER_VAR, terminate_tagged
+from trainhub.isolation import Isolation
+from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator, pid_alive, server_holder
+from trainhub.loops import PeriodicLoop
+from trainhub.procs import HOLDER_VAR, INSTANCE_VAR, terminate_tagged
 from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.storage import StorageConfig
 
 from .errors import spawn_refusal
 from .profile_form import render_form
+
+
+# holders whose server this hub is starting right now (allocated, no process recorded yet)
+_starting: set[str] = set()
+# one ledger reconciler per allocator class in the hub process (see LocalGPUSpawner._ensure_reconciler)
+_reconcilers: dict[str, PeriodicLoop] = {}
+
+
+def server_alive(h: Holding) -> bool:
+    """A server holding is live while its process lives, or while this hub is starting it; job
+    holdings are the jobs service's to reconcile."""
+    if h.kind != "server":
+        return True
+    if h.pid:
+        return pid_alive(h.pid, h.pid_started)
+    return h.holder in _starting
+
+
+def start_ledger_reconciler(allocator: GPUAllocator, interval, log) -> PeriodicLoop:
+    """The hub's loop that frees, every ``interval()`` seconds, the devices of servers that are gone (a release
+    that failed on a locked database, a crash); one per allocator class in the hub process. Needs a running loop."""
+    key = f"{type(allocator).__module__}.{type(allocator).__qualname__}"
+    loop = _reconcilers.get(key)
+    if loop is None:
+        async def reconcile():
+            await asyncio.to_thread(allocator.reconcile, server_alive)
+
+        loop = _reconcilers[key] = PeriodicLoop("trainhub-ledger-reconcile", reconcile, interval, log)
+        loop.start()
+    return loop
 
 
 def _apply_profile_option(spawner, user_options):
@@ -58,18 +107,22 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         None,
         allow_none=True,
         help="Called as hook(spawner, home: pathlib.Path) once the server's home folder exists, before the server "
-        "starts (sync). `trainhub up` sets it to install the IPython startup file that loads %%train in every kernel "
+        "starts (sync), with the user's file rights (Unix accounts: setfsuid) and home given as a path valid during "
+        "the call (/proc/self/fd/N: the user may not pass through the platform's folders above it). `trainhub up` sets it to install the IPython startup file that loads %%train in every kernel "
         "(trainhub.hub_config.embedded.install_kernel_startup). None = nothing.",
     ).tag(config=True)
 
     devices = List(help="Device indices this server holds (state).")
     profile_slug = Unicode("", help="Profile this server was started with (state).")
     spawn_token = Unicode("", help="Marker in the server's environment to find its processes (state).")
+    sandboxed = Bool(False, help="The server runs in a bubblewrap sandbox (state): signals go to the processes inside.")
 
     catalog = Instance(ProfileCatalog)
     quota = Instance(QuotaPolicy)
     storage = Instance(StorageConfig)
     allocator = Instance(GPUAllocator)
+    isolation = Instance(Isolation)
+    account = Instance(Account, allow_none=True, help="The Unix account the server runs as (None: the hub's).")
 
     @default("catalog")
     def _catalog(self):
@@ -86,6 +139,10 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     @default("allocator")
     def _allocator(self):
         return self.allocator_class(parent=self)
+
+    @default("isolation")
+    def _isolation(self):
+        return Isolation(parent=self)
 
     @default("home_dir")
     def _default_home_dir(self):
@@ -185,36 +242,109 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     async def start(self):
         profile = self._selected_profile()
         try:
-            devices = await asyncio.to_thread(
-                self.allocator.allocate,
-                self.holder,
-                kind="server",
-                user=self.user.name,
-                count=profile.gpus,
-                profile=profile.slug,
-                gpu_model=profile.gpu_model,
-                quota=self.quota,
-                user_groups=self._groups(),
-                group_members=self._group_members(),
-            )
-        except TrainhubError as e:  # JupyterHub logs the refusal ("Not starting ...") and stops nothing
+            self.isolation.check_user(self.user.name)
+            self.account = await asyncio.to_thread(self.isolation.account, self.user.name)
+        except TrainhubError as e:
             raise spawn_refusal(e) from None
-        self.devices = devices
-        self.profile_slug = profile.slug
-        self.spawn_token = uuid.uuid4().hex
-        self.cpu_limit = profile.cpu_limit
+        self._ensure_reconciler()
+        _starting.add(self.holder)
         try:
-            self._prepare_home()
-            result = await super().start()
-        except BaseException:
-            await asyncio.to_thread(self.allocator.release, self.holder)
-            self.devices = []
-            raise
-        await asyncio.to_thread(self.allocator.set_pid, self.holder, self.pid)
+            try:
+                devices = await asyncio.to_thread(
+                    self.allocator.allocate,
+                    self.holder,
+                    kind="server",
+                    user=self.user.name,
+                    count=profile.gpus,
+                    profile=profile.slug,
+                    gpu_model=profile.gpu_model,
+                    quota=self.quota,
+                    user_groups=self._groups(),
+                    group_members=self._group_members(),
+                )
+            except TrainhubError as e:  # JupyterHub logs the refusal ("Not starting ...") and stops nothing
+                raise spawn_refusal(e) from None
+            self.devices = devices
+            self.profile_slug = profile.slug
+            self.spawn_token = uuid.uuid4().hex
+            self.cpu_limit = profile.cpu_limit
+            try:
+                rw, ro = await asyncio.to_thread(self._prepare_home)
+                result = await self._start_process(rw, ro)
+                await asyncio.to_thread(self.allocator.set_pid, self.holder, self.pid)
+            except BaseException:
+                await self._kill_started()
+                await asyncio.to_thread(self.allocator.release, self.holder)
+                self.devices = []
+                raise
+        finally:
+            _starting.discard(self.holder)
         self.log.info(
-            "Started %s profile=%s devices=%s pid=%s", self._log_name, profile.slug, devices, self.pid
+            "Started %s profile=%s devices=%s pid=%s as %s (%s)", self._log_name, profile.slug, devices, self.pid,
+            self.account.name if self.account else "the hub's account", self.isolation.mode,
         )
         return result
+
+    async def _start_process(self, rw: list[str], ro: list[str]):
+        """Start the server (sandboxed and as the user's account, as configured) and wait until it listens."""
+        self.sandboxed = self.isolation.use_sandbox
+        for attempt in range(3):
+            if self.port == 0 or attempt:
+                self.port = random_port()
+            env = self.get_env()
+            cmd = list(self.cmd) + self.get_args()
+            argv = self.isolation.command(cmd, account=self.account, cwd=self.home_dir, rw=rw, ro=ro, devices=self.devices)
+            self.log.info("Spawning %s", " ".join(shlex.quote(a) for a in argv))
+            kwargs = dict(start_new_session=True)
+            kwargs.update(self.popen_kwargs)
+            kwargs["env"] = env
+            # without a sandbox (bwrap --chdir does it there) start in the home, as SimpleLocalProcessSpawner does
+            kwargs["preexec_fn"] = None if self.sandboxed else functools.partial(os.chdir, self.home_dir)
+            self.proc = Popen(argv, **kwargs)
+            self.pid = self.proc.pid
+            port = self.port
+            try:
+                await apoll(lambda: asyncio.to_thread(self._listening, port), what=f"the server of {self._log_name} to listen on port {port}",
+                            start=0.05, factor=1.5, cap=0.5, timeout=self.start_timeout)
+                return (self.ip or "127.0.0.1", self.port)
+            except _ServerExited as e:
+                taken = await asyncio.to_thread(procs.listening_inodes, port)
+                self.proc, self.pid = None, 0
+                if taken and attempt < 2:  # another process took the port meanwhile: a new port, once more
+                    self.log.warning("%s: port %d was taken by another process; retrying on another port", self._log_name, port)
+                    continue
+                raise RuntimeError(f"the server of {self._log_name} exited with code {e.code} before listening on "
+                                   f"port {port}; see the hub's log") from None
+            except WaitTimeout:
+                raise RuntimeError(f"the server of {self._log_name} did not listen on port {port} within "
+                                   f"{self.start_timeout} s") from None
+
+    def _listening(self, port: int) -> bool:
+        code = self.proc.poll()
+        if code is not None:
+            raise _ServerExited(code)
+        return procs.listens([self.pid, *procs.descendants([self.pid])], port)
+
+    async def _kill_started(self) -> None:
+        """A start that failed after Popen: end what it started."""
+        if self.pid:
+            await asyncio.to_thread(procs.terminate, [self.pid], 2.0)
+        self.proc, self.pid = None, 0
+
+    def _ensure_reconciler(self) -> None:
+        """Start, once per hub process, the loop that frees devices of servers that are gone (the hub's config
+        starts it at hub start already: ``start_ledger_reconciler``)."""
+        start_ledger_reconciler(self.allocator, lambda: self.poll_interval, self.log)
+
+    async def _signal(self, sig):
+        """Signals other than 0 and SIGKILL go to the processes inside a sandbox: bwrap itself would die at once and
+        take the server with it, without the clean stop (kernels shut down) that SIGINT asks for."""
+        if not self.sandboxed or sig in (0, signal.SIGKILL):
+            return await super()._signal(sig)
+        if not await super()._signal(0):
+            return False
+        await asyncio.to_thread(procs.signal_all, procs.sandbox_commands(self.pid), sig)
+        return True
 
     async def poll(self):
         status = await super().poll()
@@ -224,21 +354,29 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         return status
 
     async def stop(self, now=False):
+        pid = self.pid
         await super().stop(now=now)
+        if pid and self.sandboxed:  # nothing of the sandbox may outlive the server
+            await asyncio.to_thread(procs.terminate, [pid], 1.0)
         await self._cleanup()
 
     async def _cleanup(self):
         token, self.spawn_token = self.spawn_token, ""
         if token:
             await asyncio.to_thread(terminate_tagged, HOLDER_VAR, token, 3.0)
-        released = await asyncio.to_thread(self.allocator.release, self.holder)
+        try:
+            released = await asyncio.to_thread(self.allocator.release, self.holder)
+        except Exception as e:  # a locked database: the hub's ledger reconciler frees them within one poll
+            self.log.warning("Could not release the devices of %s now (%s); the ledger reconciler will", self._log_name, e)
+            released = []
         if released:
             self.log.info("Released devices %s of %s", released, self._log_name)
         self.devices = []
 
     def get_state(self):
         state = super().get_state()
-        state.update(devices=list(self.devices), profile=self.profile_slug, spawn_token=self.spawn_token)
+        state.update(devices=list(self.devices), profile=self.profile_slug, spawn_token=self.spawn_token,
+                     sandboxed=self.sandboxed)
         return state
 
     def load_state(self, state):
@@ -246,6 +384,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         self.devices = state.get("devices", [])
         self.profile_slug = state.get("profile", "")
         self.spawn_token = state.get("spawn_token", "")
+        self.sandboxed = bool(state.get("sandboxed", False))
 
     def clear_state(self):
         super().clear_state()
@@ -253,7 +392,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     # -- environment --------------------------------------------------------
     def get_args(self):
         args = super().get_args()
-        if os.geteuid() == 0 and "--allow-root" not in args:
+        if os.geteuid() == 0 and self.account is None and "--allow-root" not in args:
             # jupyter-server refuses root without it; JupyterHub then only reports a timeout
             args.append("--allow-root")
         return args
@@ -261,32 +400,43 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     def get_env(self):
         env = super().get_env()
         visible = ",".join(str(d) for d in self.devices)
+        env.update(self.storage.env_for(self.user.name))
         env["CUDA_VISIBLE_DEVICES"] = visible
         env["NVIDIA_VISIBLE_DEVICES"] = visible if self.devices else "void"
         env["TRAINHUB_GPUS"] = visible
         env["TRAINHUB_PROFILE"] = self.profile_slug
-        env[HOLDER_VAR] = self.spawn_token
         if self.api_url:
             env["TRAINHUB_API_URL"] = self.api_url
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
-        env.update(self.storage.env_for(self.user.name))
+        # the platform's markers last: no Spawner.environment entry or user option replaces them
+        env[HOLDER_VAR] = self.spawn_token
+        if os.environ.get(INSTANCE_VAR):
+            env[INSTANCE_VAR] = os.environ[INSTANCE_VAR]
         return env
 
-    def _prepare_home(self):
-        home = Path(self.home_dir)
-        home.mkdir(parents=True, exist_ok=True)
-        if self.prepare_home_hook is not None:  # e.g. %%train and %train load in every kernel of a platform notebook
-            self.prepare_home_hook(self, home)
-        if not self.storage.url:
-            return
-        self.storage.ensure_layout([self.user.name])
-        if not (self.storage.is_local and self.link_storage):
-            return
-        for name, url in ((self.link_storage, self.storage.user_url(self.user.name)), ("datasets", self.storage.datasets_url())):
-            link, target = home / name, Path(self.storage.strip(url))
-            if link.is_symlink() and Path(os.readlink(link)) == target:
-                continue
-            if link.is_symlink():
-                link.unlink()
-            if not link.exists():
-                link.symlink_to(target, target_is_directory=True)
+    def _prepare_home(self) -> tuple[list[str], list[str]]:
+        """The home (and the storage area) made the user's, the hook and the links run as the user; returns the
+        (read-write, read-only) paths of the sandbox. On a worker thread (fs_identity is per thread)."""
+        rw, ro = self.isolation.user_areas(self.storage, self.user.name, self.account, self.home_dir)
+        # as the user, through a descriptor of the home (its parents may be closed to the user): a link the user put
+        # in their home can lead the hook only where the user may write anyway
+        with reach(self.home_dir) as home, fs_identity(self.account):
+            if self.prepare_home_hook is not None:  # e.g. %%train and %train load in every kernel of a platform notebook
+                self.prepare_home_hook(self, home)
+            if self.storage.url and self.storage.is_local and self.link_storage:
+                for name, url in ((self.link_storage, self.storage.user_url(self.user.name)),
+                                  ("datasets", self.storage.datasets_url())):
+                    link, target = home / name, Path(self.storage.strip(url))
+                    if link.is_symlink() and Path(os.readlink(link)) == target:
+                        continue
+                    if link.is_symlink():
+                        link.unlink()
+                    if not os.path.lexists(link):  # a file or folder of the user's own by that name stays
+                        link.symlink_to(target, target_is_directory=True)
+        return rw, ro
+
+
+class _ServerExited(Exception):
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code

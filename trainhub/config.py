@@ -34,6 +34,9 @@ def runtime_config(runtime: Runtime, data_dir: DataDir) -> Config:
     c.LocalGPUAllocator.db_url = data_dir.platform_db_url
     c.LocalGPUAllocator.device_list = list(runtime.devices)
     c.StorageConfig.url = runtime.storage or str(data_dir.default_storage)
+    c.Isolation.code_paths = list(runtime.code_paths)
+    c.Isolation.single_user = runtime.admin_user
+    c.Isolation.device_minors = {d["index"]: d["minor"] for d in runtime.devices if d.get("minor") is not None}
     return c
 
 

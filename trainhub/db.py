@@ -3,17 +3,55 @@
 Several processes share it (the hub's spawner, the jobs service, the CLI), so SQLite
 runs in WAL mode with a busy timeout, and writers that must not race take the write
 lock up front (``BEGIN IMMEDIATE``) through :func:`write_session`.
+
+A locked database (a long writer, a backup, someone's ``sqlite3`` shell) never turns into an
+HTTP 500 or a lost write: taking the write lock is retried with :mod:`trainhub.backoff` for up to
+``$TRAINHUB_DB_LOCK_TIMEOUT`` seconds (default 120), then :class:`DatabaseBusy` (503, "try
+again") is raised; nothing was written. The files are the platform's alone (0600: they hold
+password hashes and jobs' environment values): see ``trainhub.settings.secure_file``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 from typing import Iterator
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+from trainhub.backoff import Backoff, WaitTimeout
+from trainhub.exceptions import TrainhubError
+
+log = logging.getLogger("trainhub.db")
+
+ENV_LOCK_TIMEOUT = "TRAINHUB_DB_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT = 120.0
+
+
+class DatabaseBusy(TrainhubError):
+    """The platform database stayed locked by another writer for the whole lock timeout."""
+
+    status_code = 503
+    reason = "busy"
+
+
+def lock_timeout() -> float:
+    """Seconds a writer waits for the database's write lock in all (``$TRAINHUB_DB_LOCK_TIMEOUT``, default 120)."""
+    try:
+        return max(float(os.environ.get(ENV_LOCK_TIMEOUT, DEFAULT_LOCK_TIMEOUT)), 0.0)
+    except ValueError:
+        return DEFAULT_LOCK_TIMEOUT
+
+
+def is_locked(error: BaseException) -> bool:
+    """SQLite's "database is locked" / "database table is locked" (SQLITE_BUSY, SQLITE_LOCKED)."""
+    text = str(getattr(error, "orig", error)).lower()
+    return isinstance(error, OperationalError) and ("locked" in text or "busy" in text)
 
 
 class Base(DeclarativeBase):
@@ -29,7 +67,9 @@ def get_engine(url: str) -> Engine:
     engine = _engines.get(key)
     if engine is None:
         if url.startswith("sqlite"):
-            engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+            # one wait of SQLite's own busy handler; write_session retries beyond it up to lock_timeout()
+            busy_ms = int(min(lock_timeout(), 5.0) * 1000)
+            engine = create_engine(url, connect_args={"timeout": busy_ms / 1000, "check_same_thread": False})
 
             @event.listens_for(engine, "connect")
             def _sqlite_pragmas(dbapi_conn, _record):
@@ -37,7 +77,7 @@ def get_engine(url: str) -> Engine:
                 dbapi_conn.isolation_level = None
                 cur = dbapi_conn.cursor()
                 cur.execute("PRAGMA journal_mode=WAL")
-                cur.execute("PRAGMA busy_timeout=30000")
+                cur.execute(f"PRAGMA busy_timeout={busy_ms}")
                 cur.execute("PRAGMA foreign_keys=ON")
                 cur.close()
 
@@ -58,16 +98,45 @@ def init_db(url: str) -> Engine:
     engine = get_engine(url)
     # several processes (hub, services, CLI) may create tables at the same moment: take the
     # write lock first, so the check-then-create runs alone instead of failing with "locked"
-    with engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            conn.info["begin_mode"] = "IMMEDIATE"
-        with conn.begin():
-            Base.metadata.create_all(conn)
+    conn, trans = _begin_write(engine, url)
+    try:
+        Base.metadata.create_all(conn)
+        trans.commit()
+    finally:
+        conn.close()
     return engine
 
 
 def session_factory(url: str) -> sessionmaker:
     return sessionmaker(bind=get_engine(url), expire_on_commit=False)
+
+
+def _begin_write(engine: Engine, url: str) -> tuple[Connection, object]:
+    """A connection in a transaction that holds the write lock; a locked database is retried with backoff."""
+    pause = Backoff(f"the write lock of {url}", start=0.05, factor=2.0, cap=2.0, jitter=0.2, timeout=lock_timeout())
+    while True:
+        conn = engine.connect()
+        try:
+            if engine.dialect.name == "sqlite":
+                conn.info["begin_mode"] = "IMMEDIATE"
+            trans = conn.begin()
+            if engine.dialect.name == "postgresql":
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7342001)")
+            return conn, trans
+        except OperationalError as e:
+            conn.close()
+            if not is_locked(e):
+                raise
+            try:
+                delay = pause.next_delay()
+            except WaitTimeout:
+                raise DatabaseBusy(f"The platform database stayed locked for {pause.timeout:g} s; nothing was changed. "
+                                   "Try again in a moment.") from e
+            log.warning("database %s is locked; retrying in %.2f s", url, delay)
+            time.sleep(delay)
+        except BaseException:
+            conn.close()
+            raise
 
 
 @contextlib.contextmanager
@@ -76,15 +145,18 @@ def write_session(url: str) -> Iterator[Session]:
 
     Used where read-then-write must be atomic across processes (GPU allocation and the
     quota check that precedes it): SQLite gets ``BEGIN IMMEDIATE``, PostgreSQL a
-    transaction-scoped advisory lock.
+    transaction-scoped advisory lock. Taking the lock is retried while the database is locked
+    (up to :func:`lock_timeout`, then :class:`DatabaseBusy`); the body runs once, holding it.
     """
-    engine = get_engine(url)
-    with engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            conn.info["begin_mode"] = "IMMEDIATE"
-        with conn.begin():
-            if engine.dialect.name == "postgresql":
-                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7342001)")
-            with Session(bind=conn, expire_on_commit=False) as session:
-                yield session
-                session.flush()
+    conn, trans = _begin_write(get_engine(url), url)
+    try:
+        with Session(bind=conn, expire_on_commit=False) as session:
+            yield session
+            session.flush()
+        trans.commit()
+    except BaseException:
+        if trans.is_active:
+            trans.rollback()
+        raise
+    finally:
+        conn.close()

@@ -19,6 +19,7 @@ class GPUDevice:
     uuid: str
     memory_total_mb: int
     simulated: bool = False
+    minor: int | None = None  # the driver's minor number: /dev/nvidia<minor> (None: unknown, taken as the index)
 
     @property
     def label(self) -> str:
@@ -46,12 +47,17 @@ def nvml_devices() -> list[GPUDevice] | None:
             name = pynvml.nvmlDeviceGetName(h)
             uuid = pynvml.nvmlDeviceGetUUID(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                minor = int(pynvml.nvmlDeviceGetMinorNumber(h))
+            except pynvml.NVMLError:
+                minor = None
             devices.append(
                 GPUDevice(
                     index=i,
                     name=name.decode() if isinstance(name, bytes) else name,
                     uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
                     memory_total_mb=int(mem.total // (1024 * 1024)),
+                    minor=minor,
                 )
             )
         return devices

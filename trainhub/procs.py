@@ -1,9 +1,18 @@
-"""Finding and ending the processes a platform started, without trusting parent links.
+"""Finding and ending the processes a platform started, by what they cannot change.
 
-Single-user servers start kernels in new sessions, and a crashed server leaves them
-re-parented, so a process tree walk misses them. Every process the platform starts
-carries marker variables in its environment (inherited by its children); cleanup
-finds processes by marker through /proc (Linux).
+Single-user servers start kernels in new sessions, jobs may ``setsid``, daemonise or exec
+without the platform's environment: environment markers and process groups are the
+process's own to change. What a process cannot change is its ancestry: `trainhub up` is a
+child subreaper, so everything it started, however it forked, stays its descendant (orphans
+are re-parented to it, not to init); and a sandboxed server or job lives in a pid namespace
+that dies with its ``bwrap`` (``--die-with-parent``). Shutdown and cancel therefore end
+**process trees** read from /proc (Linux), with environment markers only as a second net for
+processes left by an earlier run that did not stop.
+
+Sandboxes: ``bwrap`` itself dies on SIGTERM and takes its whole namespace with it at once
+(SIGKILL), which would deny a job its grace period. :func:`terminate` therefore sends the
+polite signal to the sandboxed processes and spares the ``bwrap`` processes, which exit with
+their command; only the final SIGKILL reaches them.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ import ctypes
 import logging
 import os
 import signal
+from dataclasses import dataclass
+from typing import Iterable
 
 from trainhub.backoff import WaitTimeout, poll
 
@@ -19,9 +30,77 @@ log = logging.getLogger("trainhub.procs")
 
 INSTANCE_VAR = "TRAINHUB_INSTANCE"  # one per `trainhub up`
 HOLDER_VAR = "TRAINHUB_HOLDER"  # one per server / job
+SANDBOX_EXE = "bwrap"  # processes running this binary are sandbox holders (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+
+
+def read_proc(pid: int) -> Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+        return Proc(pid, int(rest[1]), int(rest[2]), rest[0].decode())
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_table() -> dict[int, Proc]:
+    """Every live process (zombies included; those that vanish while reading are left out)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            p = read_proc(int(entry))
+            if p is not None:
+                table[p.pid] = p
+    return table
+
+
+def descendants(roots: Iterable[int], table: dict[int, Proc] | None = None) -> list[int]:
+    """Every process below ``roots`` in the parent tree (not the roots themselves)."""
+    table = process_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for p in table.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    found, todo = [], list(roots)
+    seen = set(todo)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def tree_and_groups(roots: Iterable[int], table: dict[int, Proc] | None = None) -> list[int]:
+    """``roots``, their descendants and the members of their process groups (a group leader's
+    daemonised children), each once."""
+    table = process_table() if table is None else table
+    roots = [r for r in roots if r]
+    out = dict.fromkeys(r for r in roots if r in table)
+    out.update(dict.fromkeys(descendants(roots, table)))
+    groups = set(roots)
+    out.update(dict.fromkeys(p.pid for p in table.values() if p.pgid in groups))
+    return list(out)
+
+
+def is_sandbox(pid: int) -> bool:
+    """True for a ``bwrap`` process (the outer one, or the init of its pid namespace)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == SANDBOX_EXE
+    except OSError:
+        return False
 
 
 def processes_with(var: str, value: str) -> list[int]:
+    """Processes whose *initial* environment holds ``var=value`` (a process can drop or rewrite its
+    own: use for leftovers and strays, never as the only way to find what must stop)."""
     needle = f"{var}={value}".encode()
     me = os.getpid()
     found = []
@@ -42,49 +121,59 @@ def processes_with(var: str, value: str) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except OSError:
-        return False
+    p = read_proc(pid)
+    return p is not None and p.state not in ("Z", "X")
 
 
-def terminate(pids: list[int], grace: float = 5.0, sig: int = signal.SIGTERM) -> list[int]:
-    """Send ``sig`` (SIGTERM), wait up to ``grace`` seconds, then SIGKILL what is left.
+def signal_all(pids: Iterable[int], sig: int, spare_sandboxes: bool = True) -> list[int]:
+    """Send ``sig`` to each pid (sandbox processes spared unless ``spare_sandboxes`` is False or the
+    signal is SIGKILL); returns the pids signalled."""
+    sent = []
+    for pid in pids:
+        if spare_sandboxes and sig != signal.SIGKILL and is_sandbox(pid):
+            continue
+        try:
+            os.kill(pid, sig)
+            sent.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return sent
+
+
+def terminate(pids: list[int], grace: float = 5.0, sig: int = signal.SIGTERM, tree: bool = True) -> list[int]:
+    """Send ``sig`` (SIGTERM) to ``pids`` and, with ``tree``, to their descendants and process groups;
+    wait up to ``grace`` seconds, then SIGKILL what is left (sandboxes included).
 
     Returns the pids that had to be killed.
     """
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+    targets = tree_and_groups(pids) if tree else list(pids)
+    signal_all(targets, sig)
+
     def all_gone() -> bool:
         _reap()
-        return not any(_alive(p) for p in pids)
+        return not any(_alive(p) for p in targets)
 
     try:
-        poll(all_gone, what=f"processes {pids} to exit", start=0.05, factor=1.0, timeout=grace)
+        poll(all_gone, what=f"processes {targets} to exit", start=0.05, factor=1.0, timeout=grace)
     except WaitTimeout:
         pass  # the grace period is over: SIGKILL what is left
-    killed = [p for p in pids if _alive(p)]
-    for pid in killed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # anything forked meanwhile below a target is still below it
+    left = [p for p in (tree_and_groups(targets) if tree else targets) if _alive(p)]
+    signal_all(left, signal.SIGKILL)
     _reap()
-    return killed
+    return left
 
 
-def terminate_tagged(var: str, value: str, grace: float = 5.0) -> int:
-    """End every process carrying ``var=value``; returns how many there were."""
-    pids = processes_with(var, value)
-    if pids:
-        killed = terminate(pids, grace)
-        log.info("ended %d process(es) tagged %s=%s (%d needed SIGKILL)", len(pids), var, value, len(killed))
-    return len(pids)
+def terminate_tagged(var: str, value: str, grace: float = 5.0, also: Iterable[int] = ()) -> int:
+    """End every process carrying ``var=value``, the process trees below them and below ``also``;
+    returns how many processes there were."""
+    roots = list(dict.fromkeys([*processes_with(var, value), *also]))
+    targets = tree_and_groups(roots) if roots else []
+    targets = [p for p in targets if p != os.getpid() and _alive(p)]
+    if targets:
+        killed = terminate(targets, grace, tree=True)
+        log.info("ended %d process(es) tagged %s=%s or below them (%d needed SIGKILL)", len(targets), var, value, len(killed))
+    return len(targets)
 
 
 def _reap() -> None:
@@ -105,3 +194,55 @@ def become_subreaper() -> bool:
         return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
     except Exception:  # pragma: no cover - non-Linux
         return False
+
+
+# -- who listens where ---------------------------------------------------------------------------
+def listening_inodes(port: int) -> set[int]:
+    """Socket inodes listening on TCP ``port`` (any address, IPv4 or IPv6), from /proc/net."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(int(fields[9]))
+        except OSError:
+            continue
+    return inodes
+
+
+def listens(pids: Iterable[int], port: int) -> bool:
+    """True when one of ``pids`` holds a socket listening on TCP ``port`` (tells our server apart from
+    another process that happens to answer on the same port)."""
+    inodes = listening_inodes(port)
+    if not inodes:
+        return False
+    wanted = {f"socket:[{i}]" for i in inodes}
+    inspected = False
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        inspected = True
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                    return True
+            except OSError:
+                continue
+    # none of them could be inspected (another user's processes without root): someone listens, that must do
+    return not inspected
+
+
+def sandbox_commands(pid: int, table: dict[int, Proc] | None = None) -> list[int]:
+    """The commands a sandbox runs: processes below ``pid`` whose parent is a sandbox process (the
+    sandbox's init) and that are not one themselves. For ``pid`` not a sandbox: ``[pid]``."""
+    if not is_sandbox(pid):
+        return [pid]
+    table = process_table() if table is None else table
+    below = descendants([pid], table)
+    holders = {pid} | {p for p in below if is_sandbox(p)}
+    return [p for p in below if p not in holders and table[p].ppid in holders]

@@ -3,6 +3,12 @@
 `trainhub up` writes ``<data-dir>/trainhub.json`` (URLs, ports, GPU and storage choice)
 so that other commands (`trainhub token`, `trainhub status`) and the hub config read
 the same facts instead of re-deriving them.
+
+The data dir is the platform's alone: `trainhub up` runs with umask 077, so every file it and
+its services create (databases, logs, job folders) is 0600 and every folder 0700;
+:meth:`DataDir.ensure` also closes what an older version left open (``secure_tree``). Users'
+processes reach their own home through their sandbox; without one (per-user accounts, no
+bubblewrap) the data dir and ``homes/`` are 0711: traversable to reach one's own home, not listable.
 """
 
 from __future__ import annotations
@@ -96,10 +102,70 @@ class DataDir:
     def default_storage(self) -> Path:
         return self.root / "storage"
 
-    def ensure(self) -> None:
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def stop_record(self) -> Path:
+        """Written by `trainhub up` when it stops the platform (see :class:`StopRecord`)."""
+        return self.root / "platform-stop.json"
+
+    def ensure(self, traversable: bool = False) -> None:
+        """Create the layout, closed to everyone but the platform; ``traversable``: the root and ``homes/``
+        0711 so that per-user accounts without a sandbox reach their own home (nothing is listable)."""
         for p in (self.root, self.root / "secrets", self.homes, self.logs):
             p.mkdir(parents=True, exist_ok=True)
+        walk = 0o711 if traversable else 0o700
+        os.chmod(self.root, walk)
+        os.chmod(self.homes, walk)
         os.chmod(self.root / "secrets", 0o700)
+        os.chmod(self.logs, 0o700)
+        secure_tree(self.root, skip=(self.homes, self.default_storage, self.root / "node"))
+
+
+def secure_file(path: Path) -> None:
+    """0600 for a file holding secrets (databases with their -wal/-shm files, logs)."""
+    try:
+        os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+    except FileNotFoundError:
+        pass
+
+
+def secure_tree(root: Path, skip=()) -> None:
+    """Close the platform's files under ``root`` to group and others: databases (and their -wal/-shm),
+    logs, the runtime file, secrets (folders and users' areas in ``skip`` are left alone)."""
+    skip = {Path(p) for p in skip}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if Path(dirpath, d) not in skip and d not in ("outputs", "work")]  # jobs' outputs are users' files
+        for name in filenames:
+            if name.endswith((".sqlite", ".sqlite-wal", ".sqlite-shm", ".db", ".log", ".json", ".pid")) or "secret" in dirpath:
+                path = Path(dirpath, name)
+                if not path.is_symlink():
+                    secure_file(path)
+
+
+@dataclass
+class StopRecord:
+    """What `trainhub up` writes when it stops the platform (or finds that the last run never stopped):
+    which run it was and when its stop began. The jobs service reads it on its next start to tell jobs
+    the platform stopped (requeued or failed, ``JobEngine.on_platform_stop``) from jobs that failed."""
+
+    instance: str
+    began: float  # time.time() when the stop began
+    reason: str = "stopped"  # "stopped" (SIGINT/SIGTERM) or "did not stop cleanly" (found at the next start)
+
+    def save(self, dd: "DataDir") -> None:
+        tmp = dd.stop_record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        tmp.replace(dd.stop_record)
+
+    @classmethod
+    def load(cls, dd: "DataDir") -> "StopRecord | None":
+        try:
+            return cls(**json.loads(dd.stop_record.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
 
 
 @dataclass
@@ -120,6 +186,8 @@ class Runtime:
     devices: list = field(default_factory=list)
     simulated: bool = False
     started_at: str = ""
+    instance: str = ""  # the TRAINHUB_INSTANCE marker of this run
+    code_paths: list = field(default_factory=list)  # folders of trainhub's code (read-only in sandboxes)
 
     @property
     def public_url(self) -> str:
@@ -143,4 +211,6 @@ class Runtime:
             raise FileNotFoundError(
                 f"{path} does not exist: start the platform first with `trainhub up --data-dir {data_dir}`"
             )
-        return cls(**json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -18,6 +18,7 @@ from traitlets.config import Application, PyFileConfigLoader
 from trainhub import __version__
 from trainhub.config import load_platform_config
 from trainhub.exceptions import InvalidRequest
+from trainhub.isolation import Isolation
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
 from trainhub.loops import PeriodicLoop
 from trainhub.profiles import ProfileCatalog
@@ -154,8 +155,9 @@ class JobsService(Application):
         self.quota = QuotaPolicy(parent=self)
         self.catalog = ProfileCatalog(parent=self)
         self.storage = StorageConfig(parent=self)
-        self.syncer = OutputSyncer(self.storage, parent=self)
-        self.launcher = self.launcher_class(parent=self, data_dir=str(self.dd.root))
+        self.isolation = Isolation(parent=self)
+        self.launcher = self.launcher_class(parent=self, data_dir=str(self.dd.root), isolation=self.isolation)
+        self.syncer = OutputSyncer(self.storage, parent=self, user_fs=self.launcher.user_fs)
         self.groups = GroupDirectory(self.log)
         public = os.environ.get("TRAINHUB_PUBLIC_URL", "").rstrip("/")
         self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/trainhub/")
@@ -189,6 +191,7 @@ class JobsService(Application):
         admission (``QuotaPolicy.admit``, 403): the caller's and their groups' GPU quotas and the
         caller's CPU worker quota. Returns ``(profile or None, gpus per worker)``. ``kind``
         ("job" or "trial") names the thing in messages ("this job", "each trial")."""
+        self.isolation.check_user(caller.name)  # a platform that cannot isolate users serves one (403)
         profile = None
         if spec.profile:
             profile = self.catalog.resolve(spec.profile, caller.groups, caller.admin)

@@ -5,6 +5,17 @@ finish or retry jobs whose workers ended, stop cancelled / overdue / preempted j
 read new metrics, ask the scheduler policy which queued jobs start, take their devices
 from the shared GPU ledger (atomically with the quota check) and launch them as a gang.
 After a restart, running jobs are re-adopted from their launch state or marked lost.
+
+When the platform itself stops (`trainhub up` records it in ``<data-dir>/platform-stop.json``
+before it ends anything), the engine stops deciding outcomes: the SIGTERMs of the stop are not
+the jobs' own failures. On the next start, a job that was running when its platform run stopped
+is requeued with "platform stopped" as the reason (``on_platform_stop = "requeue"``, the default)
+or ends ``failed`` with it (``"fail"``); one that had finished by itself before the stop keeps its
+own outcome. Jobs whose processes live on (the jobs service alone restarted) are re-adopted.
+
+Every pass also gives back the devices of job holdings whose job is no longer running (a release
+that failed on a locked database, a crash between allocation and launch): the ledger never keeps
+devices of a job that has ended for longer than one pass.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ import time
 from collections import defaultdict
 from datetime import datetime, timezone
 
-from traitlets import Float, Instance, Type, Unicode
+from traitlets import CaselessStrEnum, Float, Instance, Type, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.distenv import job_env
@@ -29,6 +40,7 @@ from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
 from trainhub.scheduler import Allocation, JobRequest, Scheduler, TrainhubScheduler
+from trainhub.settings import DataDir, StopRecord
 from trainhub.states import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 from trainhub.storage import StorageConfig
 
@@ -70,6 +82,14 @@ class JobEngine(LoggingConfigurable):
     gpu_sample_interval = Float(10.0, help="Seconds between GPU utilisation samples of running jobs.").tag(config=True)
     scheduler_class = Type(TrainhubScheduler, klass=Scheduler, help="Queue policy (see trainhub.scheduler).").tag(config=True)
     api_url = Unicode("", help="Public URL of this API, given to jobs as $TRAINHUB_API_URL.").tag(config=True)
+    on_platform_stop = CaselessStrEnum(
+        ["requeue", "fail"], "requeue",
+        help="""What becomes of a job that was running when the platform (`trainhub up`) stopped: its workers get
+        SIGTERM and, after grace, SIGKILL; on the next start it is "requeue"d (queued again, keeping its place and
+        its retries, reason "platform stopped while it ran; requeued") or "fail"ed (reason "platform stopped while
+        it ran"). A job that finished by itself before the stop keeps its own outcome. Jobs whose processes live on
+        across a restart of the hub or of the jobs service alone are re-adopted whatever this says.""",
+    ).tag(config=True)
 
     scheduler = Instance(Scheduler)
 
@@ -111,9 +131,27 @@ class JobEngine(LoggingConfigurable):
         if self._loop is not None:
             self._loop.wake()
 
+    def _stop_record(self) -> StopRecord | None:
+        return StopRecord.load(DataDir(self.launcher.data_dir)) if self.launcher.data_dir else None
+
+    def platform_stopping(self) -> bool:
+        """The platform run this service belongs to has begun to stop."""
+        me = os.environ.get(INSTANCE_VAR)
+        if not me or not self.launcher.data_dir:
+            return False
+        record = self._stop_record()
+        return record is not None and record.instance == me
+
     async def recover(self) -> None:
-        """Re-adopt running jobs after a restart; those whose workers are gone are lost (or retried)."""
+        """Re-adopt running jobs after a restart; those whose workers are gone are lost (or retried), those the
+        platform's stop ended are requeued or failed (``on_platform_stop``)."""
+        me = os.environ.get(INSTANCE_VAR, "")
+        record = self._stop_record()
         for job in await self.store.read(self.store.in_states, RUNNING):
+            ran_in = (job.launch_state or {}).get("instance")
+            if me and ran_in and ran_in != me:
+                if await self._after_platform_stop(job, record if record and record.instance == ran_in else None):
+                    continue
             found = await self.launcher.adopt(view(job), job.launch_state or {})
             if found:
                 self.log.info("job %s: re-adopted its running workers after a restart", job.key)
@@ -121,10 +159,35 @@ class JobEngine(LoggingConfigurable):
             else:
                 await self._end_attempt(job, LOST, "its workers were gone when the service restarted (platform stopped or machine rebooted)")
 
+    async def _after_platform_stop(self, job: Job, record: StopRecord | None) -> bool:
+        """A job running in an earlier platform run: True when dealt with here (requeued or failed by the stop);
+        False for the ordinary path (its workers live on, or it ended by itself before the stop began)."""
+        state = job.launch_state or {}
+        statuses = await self.launcher.poll(view(job), state)
+        if not statuses or any(s.running for s in statuses):
+            return False
+        codes = [s.exit_code for s in sorted(statuses, key=lambda s: s.rank)]
+        if all(c == 0 for c in codes) and not any(s.lost for s in statuses):
+            return False  # it succeeded: the ordinary path records that
+        if record is not None and _ended_before(state, record.began):
+            return False  # it failed by itself before the platform stopped
+        when = ""
+        if record is not None:
+            when = " at " + datetime.fromtimestamp(record.began, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        how = "did not stop cleanly" if record is not None and record.reason != "stopped" else "stopped"
+        if self.on_platform_stop == "fail":
+            await self._end_attempt(job, FAILED, f"platform {how}{when} while it ran", codes)
+        else:
+            await self._end_attempt(job, QUEUED, f"platform {how}{when} while it ran; requeued", codes, requeue=True)
+        return True
+
     # -- one pass ---------------------------------------------------------------
     async def run_once(self) -> None:
         self.passes += 1
+        if self.platform_stopping():
+            return  # the stop's SIGTERMs are not the jobs' outcomes: the next start sorts them out
         running = await self.store.read(self.store.in_states, RUNNING)
+        await self._reconcile_ledger(running)
         for job in running:
             try:
                 await self._watch(job)
@@ -134,6 +197,19 @@ class JobEngine(LoggingConfigurable):
         if self.metrics_source is not None and time.monotonic() - self._last_gpu_sample >= self.gpu_sample_interval:
             self._last_gpu_sample = time.monotonic()
             await self._sample_gpus([j for j in running if j.devices])
+
+    async def _reconcile_ledger(self, running: list[Job]) -> None:
+        """Release the devices of job holdings whose job is not running (no launch is under way during a pass)."""
+        ids = {j.id for j in running}
+        stale = set()
+        for h in await asyncio.to_thread(self.allocator.holdings):
+            number = h.holder.split(":", 1)[1] if h.kind == "job" and ":" in h.holder else ""
+            if number.isdigit() and int(number) not in ids:
+                stale.add(h.holder)
+        for holder in sorted(stale):
+            released = await asyncio.to_thread(self.allocator.release, holder)
+            if released:
+                self.log.warning("ledger: released devices %s of %s (its job is not running)", released, holder)
 
     async def _watch(self, job: Job) -> None:
         v, state = view(job), job.launch_state or {}
@@ -451,6 +527,14 @@ def _set_queued_reasons(store: JobStore, reasons: dict[int, str]) -> None:
         for job_id, reason in reasons.items():
             s.execute(update(Job).where(Job.id == job_id, Job.state == QUEUED).values(reason=reason))
         s.commit()
+
+
+def _ended_before(state: dict, when: float) -> bool:
+    """Every worker's exit file was written before ``when`` (a second of slack for the clock's grain)."""
+    try:
+        return all(os.stat(w["exit_file"]).st_mtime < when - 1.0 for w in state.get("workers", []))
+    except (OSError, KeyError, TypeError):
+        return False
 
 
 def _aware(dt: datetime) -> datetime:

@@ -8,12 +8,15 @@ launcher runs an Indexed Job. Both keep what they need to find the workers again
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traitlets import Unicode, default
+from traitlets import Instance, Unicode, default
 from traitlets.config import LoggingConfigurable
+
+from trainhub.isolation import Isolation
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,12 @@ class Launcher(LoggingConfigurable):
         help="""Local folder holding one sub-folder per job (logs, metrics, outputs). Default: <data_dir>/jobs
         (/var/lib/trainhub/jobs without a data dir).""",
     ).tag(config=True)
+    isolation = Instance(
+        Isolation, allow_none=True,
+        help="""How workers of different users are kept apart on this machine (accounts, sandbox; see
+        trainhub.isolation), given by the jobs service from the platform's configuration. None: workers run as the
+        service's account, unsandboxed. The Kubernetes launcher ignores it (pods are isolated by the cluster).""",
+    )
 
     @default("data_dir")
     def _data_dir_default(self):
@@ -93,6 +102,11 @@ class Launcher(LoggingConfigurable):
     def home_dir(self, user: str) -> str:
         """The ``$HOME`` of ``user``'s workers on this back end; "" (default) leaves it to the back end."""
         return ""
+
+    def user_fs(self, user: str) -> contextlib.AbstractContextManager:
+        """A context in which the calling thread reads and writes files with ``user``'s rights (the output syncer
+        copies a job's outputs in it). Default: the service's own rights."""
+        return contextlib.nullcontext()
 
     async def cleanup(self, job: JobView, state: dict) -> None:
         """Drop back-end objects once the job is terminal (files are kept). Default: nothing to drop."""

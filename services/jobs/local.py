@@ -8,9 +8,20 @@ Layout of a job's folder (``<jobs_dir>/<job key>/``)::
     attempt-<n>/metrics-<r>.jsonl
     attempt-<n>/worker-<r>.error.json  $TORCHELASTIC_ERROR_FILE (torch's @record writes a failure there)
     outputs/                     $TRAINHUB_OUTPUTS_DIR, synced to storage
+    work/                        $TRAINHUB_JOB_DIR of an isolated job (the user's; attempt-<n>-worker-<r>.error.json
+                                 there); without isolation $TRAINHUB_JOB_DIR is the job folder itself
 
 and ``<jobs_dir>/.forkserver.sock`` / ``.forkserver.log``: the warm fork server of `script` jobs
 (see forkserver.py; ``warm_start``).
+
+Isolation (``Launcher.isolation``, set by the jobs service): each worker runs as its user's Unix
+account (run as root) and/or in a bubblewrap sandbox that sees the user's home, storage area and
+``datasets/``, the job's ``script.py`` (read-only), ``outputs/`` and its own metrics file, and only
+the device nodes of its GPUs. The wrapper stays outside as the platform: it writes the log and the
+exit file, which the job cannot touch. ``outputs/`` and the metrics files are the user's, the rest
+of the job's folder the platform's (0700: without a sandbox 0711, so the account reaches its files).
+Isolated workers always start cold: a fork of one shared interpreter cannot take a job's own
+account, mount namespace and device set.
 """
 
 from __future__ import annotations
@@ -26,19 +37,24 @@ import time
 import uuid
 from pathlib import Path
 
-from traitlets import Bool, Float, Unicode, default
+from traitlets import Bool, Float, Instance, Unicode, default
 
+from trainhub import envexec, procs
+from trainhub.accounts import Account, fs_identity, own_dir
 from trainhub.backoff import WaitTimeout, apoll
 from trainhub.distenv import available_cores, worker_env
 from trainhub.ledger import pid_alive, process_start_time
 from trainhub.procs import HOLDER_VAR, processes_with
 from trainhub.settings import DataDir
+from trainhub.storage import StorageConfig
 
 from . import worker
 from .forkserver import SOCKET_NAME, ForkServer, ForkServerError, server_environment
 from .launcher import JobView, Launcher, WorkerStatus
 
 WORKER_SCRIPT = os.path.abspath(worker.__file__)
+ENVEXEC_SCRIPT = os.path.abspath(envexec.__file__)
+WORK_DIR = "work"  # $TRAINHUB_JOB_DIR of an isolated job: the part of its folder that is the user's
 
 
 def free_port() -> int:
@@ -71,14 +87,32 @@ class LocalLauncher(Launcher):
     warm_start_timeout = Float(10.0, help="""Seconds to wait for the fork server to start or answer before starting a
         worker cold. After a failed start the server is not tried again for 60 s.""").tag(config=True)
 
+    storage = Instance(StorageConfig, help="The platform's storage (users' areas are made theirs and bound into sandboxes).")
+
+    @default("storage")
+    def _storage_default(self):
+        return StorageConfig(parent=self)
+
     def __init__(self, **kw):
         super().__init__(**kw)
         self._forkserver: ForkServer | None = None
         self._forkserver_lock = threading.Lock()
         self._warm_retry_at = 0.0
+        self._said_cold = False
 
     def home_dir(self, user: str) -> str:
         return self.home_dir_template.format(username=user) if self.home_dir_template else ""
+
+    @property
+    def isolating(self) -> bool:
+        """Workers run as their user's account or in a sandbox."""
+        return self.isolation is not None and (self.isolation.use_accounts or self.isolation.use_sandbox)
+
+    def user_fs(self, user: str):
+        """A context in which this thread touches files as ``user``'s account (no-op without accounts): the
+        output syncer reads a job's outputs with it, so a symbolic link there cannot reach the platform's files."""
+        account = self.isolation.account(user) if self.isolation is not None else None
+        return fs_identity(account)
 
     def _cwd(self, job: JobView) -> str:
         home = self.home_dir(job.user)
@@ -86,6 +120,34 @@ class LocalLauncher(Launcher):
             Path(home).mkdir(parents=True, exist_ok=True)
             return home
         return self.job_dir(job)
+
+    def _prepare(self, job: JobView, jdir: Path, adir: Path, account: Account | None) -> tuple[list[str], list[str], str]:
+        """The job's folders and the user's areas, owned as the isolation says; returns the sandbox's read-write
+        and read-only paths and the workers' working directory."""
+        walk = 0o711 if account is not None and not self.isolation.use_sandbox else 0o700
+        for folder in (Path(self.jobs_dir), jdir, adir):
+            os.chmod(folder, walk)
+        outputs = own_dir(jdir / "outputs", account, 0o700)
+        work = own_dir(jdir / WORK_DIR, account, 0o700)
+        rw, ro = [str(outputs), str(work)], []
+        home = self.home_dir(job.user)
+        if home:
+            areas_rw, areas_ro = self.isolation.user_areas(self.storage, job.user, account, home)
+            rw += areas_rw
+            ro += areas_ro
+        cwd = home or str(work)
+        if job.script is not None:
+            script = jdir / "script.py"
+            if account is not None:
+                os.chown(script, account.uid, account.gid)
+            ro.append(str(script))
+        for rank in range(job.workers):
+            metrics = adir / f"metrics-{rank}.jsonl"
+            fd = os.open(metrics, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            if account is not None:
+                os.fchown(fd, account.uid, account.gid)
+            os.close(fd)
+        return rw, ro, cwd
 
     async def launch(self, job, devices, env):
         return await asyncio.to_thread(self._launch, job, devices, env)
@@ -100,35 +162,51 @@ class LocalLauncher(Launcher):
             cmd = [sys.executable, "-u", str(jdir / "script.py")]
         else:
             cmd = ["/bin/bash", "-c", job.command]
+        account, rw, ro, cwd = None, [], [], self._cwd(job)
+        # the job's own folder: the job folder itself, or (isolated) its sub-folder the user owns: the rest of the job
+        # folder (logs, exit files) is the platform's, which the job must not be able to replace
+        work = jdir / WORK_DIR if self.isolating else jdir
+        if self.isolating:
+            account = self.isolation.account(job.user)
+            rw, ro, cwd = self._prepare(job, jdir, adir, account)
         tag = uuid.uuid4().hex
         port = free_port()
         workers = []
-        procs = []
+        procs_ = []
         pgids = []
         warm = job.script is not None and self.warm_start
+        if warm and self.isolating:
+            warm = False
+            if not self._said_cold:
+                self._said_cold = True
+                self.log.info("workers start cold: warm start cannot give a forked worker its own account, sandbox and devices")
         cores = available_cores()
         try:
             for rank in range(job.workers):
                 visible = ",".join(str(d) for d in devices[rank]) if devices else ""
+                # the job's variables, then the platform's: no job spec replaces TRAINHUB_* (the instance marker among them)
                 wenv = dict(env)
                 wenv.update(job.env)
+                wenv.update({k: v for k, v in env.items() if k.startswith("TRAINHUB_")})
                 # what torchrun --nproc_per_node W would give it (trainhub.distenv), OMP_NUM_THREADS its share of the cores
                 wenv.update(worker_env(rank=str(rank), local_rank=rank, group_rank="0", world_size=job.workers,
                                        local_world_size=job.workers, group_world_size=1, master_addr="127.0.0.1",
                                        master_port=port, gpus_per_worker=len(devices[rank]) if devices else 0,
-                                       cores=cores, error_file=str(adir / f"worker-{rank}.error.json"), user_env=job.env))
+                                       cores=cores, user_env=job.env,
+                                       error_file=str((work / f"{adir.name}-worker-{rank}.error.json") if self.isolating
+                                                      else adir / f"worker-{rank}.error.json")))
                 wenv.update({
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible or "void",
                     "TRAINHUB_METRICS_FILE": str(adir / f"metrics-{rank}.jsonl"),
                     "TRAINHUB_OUTPUTS_DIR": str(jdir / "outputs"),
-                    "TRAINHUB_JOB_DIR": str(jdir),
+                    "TRAINHUB_JOB_DIR": str(work),
                     "PYTHONUNBUFFERED": "1",
                     HOLDER_VAR: tag,
                 })
                 log, exit_file = adir / f"worker-{rank}.log", adir / f"worker-{rank}.exit"
                 err = adir / f"worker-{rank}.wrapper.err"
                 if warm:
-                    pid = self._spawn_warm({"script": cmd[-1], "args": [], "env": wenv, "cwd": self._cwd(job), "log": str(log),
+                    pid = self._spawn_warm({"script": cmd[-1], "args": [], "env": wenv, "cwd": cwd, "log": str(log),
                                             "exit_file": str(exit_file), "rank": rank, "wrapper_err": str(err)}, job)
                     if pid is not None:
                         pgids.append(pid)
@@ -136,27 +214,44 @@ class LocalLauncher(Launcher):
                                         "exit_file": str(exit_file), "start": "warm"})
                         continue
                     warm = False  # the rest of the gang cold too
+                run, wrapper_env, env_fd = cmd, wenv, None
+                if self.isolating:
+                    # the job's environment reaches it only as its user (envexec): the wrapper, bwrap and setpriv run as
+                    # the platform with its own environment (LD_PRELOAD & co. of a job must never steer a root process)
+                    env_fd = os.memfd_create("trainhub-job-env", 0)
+                    os.write(env_fd, envexec.encode_environment(wenv))
+                    run = self.isolation.command(
+                        [sys.executable, "-I", "-S", ENVEXEC_SCRIPT, str(env_fd), "--", *cmd], account=account, cwd=cwd,
+                        rw=rw + [str(adir / f"metrics-{rank}.jsonl")], ro=ro, devices=devices[rank] if devices else [],
+                    )
+                    wrapper_env = _platform_env(wenv)
+                sandboxed = self.isolating and self.isolation.use_sandbox
                 # the wrapper by path without site (-S) or its folder on sys.path (-P): it needs only the standard
                 # library, and its start-up is on the way to the job's first output line
-                wrapper = [sys.executable, "-S", "-P", WORKER_SCRIPT, "--rank", str(rank),
-                           "--log", str(log), "--exit-file", str(exit_file), "--cwd", self._cwd(job), "--", *cmd]
-                proc = subprocess.Popen(wrapper, env=wenv, start_new_session=True, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=open(err, "ab"))
-                procs.append(proc)
+                wrapper = [sys.executable, "-S", "-P", WORKER_SCRIPT, "--rank", str(rank), "--log", str(log),
+                           "--exit-file", str(exit_file), "--cwd", cwd, *(["--sandboxed"] if sandboxed else []), "--", *run]
+                try:
+                    proc = subprocess.Popen(wrapper, env=wrapper_env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL, stderr=open(err, "ab"),
+                                            pass_fds=(env_fd,) if env_fd is not None else ())
+                finally:
+                    if env_fd is not None:
+                        os.close(env_fd)
+                procs_.append(proc)
                 pgids.append(proc.pid)
                 workers.append({"rank": rank, "pid": proc.pid, "started": process_start_time(proc.pid),
                                 "log": str(log), "exit_file": str(exit_file), "start": "cold"})
         except BaseException:
             for pgid in pgids:  # gang: all or none
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                procs.signal_all(procs.tree_and_groups([pgid]), signal.SIGKILL)
             raise
         self._children = getattr(self, "_children", {})
-        for proc in procs:
+        for proc in procs_:
             self._children[proc.pid] = proc
-        return {"tag": tag, "master_port": port, "attempt": job.attempt, "workers": workers, "dir": str(adir)}
+        state = {"tag": tag, "master_port": port, "attempt": job.attempt, "workers": workers, "dir": str(adir)}
+        if os.environ.get(procs.INSTANCE_VAR):
+            state["instance"] = os.environ[procs.INSTANCE_VAR]  # the platform run it started in (see JobEngine.recover)
+        return state
 
     # -- the warm fork server ----------------------------------------------------------------
     def _spawn_warm(self, request: dict, job: JobView) -> int | None:
@@ -216,15 +311,21 @@ class LocalLauncher(Launcher):
         return out
 
     async def terminate(self, job, state, grace):
-        pgids = [w["pid"] for w in state.get("workers", [])]
-        await asyncio.to_thread(_signal_groups, pgids, signal.SIGTERM)
+        """SIGTERM to every process of the workers (their trees and groups; inside a sandbox, the sandboxed
+        processes: the sandbox's bwrap is spared so they get their grace), SIGKILL after ``grace``."""
+        pids = _live_wrappers(state)
+        await asyncio.to_thread(_signal_trees, pids, signal.SIGTERM)
         try:
             await apoll(lambda: self.poll(job, state), lambda statuses: all(not s.running for s in statuses),
                         what=f"the workers of {job.key} to exit", start=0.1, factor=1.0, timeout=grace)
         except WaitTimeout:
             pass  # the grace period is over: SIGKILL
-        await asyncio.to_thread(_signal_groups, pgids, signal.SIGKILL)
-        # anything that left the process group (daemonised children) but carries the job's marker
+        await asyncio.to_thread(_signal_trees, pids, signal.SIGKILL)
+        await self._kill_tagged(state)
+
+    async def _kill_tagged(self, state: dict) -> None:
+        """Anything that left the workers' trees and groups (re-parented daemons without a sandbox) but still carries
+        the job's marker."""
         tag = state.get("tag")
         if tag:
             for pid in await asyncio.to_thread(processes_with, HOLDER_VAR, tag):
@@ -232,6 +333,14 @@ class LocalLauncher(Launcher):
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+    async def cleanup(self, job, state):
+        """The attempt has ended: nothing of it may keep running (a daemon it left, a worker of a gang that
+        vanished) or keep holding its devices."""
+        pids = _live_wrappers(state)
+        if pids:
+            await asyncio.to_thread(_signal_trees, pids, signal.SIGKILL, True)
+        await self._kill_tagged(state)
 
     async def adopt(self, job, state):
         statuses = await self.poll(job, state)
@@ -246,9 +355,26 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def _signal_groups(pgids: list[int], sig: int) -> None:
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _platform_env(job_env: dict) -> dict:
+    """The environment of the privileged steps of an isolated worker: nothing the job chose, but the markers that
+    find its processes."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    for key in (procs.INSTANCE_VAR, HOLDER_VAR, "TRAINHUB_JOB_ID"):
+        if key in job_env:
+            env[key] = job_env[key]
+    return env
+
+
+def _live_wrappers(state: dict) -> list[int]:
+    """The workers' wrapper pids that are still those processes (a pid of an ended wrapper may belong to another
+    process by now: never signal by it)."""
+    return [w["pid"] for w in state.get("workers", []) if pid_alive(w["pid"], w.get("started"))]
+
+
+def _signal_trees(pids: list[int], sig: int, below_only: bool = False) -> None:
+    """``sig`` to each wrapper's tree and process group (``below_only``: not to the wrappers themselves, whose
+    exit status the engine may still have to read)."""
+    targets = procs.tree_and_groups(pids)
+    if below_only:
+        targets = [p for p in targets if p not in pids]
+    procs.signal_all(targets, sig)

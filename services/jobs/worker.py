@@ -5,8 +5,13 @@ whole gang can be signalled as a process group). It forwards nothing: a SIGTERM 
 group reaches the command directly; this wrapper keeps draining output until the command
 ends, then writes the exit status atomically.
 
-    python -S -P .../services/jobs/worker.py --rank 0 --log L --exit-file E [--cwd D] -- cmd args...
+    python -S -P .../services/jobs/worker.py --rank 0 --log L --exit-file E [--cwd D] [--sandboxed] -- cmd args...
     python -m trainhub.services.jobs.worker ...   (the same)
+
+``--sandboxed``: ``cmd`` is a bubblewrap sandbox (``bwrap ... -- [setpriv ...] command``). It starts in a
+process group of its own, so a SIGTERM to this wrapper's group does not reach bwrap (which would die at
+once and SIGKILL its sandbox); the launcher signals the sandboxed processes themselves. bwrap reports
+a command killed by signal N as exit code 128 + N: it is recorded as -N, as for an unsandboxed command.
 
 It stands between a submission and the job's first output line, so it starts the command
 before anything else: standard library only, no ``site`` (the launcher runs it with ``-S``),
@@ -21,15 +26,21 @@ import os
 import signal
 import sys
 
-USAGE = "usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] -- cmd [args...]"
+USAGE = "usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] [--sandboxed] -- cmd [args...]"
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    """``({"rank": int, "log": str, "exit_file": str, "cwd": str | None}, cmd)``; SystemExit(2) when malformed."""
+    """``({"rank": int, "log": str, "exit_file": str, "cwd": str | None, "sandboxed": bool}, cmd)``; SystemExit(2)
+    when malformed."""
     opts = {"--rank": None, "--log": None, "--exit-file": None, "--cwd": None}
+    sandboxed = False
     i = 0
     while i < len(argv) and argv[i] != "--":
         flag, sep, value = argv[i].partition("=")
+        if flag == "--sandboxed" and not sep:
+            sandboxed = True
+            i += 1
+            continue
         if flag not in opts:
             raise SystemExit(f"{USAGE}\nunknown argument {argv[i]!r}")
         if not sep:
@@ -47,7 +58,8 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
         rank = int(opts["--rank"])
     except ValueError:
         raise SystemExit(f"{USAGE}\n--rank must be a number") from None
-    return {"rank": rank, "log": opts["--log"], "exit_file": opts["--exit-file"], "cwd": opts["--cwd"]}, cmd
+    return {"rank": rank, "log": opts["--log"], "exit_file": opts["--exit-file"], "cwd": opts["--cwd"],
+            "sandboxed": sandboxed}, cmd
 
 
 def _stamper():
@@ -120,9 +132,10 @@ def main(argv=None) -> int:
         if args["cwd"]:
             os.chdir(args["cwd"])
         # Python ignores SIGPIPE and SIGXFSZ: the command gets their defaults (as Popen's restore_signals)
+        extra = {"setpgroup": 0} if args["sandboxed"] else {}
         pid = os.posix_spawnp(cmd[0], cmd, os.environ,
                               file_actions=[(os.POSIX_SPAWN_DUP2, write_fd, 1), (os.POSIX_SPAWN_DUP2, write_fd, 2)],
-                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), **extra)
     except OSError as e:
         error = e
     os.close(write_fd)
@@ -134,6 +147,8 @@ def main(argv=None) -> int:
     else:
         copy_output(read_fd, log_path, args["rank"])
         code = wait_exit_code(pid)
+        if args["sandboxed"] and 128 < code < 128 + 65:
+            code = 128 - code  # bwrap's 128 + N for "killed by signal N"
     write_exit_file(exit_path, code)
     return 0
 

@@ -1,9 +1,18 @@
 """`trainhub up`: run the whole embedded platform in the foreground.
 
-It prepares the data dir, records the runtime facts, starts JupyterHub (which starts
-the proxy and the platform's services), prints how to log in, and on Ctrl-C or
-SIGTERM stops everything it started: the hub first (it stops servers and the proxy),
-then any process still carrying this instance's marker (kernels, jobs, strays).
+It prepares the data dir (umask 077: everything it and its services create is the
+platform's alone), checks that users can be isolated as configured (``trainhub.isolation``),
+records the runtime facts, starts JupyterHub (which starts the proxy and the platform's
+services), prints how to log in and what isolates users, and on Ctrl-C or SIGTERM stops
+everything it started: it records the stop (``<data-dir>/platform-stop.json``: the jobs
+service then requeues or fails the jobs the stop ended, ``JobEngine.on_platform_stop``),
+stops the hub (it stops servers, the proxy and the services), then ends every process
+below it and every process carrying this run's marker. It is a child subreaper, so a
+process it started cannot leave its tree, however it forks or whatever it does to its
+environment; a sandboxed one cannot even leave its sandbox's pid namespace.
+
+A run that did not stop (``trainhub up`` itself killed with SIGKILL) leaves its processes
+running; the next start on the same data dir ends them first and records that stop.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,8 +34,13 @@ import requests
 
 from trainhub import gpus as gpu_inventory
 from trainhub.backoff import WaitTimeout, poll
-from trainhub.procs import INSTANCE_VAR, become_subreaper, terminate_tagged
-from trainhub.settings import DataDir, Runtime, read_or_create_secret
+from trainhub.procs import INSTANCE_VAR, become_subreaper, descendants, processes_with, terminate_tagged
+from trainhub.settings import DataDir, Runtime, StopRecord, read_or_create_secret
+
+#: the packages whose folders hold trainhub's code (read-only in every sandbox)
+CODE_PACKAGES = ("trainhub", "trainhub.hub_config", "trainhub.spawner", "trainhub.services", "trainhub.extensions",
+                 "trainhub.kernels")
+STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when the platform stops (JobEngine.grace_period's default)
 
 
 class UpError(RuntimeError):
@@ -85,10 +100,55 @@ def find_proxy(dd: DataDir, install: bool = True, out=sys.stdout) -> str:
     return str(target)
 
 
+def code_paths() -> list[str]:
+    """Folders of trainhub's packages outside the interpreter and the virtualenv (an editable install)."""
+    import importlib.util
+
+    prefixes = [os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix}]
+    paths = []
+    for name in CODE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            real = os.path.realpath(loc)
+            if not any(real.startswith(p) for p in prefixes) and real not in paths:
+                paths.append(real)
+    return paths
+
+
+def end_leftovers(dd: DataDir, out=sys.stderr) -> None:
+    """A previous run on this data dir that never stopped (SIGKILL): refuse if it still runs, else end what it
+    left and record that stop, so its jobs are requeued (or failed) as after any platform stop."""
+    try:
+        old = Runtime.load(dd.root)
+    except (FileNotFoundError, ValueError, TypeError):
+        return
+    if old.pid and old.pid != os.getpid() and _is_trainhub_up(old.pid):
+        raise UpError(f"trainhub up (pid {old.pid}) is already running on {dd.root}; stop it first")
+    if not old.instance:
+        return
+    record = StopRecord.load(dd)
+    if processes_with(INSTANCE_VAR, old.instance):
+        began = time.time()
+        ended = terminate_tagged(INSTANCE_VAR, old.instance, grace=STOP_GRACE)
+        print(f"trainhub: ended {ended} process(es) left by the previous run, which did not stop", file=out, flush=True)
+        StopRecord(old.instance, began, "did not stop cleanly").save(dd)
+    elif record is None or record.instance != old.instance:
+        StopRecord(old.instance, time.time(), "did not stop cleanly").save(dd)
+
+
+def _is_trainhub_up(pid: int) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(b"trainhub" in a for a in cmd) and b"up" in cmd
+
+
 def prepare(args, out=sys.stdout) -> tuple[DataDir, Runtime, str | None]:
     """Everything before the hub starts; returns (data dir, runtime, new admin password or None)."""
     dd = DataDir(Path(args.data_dir))
     dd.ensure()
+    end_leftovers(dd)
     try:
         spec = gpu_inventory.parse_gpus_flag(args.gpus)
     except ValueError as e:
@@ -113,16 +173,25 @@ def prepare(args, out=sys.stdout) -> tuple[DataDir, Runtime, str | None]:
         proxy_api_port=free_port(), service_ports=service_ports, gpus=spec, storage=storage,
         admin_user=args.admin_user, pid=os.getpid(), devices=[d.to_dict() for d in devices],
         simulated=any(d.simulated for d in devices), started_at=datetime.now(timezone.utc).isoformat(),
+        instance=uuid.uuid4().hex, code_paths=code_paths(),
     )
     _enable_available_services(runtime)
     runtime.save()
 
-    # storage must be reachable before anyone spawns
     from trainhub.config import load_platform_config
+    from trainhub.isolation import Isolation
     from trainhub.storage import StorageConfig
 
+    config = load_platform_config(dd.root)
+    isolation = Isolation(config=config)
+    problems = isolation.problems()
+    if problems:
+        raise UpError("users cannot be isolated as configured:\n  " + "\n  ".join(problems))
+    if isolation.mode == "accounts":  # no sandbox: accounts reach their homes through the data dir
+        dd.ensure(traversable=True)
+    # storage must be reachable before anyone spawns
     try:
-        StorageConfig(config=load_platform_config(dd.root)).ensure_layout()
+        StorageConfig(config=config).ensure_layout()
     except Exception as e:
         raise UpError(f"storage {storage} is not usable: {e}") from None
     return dd, runtime, new_password
@@ -160,11 +229,14 @@ def _install_notebook_extensions() -> None:
     """The side panel and the storage server extension, into this environment (idempotent)."""
     from trainhub.extensions import install_labextension
 
+    old = os.umask(0o022)  # installed into the environment every user's server reads (not the data dir)
     try:
         install_labextension()
     except OSError as e:
         print(f"WARNING: could not install the trainhub JupyterLab panel into {sys.prefix}: {e}\n"
               "         notebooks work, but without the side panel and storage browser", file=sys.stderr, flush=True)
+    finally:
+        os.umask(old)
 
 
 def _pump(stream, sinks):
@@ -210,11 +282,17 @@ def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) 
 
 
 def banner(runtime: Runtime, new_password: str | None, dd: DataDir) -> str:
+    from trainhub.config import load_platform_config
+    from trainhub.gpus import GPUDevice
+    from trainhub.isolation import Isolation
+
     lines = ["", f"trainhub is running at {runtime.public_url}"]
     n = len(runtime.devices)
     kind = "simulated " if runtime.simulated else ""
     lines.append(f"  GPU pool: {n} {kind}device{'s' if n != 1 else ''}" + (" (no NVIDIA driver found; --gpus N simulates N devices)" if n == 0 else ""))
     lines.append(f"  Storage:  {runtime.storage}")
+    isolation = Isolation(config=load_platform_config(dd.root))
+    lines += isolation.describe([GPUDevice(**d) for d in runtime.devices], run_as=_whoami())
     if new_password:
         lines.append(f"  Log in as '{runtime.admin_user}' with password: {new_password}")
         lines.append(f"  (shown once; it is also saved, readable only by you, in {dd.admin_password_file})")
@@ -225,7 +303,17 @@ def banner(runtime: Runtime, new_password: str | None, dd: DataDir) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _whoami() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
+
+
 def run(args, out=sys.stdout) -> int:
+    os.umask(0o077)  # the data dir, databases, logs and job folders are the platform's alone
     if not is_loopback(args.ip) and not (args.ssl_cert and args.ssl_key) and not args.insecure:
         print(
             f"WARNING: trainhub will listen on {args.ip} over plain HTTP: passwords and tokens cross the network unencrypted.\n"
@@ -235,7 +323,7 @@ def run(args, out=sys.stdout) -> int:
     dd, runtime, new_password = prepare(args, out)
     proxy = find_proxy(dd, out=out)
     _install_notebook_extensions()
-    instance = uuid.uuid4().hex
+    instance = runtime.instance
     env = dict(os.environ)
     env.update({
         "TRAINHUB_DATA_DIR": str(dd.root),
@@ -286,14 +374,17 @@ def run(args, out=sys.stdout) -> int:
         # until the hub exits (Ctrl-C or SIGTERM above ask it to); short pauses keep signals prompt
         code = poll(proc.poll, lambda rc: rc is not None, what="JupyterHub to exit", start=0.2, factor=1.0)
     finally:
+        # first the record (the jobs service must not take the stop's SIGTERMs for its jobs' own failures)
+        StopRecord(instance, time.time(), "stopped").save(dd)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        # whatever the hub left behind (kernels, jobs, a proxy after a hub crash)
-        leftovers = terminate_tagged(INSTANCE_VAR, instance, grace=5.0)
+        # whatever the hub left behind (kernels, jobs, a proxy after a hub crash): everything below this process,
+        # and anything with this run's marker that is not (re-parented above it some other way)
+        leftovers = terminate_tagged(INSTANCE_VAR, instance, grace=STOP_GRACE, also=descendants([os.getpid()]))
         pump.join(timeout=2)
         log_file.close()
         print("trainhub: stopped" + (f" ({leftovers} leftover process(es) ended)" if leftovers else ""), file=sys.stderr, flush=True)
