@@ -31,6 +31,9 @@ from trainhub.exceptions import NotFound
 from trainhub.httpapi import JSONErrors, log_request
 
 
+ADMIN_SCOPE = "admin:users"  # carried by an admin's unnarrowed tokens (JupyterHub's admin role)
+
+
 class Caller:
     """The authenticated caller (the hub's identity model) and the scopes it holds."""
 
@@ -52,11 +55,14 @@ class Caller:
         """Holds ``scope`` for everyone: unfiltered, or a hub admin whose token carries it for themselves.
 
         Admins made after start-up (``trainhub token NAME --admin``, the admin page) hold only
-        the ``!user`` form of the custom scopes, so the hub's admin flag lifts the filter.
+        the ``!user`` form of the custom scopes, so the hub's admin flag lifts the filter, but only
+        for a token that carries the admin's powers (``admin:users``): a token its owner narrowed
+        (``custom:trainhub:jobs:read!user=admin`` alone) is held to the filter it was given.
         """
         if check_scopes({scope}, self.scopes):
             return True
-        return self.admin and self.kind == "user" and bool(check_scopes({f"{scope}!user={self.name}"}, self.scopes))
+        return (self.admin and self.kind == "user" and ADMIN_SCOPE in self.scopes
+                and bool(check_scopes({f"{scope}!user={self.name}"}, self.scopes)))
 
 
 class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
