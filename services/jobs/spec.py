@@ -57,6 +57,10 @@ def validate_spec(spec) -> JobSpec:
     unknown = set(spec) - FIELDS
     if unknown:
         raise InvalidRequest(f"unknown field(s) {sorted(unknown)}; a job spec takes {sorted(FIELDS - {'sweep_id', 'params', 'submit_key'})}")
+    if spec.get("sweep_id") is not None:
+        # a trial's sweep is the sweeps service's to set: a job naming another user's sweep would join it
+        raise InvalidRequest("sweep_id is set by the sweeps service for its trials and cannot be given; "
+                             "start a sweep with POST /sweeps (or %%sweep)")
     command, script = spec.get("command"), spec.get("script")
     if bool(command) == bool(script):
         raise InvalidRequest("give exactly one of 'command' (a shell command) or 'script' (Python source)")

@@ -250,6 +250,7 @@ def test_quota_refusals_and_bad_specs_say_why(jobs):
         ({"command": "x", "workers": 0}, "workers must be between 1 and 64"),
         ({"command": "x", "time_limit": "soon"}, "is not a duration"),
         ({"command": "x", "bogus": 1}, "unknown field(s) ['bogus']"),
+        ({"command": "x", "sweep_id": 1}, "sweep_id is set by the sweeps service"),  # not even one's own
         ({"command": "x", "env": {"RANK": "3"}}, "env RANK is set by trainhub"),
         ({"command": "x", "profile": "nope"}, "Unknown profile 'nope'"),
         ({"command": "x", "profile": "gpu-4"}, "limited to the groups research"),
