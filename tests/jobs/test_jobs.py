@@ -260,6 +260,13 @@ def test_quota_refusals_and_bad_specs_say_why(jobs):
         assert 400 <= r.status_code < 500 and message in r.json()["message"], (spec, r.text)
     r = requests.post(u.url + "/jobs", data="{not json", headers=u.h)
     assert r.status_code == 400 and "not valid JSON" in r.json()["message"]
+    # numbers JSON cannot carry back, nesting without bound, offsets past 64 bits: 400, nothing stored
+    for raw, message in ((b'{"command": "x", "priority": 1e999}', "too large"), (b'{"command": "x", "gpus": NaN}', "JSON allows"),
+                         (b'{"command": "x", "env": ' + b'{"A": ' * 50 + b'1' + b'}' * 51, "nests deeper")):
+        r = requests.post(u.url + "/jobs", data=raw, headers=u.h)
+        assert r.status_code == 400 and message in r.json()["message"], r.text
+    r = requests.get(u.url + "/jobs", params={"offset": str(2**64)}, headers=u.h)
+    assert r.status_code == 400 and "2**63" in r.json()["message"], r.text
     listed = requests.get(u.url + "/jobs", headers=u.h).json()
     assert listed["total"] == 0  # nothing was submitted by any of these
 
