@@ -251,6 +251,12 @@ def test_quota_refusals_and_bad_specs_say_why(jobs):
         ({"command": "x", "time_limit": "soon"}, "is not a duration"),
         ({"command": "x", "bogus": 1}, "unknown field(s) ['bogus']"),
         ({"command": "x", "sweep_id": 1}, "sweep_id is set by the sweeps service"),  # not even one's own
+        # what the kernel would refuse at exec: refused now, never stored to fail later
+        ({"command": "echo a\x00b"}, "NUL byte"),
+        ({"command": "x", "env": {"A": "b\x00"}}, "NUL byte"),
+        ({"command": "x" * 200_000}, "longer than the 128 KiB"),
+        ({"command": "x", "env": {"BIG": "v" * 200_000}}, "env BIG is longer"),
+        ({"command": "x", "env": {f"V{i}": "v" * 100_000 for i in range(12)}}, "together are"),
         ({"command": "x", "env": {"RANK": "3"}}, "env RANK is set by trainhub"),
         ({"command": "x", "profile": "nope"}, "Unknown profile 'nope'"),
         ({"command": "x", "profile": "gpu-4"}, "limited to the groups research"),
