@@ -28,7 +28,10 @@ from tornado import web
 from tornado.log import app_log
 
 from trainhub.exceptions import NotFound
-from trainhub.httpapi import JSONErrors, log_request
+from trainhub.httpapi import JSONErrors, dump_json, log_request, parse_json
+
+
+ADMIN_SCOPE = "admin:users"  # carried by an admin's unnarrowed tokens (JupyterHub's admin role)
 
 
 class Caller:
@@ -52,11 +55,14 @@ class Caller:
         """Holds ``scope`` for everyone: unfiltered, or a hub admin whose token carries it for themselves.
 
         Admins made after start-up (``trainhub token NAME --admin``, the admin page) hold only
-        the ``!user`` form of the custom scopes, so the hub's admin flag lifts the filter.
+        the ``!user`` form of the custom scopes, so the hub's admin flag lifts the filter, but only
+        for a token that carries the admin's powers (``admin:users``): a token its owner narrowed
+        (``custom:trainhub:jobs:read!user=admin`` alone) is held to the filter it was given.
         """
         if check_scopes({scope}, self.scopes):
             return True
-        return self.admin and self.kind == "user" and bool(check_scopes({f"{scope}!user={self.name}"}, self.scopes))
+        return (self.admin and self.kind == "user" and ADMIN_SCOPE in self.scopes
+                and bool(check_scopes({f"{scope}!user={self.name}"}, self.scopes)))
 
 
 class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
@@ -112,10 +118,7 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
             if not required:
                 return {}
             raise web.HTTPError(400, "a JSON request body is required")
-        try:
-            return json.loads(self.request.body)
-        except ValueError as e:
-            raise web.HTTPError(400, f"the request body is not valid JSON: {e}") from None
+        return parse_json(self.request.body)
 
     def page(self, default_limit: int = 50) -> tuple[int, int]:
         """``(limit, offset)`` from the query, checked (limit 1-500, offset >= 0)."""
@@ -124,8 +127,8 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
             offset = int(self.get_argument("offset", "0"))
         except ValueError:
             raise web.HTTPError(400, "limit and offset must be whole numbers") from None
-        if not 1 <= limit <= 500 or offset < 0:
-            raise web.HTTPError(400, "limit must be 1-500 and offset 0 or more")
+        if not 1 <= limit <= 500 or not 0 <= offset < 2**63:
+            raise web.HTTPError(400, "limit must be 1-500 and offset 0 or more (below 2**63)")
         return limit, offset
 
     def listing_owner(self, scope: str, what: str) -> str | None:
@@ -143,7 +146,7 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
     def write_json(self, obj, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(obj, default=str))
+        self.finish(dump_json(obj))
 
 
 class NoRouteHandler(JSONErrors, web.RequestHandler):

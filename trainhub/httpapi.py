@@ -131,3 +131,53 @@ class JSONErrors:
             self.send_error(e.status_code, exc_info=(type(e), e, e.__traceback__))
             return
         return super()._handle_request_exception(e)
+
+
+#: how deeply a request's JSON may nest (a job spec nests 3 levels; a sweep's space 4)
+MAX_JSON_DEPTH = 32
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is too large for a number")
+    return value
+
+
+def _depth(value, limit: int) -> int:
+    """How deeply ``value`` nests (iteratively: a deep value must not exhaust the stack here either)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_json(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH):
+    """A request body as JSON, or :class:`~trainhub.exceptions.InvalidRequest` (400) saying what is wrong:
+    not JSON, NaN/Infinity or a number too large for a finite float, or nested deeper than ``max_depth``.
+    Nothing that could not be written back as valid JSON is ever accepted."""
+    from trainhub.exceptions import InvalidRequest
+
+    try:
+        value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise InvalidRequest(f"the request body nests deeper than {max_depth} levels") from None
+    except ValueError as e:
+        raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
+    if _depth(value, max_depth) > max_depth:
+        raise InvalidRequest(f"the request body nests deeper than {max_depth} levels")
+    return value
+
+
+def dump_json(obj) -> str:
+    """A response body: strict JSON (a non-finite number is a bug to see, never an invalid document)."""
+    return json.dumps(obj, default=str, allow_nan=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 
 from jupyter_server.auth.decorator import authorized
@@ -12,7 +11,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from trainhub.exceptions import InvalidRequest, NotFound, TrainhubError
-from trainhub.httpapi import JSONErrors
+from trainhub.httpapi import JSONErrors, parse_json
 
 from .manager import TensorBoards
 
@@ -72,10 +71,7 @@ class StatusHandler(TensorBoardHandler):
     @web.authenticated
     @authorized
     async def post(self):
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except ValueError:
-            raise InvalidRequest('the body must be JSON: {"jobs": ["j-000042"]}') from None
+        body = parse_json(self.request.body or b"{}")
         if not isinstance(body, dict):
             raise InvalidRequest('the body must be a JSON object: {"jobs": ["j-000042"]}')
         self.set_status(201)

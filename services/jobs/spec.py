@@ -15,6 +15,32 @@ RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "RANK", "LOCAL
                 "MASTER_ADDR", "MASTER_PORT", "TRAINHUB_JOB_ID", "TRAINHUB_OUTPUTS_DIR", "TRAINHUB_METRICS_FILE"}
 
 
+# Linux refuses to exec a command whose single argument or NAME=VALUE string passes MAX_ARG_STRLEN
+# (32 pages) or whose arguments and environment together pass ARG_MAX: such a job could never start.
+MAX_ARG_STRLEN = 32 * 4096
+MAX_EXEC_BYTES = 1 << 20  # of the spec's command and env together, leaving room for the platform's own variables
+
+
+def _check_exec_limits(name: str, command: str | None, script: str | None, env: dict) -> None:
+    """Refuse now what the kernel would refuse at start: NUL bytes and strings past the exec limits."""
+    texts = [("name", name), ("command", command or ""), ("script", script or "")]
+    texts += [(f"env {k}", f"{k}={v}") for k, v in env.items()]
+    for what, text in texts:
+        if "\x00" in text:
+            raise InvalidRequest(f"{what} contains a NUL byte, which no program can receive")
+    if command and len(command.encode()) >= MAX_ARG_STRLEN:
+        raise InvalidRequest(f"command is longer than the {MAX_ARG_STRLEN // 1024} KiB a program argument may be: "
+                             "put it in a script (script) or a file in storage")
+    for k, v in env.items():
+        if len(f"{k}={v}".encode()) >= MAX_ARG_STRLEN:
+            raise InvalidRequest(f"env {k} is longer than the {MAX_ARG_STRLEN // 1024} KiB an environment "
+                                 "variable may be: pass large values through storage")
+    total = len((command or "").encode()) + sum(len(f"{k}={v}".encode()) + 1 for k, v in env.items())
+    if total > MAX_EXEC_BYTES:
+        raise InvalidRequest(f"command and env together are {total // 1024} KiB, past the "
+                             f"{MAX_EXEC_BYTES // 1024} KiB a job can be started with")
+
+
 MAX_GPUS = 4096  # per worker; far above any node, so a too-large request hears about the pool instead
 
 
@@ -57,6 +83,10 @@ def validate_spec(spec) -> JobSpec:
     unknown = set(spec) - FIELDS
     if unknown:
         raise InvalidRequest(f"unknown field(s) {sorted(unknown)}; a job spec takes {sorted(FIELDS - {'sweep_id', 'params', 'submit_key'})}")
+    if spec.get("sweep_id") is not None:
+        # a trial's sweep is the sweeps service's to set: a job naming another user's sweep would join it
+        raise InvalidRequest("sweep_id is set by the sweeps service for its trials and cannot be given; "
+                             "start a sweep with POST /sweeps (or %%sweep)")
     command, script = spec.get("command"), spec.get("script")
     if bool(command) == bool(script):
         raise InvalidRequest("give exactly one of 'command' (a shell command) or 'script' (Python source)")
@@ -84,6 +114,7 @@ def validate_spec(spec) -> JobSpec:
         if isinstance(v, (dict, list)) or v is None:
             raise InvalidRequest(f"env {k} must be a string or number")
         clean_env[str(k)] = str(v)
+    _check_exec_limits(name, command, script, clean_env)
     gpus = spec.get("gpus")
     # only a bound on the number: the pool check (JobsService.check) names the real limit, the pool's size
     gpus = None if gpus is None else _int(spec, "gpus", 0, 0, MAX_GPUS)

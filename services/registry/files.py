@@ -51,9 +51,15 @@ def iter_files(fs, path: str):
     else:
         if not fs.exists(path):
             return
-        for root, _dirs, files in fs.walk(path, detail=True):
+        for root, dirs, files in fs.walk(path, detail=True):
+            # symbolic links are not followed: a link inside a registered folder must not carry in
+            # files from elsewhere (another user's area, the platform's secrets)
+            for name in [n for n, info in dirs.items() if info.get("islink")]:
+                del dirs[name]
             page = []
             for name, info in files.items():
+                if info.get("islink"):
+                    continue
                 full = info.get("name") or f"{root}/{name}"
                 rel = full[len(path):].lstrip("/")
                 page.append((rel, int(info.get("size") or 0), str(info.get("mtime") or info.get("ETag") or "")))

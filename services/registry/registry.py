@@ -73,12 +73,16 @@ class Registry(LoggingConfigurable):
         root = self.storage.root()
         if path.startswith(root + "/"):
             path = path[len(root) + 1:]
-        url = resolve_in_area(root, path)
-        parts = url[len(root):].strip("/").split("/")
-        if not (parts[0] == "datasets" or (parts[0] == "users" and len(parts) > 1 and parts[1] == caller.name)
-                or caller.may_all(WRITE)):
-            raise Forbidden(f"{path!r} is outside your storage area; register 'datasets/...' or 'users/{caller.name}/...'")
-        return url
+        parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+        # resolved against the area it names (symbolic links included), never against the whole root:
+        # a link in one's own area to another user's files is refused, not registered
+        if parts[:1] == ["datasets"]:
+            return resolve_in_area(f"{root}/datasets", "/".join(parts[1:]))
+        if parts[:1] == ["users"] and len(parts) > 1 and parts[1] == caller.name:
+            return resolve_in_area(f"{root}/users/{caller.name}", "/".join(parts[2:]))
+        if caller.may_all(WRITE):
+            return resolve_in_area(root, path)
+        raise Forbidden(f"{path!r} is outside your storage area; register 'datasets/...' or 'users/{caller.name}/...'")
 
     def fs(self):
         return self.storage.filesystem()

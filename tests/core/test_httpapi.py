@@ -220,3 +220,27 @@ async def test_the_service_root_says_it_runs(service, monkeypatch):
     r = await service("/services/test/")
     assert r.code == 200 and json.loads(r.body) == {"service": "test", "running": True}
     assert (await service("/services/test/elsewhere")).code == 404
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'{"gpus": 1e999}', "too large for a number"),
+    (b'{"gpus": NaN}', "not a number JSON allows"),
+    (b'{"x": -Infinity}', "not a number JSON allows"),
+    (b"[" * 40 + b"]" * 40, "nests deeper than 32 levels"),
+    (b"[" * 100000 + b"]" * 100000, "nests deeper than 32 levels"),
+    (b"{not json", "not valid JSON"),
+])
+def test_request_json_is_strict_and_bounded(body, message):
+    from trainhub.exceptions import InvalidRequest
+    from trainhub.httpapi import parse_json
+
+    with pytest.raises(InvalidRequest, match=message):
+        parse_json(body)
+
+
+def test_request_json_within_bounds_and_responses_never_carry_nan():
+    from trainhub.httpapi import dump_json, parse_json
+
+    assert parse_json(b'{"a": [[[1.5e300]]], "b": null}') == {"a": [[[1.5e300]]], "b": None}
+    with pytest.raises(ValueError):
+        dump_json({"x": float("inf")})

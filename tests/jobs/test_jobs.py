@@ -250,6 +250,13 @@ def test_quota_refusals_and_bad_specs_say_why(jobs):
         ({"command": "x", "workers": 0}, "workers must be between 1 and 64"),
         ({"command": "x", "time_limit": "soon"}, "is not a duration"),
         ({"command": "x", "bogus": 1}, "unknown field(s) ['bogus']"),
+        ({"command": "x", "sweep_id": 1}, "sweep_id is set by the sweeps service"),  # not even one's own
+        # what the kernel would refuse at exec: refused now, never stored to fail later
+        ({"command": "echo a\x00b"}, "NUL byte"),
+        ({"command": "x", "env": {"A": "b\x00"}}, "NUL byte"),
+        ({"command": "x" * 200_000}, "longer than the 128 KiB"),
+        ({"command": "x", "env": {"BIG": "v" * 200_000}}, "env BIG is longer"),
+        ({"command": "x", "env": {f"V{i}": "v" * 100_000 for i in range(12)}}, "together are"),
         ({"command": "x", "env": {"RANK": "3"}}, "env RANK is set by trainhub"),
         ({"command": "x", "profile": "nope"}, "Unknown profile 'nope'"),
         ({"command": "x", "profile": "gpu-4"}, "limited to the groups research"),
@@ -259,6 +266,13 @@ def test_quota_refusals_and_bad_specs_say_why(jobs):
         assert 400 <= r.status_code < 500 and message in r.json()["message"], (spec, r.text)
     r = requests.post(u.url + "/jobs", data="{not json", headers=u.h)
     assert r.status_code == 400 and "not valid JSON" in r.json()["message"]
+    # numbers JSON cannot carry back, nesting without bound, offsets past 64 bits: 400, nothing stored
+    for raw, message in ((b'{"command": "x", "priority": 1e999}', "too large"), (b'{"command": "x", "gpus": NaN}', "JSON allows"),
+                         (b'{"command": "x", "env": ' + b'{"A": ' * 50 + b'1' + b'}' * 51, "nests deeper")):
+        r = requests.post(u.url + "/jobs", data=raw, headers=u.h)
+        assert r.status_code == 400 and message in r.json()["message"], r.text
+    r = requests.get(u.url + "/jobs", params={"offset": str(2**64)}, headers=u.h)
+    assert r.status_code == 400 and "2**63" in r.json()["message"], r.text
     listed = requests.get(u.url + "/jobs", headers=u.h).json()
     assert listed["total"] == 0  # nothing was submitted by any of these
 

@@ -9,6 +9,9 @@ import tarfile
 
 import pytest
 import requests
+from waiting import wait_for
+
+from trainhub.states import PENDING
 
 pytestmark = pytest.mark.e2e
 
@@ -92,3 +95,31 @@ def test_other_users_job_cannot_be_registered(platform, api):
     r = api("POST", "/models", "reg-dave", {"name": "stolen", "job": job["id"]})
     assert r.status_code == 404
     assert api("GET", "/models/stolen", "reg-dave").status_code == 404
+
+
+def test_a_link_in_ones_area_registers_nothing_of_another_users(platform, api):
+    """Paths are resolved (links included) against the caller's own area, and scans follow no links."""
+    import os
+
+    users = platform.data_dir / "storage" / "users"
+    secret = users / "reg-bob" / "secret"
+    secret.mkdir(parents=True, exist_ok=True)
+    (secret / "weights.bin").write_bytes(b"bob's")
+    mine = users / "reg-eve" / "mine"
+    mine.mkdir(parents=True, exist_ok=True)
+    (mine / "own.txt").write_text("eve's")
+    for link, target in ((users / "reg-eve" / "bobs", secret), (mine / "bobs.bin", secret / "weights.bin"),
+                         (mine / "bobsdir", secret)):
+        if not os.path.lexists(link):
+            os.symlink(target, link)
+    for path in ("users/reg-eve/bobs", "users/reg-eve/bobs/weights.bin", "users/reg-bob/secret",
+                 "users/reg-eve/../reg-bob/secret"):
+        r = api("POST", "/datasets", "reg-eve", {"name": "eve-stolen", "path": path})
+        assert r.status_code == 403, (path, r.text)
+        r = api("POST", "/models", "reg-eve", {"name": "eve-stolen-model", "path": path})
+        assert r.status_code == 403, (path, r.text)
+    r = api("POST", "/datasets", "reg-eve", {"name": "eve-own", "path": "users/reg-eve/mine"})
+    assert r.status_code in (200, 201), r.text
+    version = wait_for(lambda: api("GET", "/datasets/eve-own/versions/1", "reg-eve").json(),
+                       lambda v: v.get("status") != PENDING, what="the scan of eve's folder")
+    assert version["file_count"] == 1, version  # own.txt; the links to bob's file and folder are not followed
