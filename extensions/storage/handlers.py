@@ -300,8 +300,8 @@ class FilesHandler(StorageHandler):
     @authorized
     async def delete(self):
         area, path, root, full, a = self.args(write=True)
-        if not path.strip("/"):
-            raise Forbidden("the area itself cannot be deleted")
+        if full.rstrip("/") == root.rstrip("/"):  # "", "/", ".", "./." ...: the area itself
+            raise Forbidden("the area itself cannot be deleted; delete the files and folders in it")
         fs = self.browser.fs
         recursive = self.get_argument("recursive", "0") in ("1", "true")
 

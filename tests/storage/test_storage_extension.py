@@ -91,6 +91,12 @@ def test_upload_download_delete(storage_server):
     storage_server.put("storage/files", b"1", area="home", path="up2/a/b.txt")
     assert storage_server.delete("storage/files", area="home", path="up2", recursive=1).status_code == 204
     assert storage_server.get("storage/list", area="home", path="up2").status_code == 404
+    # the area itself, however it is spelled, is never deleted
+    storage_server.put("storage/files", b"k", area="home", path="keep/me.txt")
+    for root in ("", "/", ".", "./", "./.", "keep/.."):
+        r = storage_server.delete("storage/files", area="home", path=root, recursive=1)
+        assert r.status_code == 403, (root, r.text)
+    assert storage_server.get("storage/files", area="home", path="keep/me.txt").content == b"k"
 
 
 def test_make_folder(storage_server):
