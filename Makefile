@@ -39,12 +39,14 @@ install: $(VENV)/.installed
 	    npm install --no-audit --no-fund --prefix $(NODE_PREFIX) configurable-http-proxy@^5; \
 	fi
 
-# system packages for the browser tests (root + apt only; otherwise say what is missing)
+# system packages for the browser tests and the per-user sandbox (bubblewrap: as root every test server and
+# job runs as its user's account in one, see docs/isolation.md); root + apt only, otherwise say what is missing
 system-deps:
 	@missing=""; \
 	command -v node >/dev/null 2>&1 && node -e 'process.exit(parseInt(process.versions.node) >= 18 ? 0 : 1)' || missing="$$missing nodejs npm"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium chromium-driver"; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
