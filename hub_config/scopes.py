@@ -46,6 +46,10 @@ SERVER_TOKEN_SCOPES = [
     "custom:trainhub:registry:read",
     "custom:trainhub:usage:read!user",
     "custom:trainhub:culler:keep!user",
+    # only an admin's server gets it (server token scopes are intersected with the owner's): tells the
+    # services an admin's server or browser login from a token narrowed to !user=<self>
+    # (services.api.Caller.may_all); it grants nothing else
+    "admin-ui",
 ]
 
 ADMIN_EXTRA_SCOPES = [
@@ -81,4 +85,5 @@ OAUTH_SCOPES = [
     "custom:trainhub:registry:read",
     "custom:trainhub:usage:read",
     "custom:trainhub:culler:keep",
+    "admin-ui",  # admins only, intersected with the user's own (see SERVER_TOKEN_SCOPES)
 ]

@@ -31,7 +31,9 @@ from trainhub.exceptions import NotFound
 from trainhub.httpapi import JSONErrors, dump_json, log_request, parse_json
 
 
-ADMIN_SCOPE = "admin:users"  # carried by an admin's unnarrowed tokens (JupyterHub's admin role)
+# carried by an admin's unnarrowed tokens and browser logins (JupyterHub's admin role; hub_config/scopes.py
+# asks for it in the services' OAuth), never by a token its owner narrowed to a filtered custom scope
+ADMIN_SCOPE = "admin-ui"
 
 
 class Caller:
@@ -56,8 +58,8 @@ class Caller:
 
         Admins made after start-up (``trainhub token NAME --admin``, the admin page) hold only
         the ``!user`` form of the custom scopes, so the hub's admin flag lifts the filter, but only
-        for a token that carries the admin's powers (``admin:users``): a token its owner narrowed
-        (``custom:trainhub:jobs:read!user=admin`` alone) is held to the filter it was given.
+        for a token that carries the admin's role (``admin-ui``: full tokens and browser logins): a
+        token its owner narrowed (``custom:trainhub:jobs:read!user=admin`` alone) is held to it.
         """
         if check_scopes({scope}, self.scopes):
             return True

@@ -16,7 +16,10 @@ def caller(scopes, admin=False, name="admin"):
 
 def test_an_admins_full_token_reads_everyones_items():
     # what an admin made after start-up holds: the !user form of the custom scopes, and the admin role's
-    full = caller([f"{READ}!user=admin", "admin:users", "admin:servers"], admin=True)
+    full = caller([f"{READ}!user=admin", "admin:users", "admin:servers", "admin-ui"], admin=True)
+    assert full.may_all(READ) and full.may(READ, "bob") and full.may(READ, "admin")
+    # an admin's browser login to the service: the OAuth scopes the services ask for, admin-ui among them
+    full = caller([f"{READ}!user=admin", "admin-ui", "access:services!service=trainhub"], admin=True)
     assert full.may_all(READ) and full.may(READ, "bob") and full.may(READ, "admin")
 
 
