@@ -147,8 +147,9 @@ async def test_no_list_per_call(kube, make_allocator):
     allocator = make_allocator()
     await asyncio.to_thread(allocator.devices)
     # the reflectors' watch loops list once more as they start, then watch: wait for this allocator's watches
+    # (a real apiserver records a watch when it ends: after the reflector's timeout_seconds, 10 s)
     await until(lambda: requests_(True, "/nodes") > watches[0] and requests_(True, "/pods") > watches[1],
-                what="the node and pod watches")
+                what="the node and pod watches", timeout=90)
     before = lists()
     for _ in range(5):
         await asyncio.to_thread(allocator.devices)
