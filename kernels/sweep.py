@@ -24,7 +24,7 @@ import time
 from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
-from trainhub.fmt import fmt_number, sweep_progress
+from trainhub.fmt import clip, fmt_number, sweep_progress
 from trainhub.jobspec import add_spec_options, add_sweep_options, sweep_spec
 from trainhub.handle import seen_text
 from trainhub.kernels.handle import LiveDisplay
@@ -279,7 +279,7 @@ def render_trials_table(trials: list[dict], max_rows: int = 50) -> str:
         cells = []
         for c in cols:
             v = r.get(c)
-            text = html.escape(fmt_number(v, 4, none="") if c != "reason" else str(v)[:80])
+            text = html.escape(fmt_number(v, 4, none="") if c != "reason" else clip(v, 80))
             if c == "state":
                 text = f"<span style='color:{TRIAL_COLORS.get(v, '#57606a')}'>{text}</span>"
             cells.append(f"<td style='padding:0 6px'>{text}</td>")
@@ -346,7 +346,7 @@ def svg_importance(importance: dict | None, width: int = 300) -> str:
     for i, (name, v) in enumerate(items):
         y = top + i * bar_h
         w = max(1.0, (width - pad_l - 40) * v / top_value)
-        bars.append(f"<text x='{pad_l - 4}' y='{y + 11}' font-size='10' text-anchor='end' font-family='sans-serif'>{html.escape(name[:14])}</text>"
+        bars.append(f"<text x='{pad_l - 4}' y='{y + 11}' font-size='10' text-anchor='end' font-family='sans-serif'>{html.escape(clip(name, 14))}</text>"
                     f"<rect x='{pad_l}' y='{y + 2}' width='{w:.1f}' height='{bar_h - 5}' fill='#8250df'/>"
                     f"<text x='{pad_l + w + 3:.1f}' y='{y + 11}' font-size='9' font-family='sans-serif'>{v:.2f}</text>")
     return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='parameter importance'>"

@@ -82,6 +82,12 @@ def elapsed_seconds(job: dict, now: datetime | None = None) -> float | None:
 
 
 # -- tables ---------------------------------------------------------------------------------------
+def clip(text, width: int) -> str:
+    """At most ``width`` characters; a cut text ends in "…" so nobody reads half a reason as a whole one."""
+    text = "" if text is None else str(text)
+    return text if len(text) <= width else text[:max(width - 1, 0)].rstrip() + "…"
+
+
 def text_table(rows: list[list], header: list[str]) -> str:
     """Plain-text columns, left-aligned, two spaces apart, no trailing blanks."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]

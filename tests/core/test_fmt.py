@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from trainhub.fmt import (elapsed_seconds, fmt_duration, fmt_number, fmt_size, last_log_line, parse_time, text_table,
+from trainhub.fmt import (clip, elapsed_seconds, fmt_duration, fmt_number, fmt_size, last_log_line, parse_time, text_table,
                           wait_reason_text)
 
 
@@ -51,6 +51,14 @@ def test_parse_time_and_elapsed():
     assert elapsed_seconds({"started": None}) is None
     now = datetime(2026, 11, 21, 20, 0, 30, tzinfo=timezone.utc)
     assert elapsed_seconds({"started": "2026-11-21T20:00:00Z"}, now) == 30.0
+
+
+@pytest.mark.parametrize("text, width, out", [
+    ("short", 10, "short"), ("exactly-10", 10, "exactly-10"), (None, 5, ""),
+    ("waiting for 2 GPUs (0 free of 8)", 20, "waiting for 2 GPUs…"), ("a (b c)", 5, "a (b…"),
+])
+def test_clip_marks_what_it_cuts(text, width, out):
+    assert clip(text, width) == out and len(out) <= width
 
 
 def test_text_table_aligns_and_strips():

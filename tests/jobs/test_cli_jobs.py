@@ -63,6 +63,19 @@ def test_list_and_cancel(api_env, capsys):
     assert code == 2 and "unknown state sleeping" in err
 
 
+def test_list_marks_a_cut_reason_and_show_gives_it_whole(api_env, capsys):
+    """A reason too long for the table ends in "…" (never a half reason that reads as whole); show has it all."""
+    run(capsys, "jobs", "submit", "--command", "sleep 30", "--name", "a-name-longer-than-the-name-column")
+    (job,) = api_env.service.jobs.values()
+    job["reason"] = reason = "waiting for 2 GPUs (0 free of 8: 6 held by other users' jobs, 2 by your notebook server)"
+    code, out, _ = run(capsys, "jobs", "list")
+    row = out.splitlines()[1]
+    assert code == 0 and row.endswith("…") and reason[:40] in row and reason not in row
+    assert "a-name-longer-than-the-…" in row
+    code, out, _ = run(capsys, "jobs", "show", job["id"])
+    assert code == 0 and reason in out
+
+
 @pytest.mark.parametrize("argv, words", [
     (["jobs", "submit", "--gpus", "3", "--workers", "2", "--command", "true"], ["6 GPUs", "quota is 4", "403"]),
     (["jobs", "submit", "--profile", "nope", "--command", "true"], ["profile", "nope", "400"]),

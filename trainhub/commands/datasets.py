@@ -12,7 +12,7 @@ import json
 import sys
 
 from trainhub.cli import CommandError
-from trainhub.fmt import fmt_size, text_table
+from trainhub.fmt import clip, fmt_size, text_table
 from trainhub.states import FAILED, PENDING, READY
 
 
@@ -94,7 +94,7 @@ def run_list(args):
         lv = d.get("latest") or {}
         rows.append([d["name"], f"v{lv.get('version', '-')}", str(len(d["versions"])), str(lv.get("file_count", "")),
                      fmt_size(lv.get("size", 0)), lv.get("format") or "-", d["owner"],
-                     "deprecated" if d["deprecated"] else "", (d.get("description") or "")[:50]])
+                     "deprecated" if d["deprecated"] else "", clip(d.get("description"), 50)])
     print(text_table(rows, ["NAME", "LATEST", "VERSIONS", "FILES", "SIZE", "FORMAT", "OWNER", "", "DESCRIPTION"]))
     return 0
 

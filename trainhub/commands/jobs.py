@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from trainhub.cli import CommandError
-from trainhub.fmt import (state_text, elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_events, format_job, last_log_line,
+from trainhub.fmt import (clip, state_text, elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_events, format_job, last_log_line,
                           metrics_rows,
                           parse_time, text_table, wait_reason_text)
 from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
@@ -239,9 +239,9 @@ def cmd_list(args):
     rows = []
     for j in items:
         created = parse_time(j.get("created"))
-        rows.append([j["id"], (j.get("name") or "")[:24], j.get("user", ""), j.get("state", ""),
+        rows.append([j["id"], clip(j.get("name"), 24), j.get("user", ""), j.get("state", ""),
                      f"{j.get('gpus', '?')}x{j.get('workers', 1)}", created.strftime("%Y-%m-%d %H:%M") if created else "-",
-                     fmt_duration(elapsed_seconds(j)), (j.get("reason") or "")[:60]])
+                     fmt_duration(elapsed_seconds(j)), clip(j.get("reason"), 60)])
     print(text_table(rows, ["ID", "NAME", "USER", "STATE", "GPUSxW", "CREATED", "ELAPSED", "REASON"]))
     total = page.get("total", len(items))
     if total > page.get("offset", 0) + len(items):

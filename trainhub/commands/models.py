@@ -11,7 +11,7 @@ import argparse
 import json
 
 from trainhub.commands.datasets import _api, _client, _connection
-from trainhub.fmt import fmt_size, text_table
+from trainhub.fmt import clip, fmt_size, text_table
 
 STAGES = ("none", "staging", "production", "archived")
 
@@ -90,7 +90,7 @@ def run_list(args):
         print("no models")
         return 0
     rows = [[m["name"], str(len(m["versions"])), " ".join(f"{s}:v{','.join(map(str, vs))}" for s, vs in m["stages"].items()) or "-",
-             m["owner"], _metrics(m.get("latest") or {})[:60]] for m in body["items"]]
+             m["owner"], clip(_metrics(m.get("latest") or {}), 60)] for m in body["items"]]
     print(text_table(rows, ["NAME", "VERSIONS", "STAGES", "OWNER", "LATEST METRICS"]))
     return 0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainhub.cli import CommandError
 from trainhub.commands.jobs import _api, _conn, cancel_each, client_from_args
-from trainhub.fmt import fmt_number, parse_time, sweep_progress, text_table
+from trainhub.fmt import clip, fmt_number, parse_time, sweep_progress, text_table
 from trainhub.jobspec import add_spec_options, add_sweep_options, parse_states, sweep_spec
 from trainhub.states import COMPLETED, SWEEP_STATES
 
@@ -154,7 +154,7 @@ def cmd_list(args):
         created = parse_time(s.get("created"))
         p = s.get("progress") or {}
         best = s.get("best")
-        rows.append([s["id"], (s.get("name") or "")[:24], s.get("user", ""), s.get("state", ""),
+        rows.append([s["id"], clip(s.get("name"), 24), s.get("user", ""), s.get("state", ""),
                      f"{p.get('done', 0)}/{s.get('trials')}", str(p.get("running", 0) + p.get("pending", 0)),
                      str(p.get("pruned", 0)), f"{s.get('mode')} {s.get('metric')}",
                      f"{best['value']:.6g}" if best else "-", created.strftime("%Y-%m-%d %H:%M") if created else "-"])
@@ -189,7 +189,7 @@ def format_trials(trials: list[dict]) -> str:
     for t in trials:
         params = t.get("params") or {}
         rows.append([str(t["number"]), t.get("state", ""), "-" if t.get("value") is None else f"{t['value']:.6g}",
-                     *[fmt_number(params.get(k), 4, none="None") for k in names], t.get("job_id") or "-", (t.get("reason") or "")[:60]])
+                     *[fmt_number(params.get(k), 4, none="None") for k in names], t.get("job_id") or "-", clip(t.get("reason"), 60)])
     return text_table(rows, ["#", "STATE", "VALUE", *names, "JOB", "REASON"])
 
 
