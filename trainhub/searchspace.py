@@ -22,6 +22,8 @@ import ast
 import math
 import re
 
+from trainhub.fmt import clip
+
 KINDS = ("uniform", "loguniform", "int", "logint", "choice")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXAMPLES = {
@@ -39,6 +41,14 @@ USAGE = {
     "choice": "A,B,...",
 }
 SPACE_VARIABLE = "search_space"
+# What one sweep may ask of the service: each limit bounds the memory and the work its validation,
+# its Optuna study and its grid cost, checked before anything is stored or materialised.
+MAX_PARAMS = 64
+MAX_NAME_LENGTH = 64
+MAX_CHOICES = 1_000
+MAX_CHOICE_LENGTH = 256
+MAX_GRID_POINTS = 100_000
+MAX_INT = 2 ** 53  # integers Optuna (which works in floats) still tells apart
 
 
 class SpaceError(ValueError):
@@ -86,7 +96,9 @@ def parse_dist(name: str, spec, prefix: str | None = None) -> dict:
     """One parameter's distribution from a spec string, a list (choice) or a canonical dict."""
     prefix = prefix or f"parameter {name!r}"
     if not isinstance(name, str) or not _NAME.match(name):
-        raise SpaceError(f"{prefix}: the name {name!r} must be a Python identifier (letters, digits, _)")
+        raise SpaceError(f"{prefix}: the name {str(name)[:MAX_NAME_LENGTH]!r} must be a Python identifier (letters, digits, _)")
+    if len(name) > MAX_NAME_LENGTH:
+        raise SpaceError(f"parameter {name[:MAX_NAME_LENGTH]}...: names are at most {MAX_NAME_LENGTH} characters")
     if isinstance(spec, (list, tuple)):
         return _check(name, {"type": "choice", "values": list(spec)}, prefix)
     if isinstance(spec, dict):
@@ -125,9 +137,16 @@ def _check(name: str, d: dict, prefix: str) -> dict:
         values = d.get("values")
         if not isinstance(values, list) or not values:
             raise SpaceError(f"{prefix}: choice needs at least one value (e.g. {EXAMPLES['choice']})")
+        if len(values) > MAX_CHOICES:
+            raise SpaceError(f"{prefix}: choice lists {len(values)} values; at most {MAX_CHOICES} are allowed "
+                             "(use int:LOW:HIGH or uniform:LOW:HIGH:STEP for a long range)")
         for v in values:
             if not (v is None or isinstance(v, (str, int, float, bool))):
-                raise SpaceError(f"{prefix}: choice values must be strings, numbers, booleans or null, not {v!r}")
+                raise SpaceError(f"{prefix}: choice values must be strings, numbers, booleans or null, not {clip(repr(v), 80)}")
+            if isinstance(v, str) and len(v) > MAX_CHOICE_LENGTH:
+                raise SpaceError(f"{prefix}: a choice value is {len(v)} characters long; at most {MAX_CHOICE_LENGTH} are allowed")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SpaceError(f"{prefix}: choice values must be finite numbers, not {v!r}")
         if len({repr(v) for v in values}) != len(values):
             raise SpaceError(f"{prefix}: choice lists a value twice: {values}")
         extra = set(d) - {"type", "values"}
@@ -151,6 +170,8 @@ def _check(name: str, d: dict, prefix: str) -> dict:
             if not v.is_integer():
                 raise SpaceError(f"{prefix}: {key.upper()} {v!r} is not a whole number")
             v = int(v)
+        if integer and abs(v) > MAX_INT:
+            raise SpaceError(f"{prefix}: {key.upper()} must be between -2**53 and 2**53")
         if not integer:
             v = float(v)
             if not math.isfinite(v):
@@ -179,6 +200,8 @@ def parse_space(space) -> dict:
     if space is None:
         space = {}
     out: dict[str, dict] = {}
+    if isinstance(space, (list, tuple, dict)) and len(space) > MAX_PARAMS:
+        raise SpaceError(f"the search space has {len(space)} parameters; at most {MAX_PARAMS} are allowed")
     if isinstance(space, (list, tuple)):
         for item in space:
             name, d = parse_param(item)
@@ -190,6 +213,8 @@ def parse_space(space) -> dict:
             out[name] = parse_dist(name, spec)
     else:
         raise SpaceError('the search space must be an object like {"lr": "loguniform:1e-5:1e-1"}')
+    if len(out) > MAX_PARAMS:
+        raise SpaceError(f"the search space has {len(out)} parameters; at most {MAX_PARAMS} are allowed")
     if not out:
         raise SpaceError("the search space is empty: give --param NAME=KIND:ARGS (e.g. --param lr=loguniform:1e-5:1e-1) "
                          f"or a {SPACE_VARIABLE} = {{...}} dict in the cell")
@@ -252,15 +277,46 @@ def reports_metric(source: str, metric: str) -> bool | None:
     return None if unknown else False
 
 
+def _grid_count(d: dict) -> int | None:
+    """How many grid values one parameter has (None: continuous), counted, never listed."""
+    if d["type"] == "choice":
+        return len(d["values"])
+    if d["type"] == "int":
+        return (d["high"] - d["low"]) // d.get("step", 1) + 1
+    if d["type"] == "uniform" and "step" in d:
+        n = (d["high"] - d["low"]) / d["step"] + 1e-9
+        return int(math.floor(n)) + 1 if n < 2 ** 62 else 2 ** 62
+    return None
+
+
+def grid_count(space: dict) -> int | None:
+    """The number of points of a discrete space's grid (None when a parameter is continuous).
+
+    Refuses (:class:`SpaceError`) a grid over :data:`MAX_GRID_POINTS`: Optuna's grid sampler holds
+    every point in memory, so the size of the grid is the size of the work."""
+    n = 1
+    for d in space.values():
+        c = _grid_count(d)
+        if c is None:
+            return None
+        n *= c
+    if n > MAX_GRID_POINTS:
+        raise SpaceError(f"the grid has {n:,} points; at most {MAX_GRID_POINTS:,} are allowed "
+                         "(fewer values per parameter, larger steps, or --sampler tpe/random)")
+    return n
+
+
 def grid_points(space: dict) -> dict[str, list] | None:
-    """The grid of a discrete space ({name: values}); None when a parameter is continuous."""
+    """The grid of a discrete space ({name: values}); None when a parameter is continuous.
+    Sized by :func:`grid_count` before any value is listed."""
+    if grid_count(space) is None:
+        return None
     grid = {}
     for name, d in space.items():
         if d["type"] == "choice":
             grid[name] = list(d["values"])
-        elif d["type"] in ("int", "uniform") and ("step" in d or d["type"] == "int"):
+        elif (n := _grid_count(d)) is not None:
             step = d.get("step", 1)
-            n = int(math.floor((d["high"] - d["low"]) / step + 1e-9)) + 1
             vals = [d["low"] + i * step for i in range(n)]
             grid[name] = [int(v) for v in vals] if d["type"] == "int" else [round(v, 12) for v in vals]
         else:

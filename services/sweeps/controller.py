@@ -32,7 +32,7 @@ from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import TrainhubError
 from trainhub.loops import PeriodicLoop
-from trainhub.searchspace import grid_points, to_distributions
+from trainhub.searchspace import SpaceError, grid_count, grid_points, parse_space, to_distributions
 from trainhub.services.jobs.models import job_key
 from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, JOB_TERMINAL, PENDING, PRUNED, RUNNING, SUCCEEDED,
                              TRIAL_CANCELLED, TRIAL_FAILED, TRIAL_FINAL, TRIAL_RUNNING)
@@ -134,6 +134,22 @@ def make_pruner(settings: dict, n_trials: int):
                                        n_warmup_steps=warmup)
 
 
+class BrokenSweep(Exception):
+    """A stored sweep whose definition cannot be rebuilt (a row written before today's limits, or
+    edited by hand): it is failed with this reason instead of being retried on every pass."""
+
+
+def check_stored(sweep: Sweep) -> None:
+    """Re-validate a stored sweep's space before its study is built: the limits that bound the work of
+    a new request bound the work of rebuilding an old one, so no stored row can exhaust the service."""
+    try:
+        space = parse_space(sweep.space)
+        if (sweep.settings or {}).get("sampler") == "grid" and grid_count(space) is None:
+            raise SpaceError("the grid sampler needs discrete parameters")
+    except SpaceError as e:
+        raise BrokenSweep(f"its stored search space cannot be used: {e}") from None
+
+
 class SweepCaller:
     """Who submits a sweep's trials: its creator (name, groups, admin flag as at creation)."""
 
@@ -187,6 +203,7 @@ class SweepController(LoggingConfigurable):
     def _create_study(self, sweep: Sweep):
         import optuna
 
+        check_stored(sweep)
         study = optuna.create_study(storage=self.storage(), study_name=study_name(sweep.id), load_if_exists=True,
                                     direction="minimize" if sweep.mode == "min" else "maximize",
                                     sampler=make_sampler(sweep.settings or {}, sweep.space, sweep.n_trials),
@@ -200,6 +217,7 @@ class SweepController(LoggingConfigurable):
         if study is None:
             import optuna
 
+            check_stored(sweep)
             study = optuna.load_study(study_name=study_name(sweep.id), storage=self.storage(),
                                       sampler=make_sampler(sweep.settings or {}, sweep.space, sweep.n_trials),
                                       pruner=make_pruner(sweep.settings or {}, sweep.n_trials))
@@ -267,11 +285,15 @@ class SweepController(LoggingConfigurable):
                 await self.step(sweep)
             except asyncio.CancelledError:
                 raise
+            except BrokenSweep as e:
+                await self._fail_broken(sweep, str(e))
             except Exception:
                 self.log.exception("sweep %s: controller step failed; retrying next tick", sweep.key)
 
     # -- one sweep ----------------------------------------------------------------------------------
     async def step(self, sweep: Sweep) -> None:
+        if sweep.id not in self._studies:
+            await self.optuna(self._study, sweep)  # rebuilt on the first pass, so a broken row fails at once
         trials = await self.read(self.store.trials, sweep.id)
         jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
         completed_before = sum(t.state == COMPLETE for t in trials)
@@ -437,6 +459,24 @@ class SweepController(LoggingConfigurable):
         self._studies.pop(sweep.id, None)
         self.log.info("sweep %s %s: %s", sweep.key, final_state, final_reason)
 
+    async def _fail_broken(self, sweep: Sweep, reason: str) -> None:
+        """End a sweep that cannot be rebuilt, without Optuna: its unfinished jobs are cancelled and
+        its unfinished trials closed with the reason, so nothing of it keeps running or retrying."""
+        self.log.warning("sweep %s: failed: %s", sweep.key, reason)
+        trials = await self.read(self.store.trials, sweep.id)
+        jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
+        for t in trials:
+            job = jobs.get(t.job_id) if t.job_id else None
+            if job is not None and job.state not in JOB_TERMINAL and not job.cancel_requested:
+                await self.write(self.service.store.request_cancel, job.id, f"sweep {sweep.key}")
+            if t.state not in TRIAL_FINAL:
+                await self.write(self.store.update_trial, t.id, state=TRIAL_CANCELLED, finished=now_utc(),
+                                 reason=f"the sweep failed: {reason}")
+        self.service.engine.wake()
+        await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=FAILED, reason=reason,
+                         cancel_requested=True, finished=now_utc())
+        self._studies.pop(sweep.id, None)
+
     async def _finish(self, sweep: Sweep, trials) -> None:
         best = best_trial(trials, sweep.mode)
         counts = {s: sum(t.state == s for t in trials) for s in (COMPLETE, PRUNED, TRIAL_FAILED, TRIAL_CANCELLED)}
@@ -476,6 +516,8 @@ class SweepController(LoggingConfigurable):
                 n = await self.optuna(self._fail_orphans, sweep, known)
                 if n:
                     self.log.info("sweep %s: %d Optuna trial(s) asked before a crash and never submitted marked failed", sweep.key, n)
+            except BrokenSweep:
+                continue  # the loop's first pass fails it with the reason
             except Exception:
                 self.log.exception("sweep %s: reconciling after restart failed", sweep.key)
 

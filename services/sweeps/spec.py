@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from trainhub.exceptions import InvalidRequest
 from trainhub.jobspec import MODES, PRUNERS, SAMPLERS
-from trainhub.searchspace import SpaceError, grid_points, grid_size, parse_space, reports_metric
+from trainhub.searchspace import SpaceError, grid_count, parse_space, reports_metric
 from trainhub.services.jobs.spec import JobSpec, validate_spec
 
 SWEEP_FIELDS = {"name", "trials", "parallel", "metric", "mode", "sampler", "pruner", "space", "seed",
@@ -95,15 +95,18 @@ def validate_sweep(body) -> SweepSpec:
     except SpaceError as e:
         raise InvalidRequest(str(e)) from None
     if sampler == "grid":
-        grid = grid_points(space)
-        if grid is None:
+        try:
+            points = grid_count(space)
+        except SpaceError as e:
+            raise InvalidRequest(str(e)) from None
+        if points is None:
             cont = [n for n, d in space.items() if d["type"] in ("loguniform", "logint")
                     or (d["type"] == "uniform" and "step" not in d)]
             raise InvalidRequest(f"the grid sampler needs discrete parameters: {', '.join(cont)} "
                                  "is continuous; use choice:..., int:LOW:HIGH or uniform:LOW:HIGH:STEP")
-        if trials > grid_size(grid):
-            raise InvalidRequest(f"the grid has {grid_size(grid)} points but trials is {trials}; "
-                                 f"use --trials {grid_size(grid)} or fewer")
+        if trials > points:
+            raise InvalidRequest(f"the grid has {points} points but trials is {trials}; "
+                                 f"use --trials {points} or fewer")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InvalidRequest(f"seed must be a whole number, not {seed!r}")

@@ -210,3 +210,37 @@ async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
     assert (s.state, s.reason) == ("cancelled", "cancelled by alice")
     assert [t.state for t in c.store.trials(sweep.id)] == ["cancelled", "cancelled"] and service.submits == 2
     await c.stop()
+
+
+async def test_a_stored_sweep_that_cannot_be_rebuilt_fails_alone_with_its_reason(env):
+    """A row written before today's limits (or edited by hand) must not take the controller down on every
+    restart: it fails with its reason, its jobs are stopped, and the other sweeps carry on."""
+    service, caller = env
+    c = SweepController(service)
+    await c.optuna(c.storage)
+    broken = await c.create(caller, spec(trials=4, sampler="grid", space={"n": "int:1:4"}))
+    healthy = await c.create(caller, spec(trials=3))
+    await c.run_once()
+    running = [t.job_id for t in c.store.trials(broken.id)]
+    assert len(running) == 2
+    service.store.update(running[0], state="running")
+    await c.stop()
+    c.store.update(broken.id, space={"n": {"type": "int", "low": 0, "high": 200_000}})  # a grid past the limit
+    c2 = SweepController(service)
+    await c2.optuna(c2.storage)
+    await c2.reconcile_orphans()
+    await c2.run_once()
+    s = c2.store.get(broken.id)
+    assert s.state == "failed" and s.reason.startswith("its stored search space cannot be used: the grid has 200,001 points")
+    assert service.store.get(running[0]).cancel_requested and service.store.get(running[1]).state == "cancelled"
+    assert {t.state for t in c2.store.trials(broken.id)} == {"cancelled"}
+    assert all(t.reason.startswith("the sweep failed: its stored search space") for t in c2.store.trials(broken.id))
+    for _ in range(3):  # the healthy sweep carries on: 2 trials, then its third, then it completes
+        for t in c2.store.trials(healthy.id):
+            if service.store.get(t.job_id).state not in ("succeeded",):
+                finish(service, t.job_id, values=[(0, 0.5)])
+        await c2.run_once()
+    assert c2.store.get(healthy.id).state == "completed" and len(c2.store.trials(healthy.id)) == 3
+    await c2.run_once()  # a failed sweep is not looked at again
+    assert c2.store.get(broken.id).state == "failed"
+    await c2.stop()

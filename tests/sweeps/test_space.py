@@ -135,6 +135,19 @@ BASE = {"script": "import trainhub\ntrainhub.report(step=0, val_loss=1)\n", "tri
     ({"params": {"a": 1}}, "params is set by the sweep for each trial and cannot be given"),
     ({"command": "echo"}, "give exactly one of 'command' (a shell command) or 'script' (Python source)"),
     ({"seed": 1.5}, "seed must be a whole number, not 1.5"),
+    # the size of a request never decides the size of the work: each limit is checked before anything is built
+    ({"sampler": "grid", "space": {"n": "int:0:1000000000000"}},
+     "the grid has 1,000,000,000,001 points; at most 100,000 are allowed (fewer values per parameter, larger steps, or --sampler tpe/random)"),
+    ({"sampler": "grid", "space": {"a": "int:1:100", "b": "int:1:100", "c": "int:1:100"}},
+     "the grid has 1,000,000 points; at most 100,000 are allowed (fewer values per parameter, larger steps, or --sampler tpe/random)"),
+    ({"sampler": "grid", "space": {"d": "uniform:0:1:1e-300"}},
+     "the grid has 4,611,686,018,427,387,904 points; at most 100,000 are allowed (fewer values per parameter, larger steps, or --sampler tpe/random)"),
+    ({"space": {f"p{i}": "uniform:0:1" for i in range(65)}}, "the search space has 65 parameters; at most 64 are allowed"),
+    ({"space": {"opt": list(range(1001))}},
+     "parameter 'opt': choice lists 1001 values; at most 1000 are allowed (use int:LOW:HIGH or uniform:LOW:HIGH:STEP for a long range)"),
+    ({"space": {"opt": ["x" * 257]}}, "parameter 'opt': a choice value is 257 characters long; at most 256 are allowed"),
+    ({"space": {"n": {"type": "int", "low": 0, "high": 2 ** 64}}}, "parameter 'n': HIGH must be between -2**53 and 2**53"),
+    ({"space": {"p" * 65: "uniform:0:1"}}, f"parameter {'p' * 64}...: names are at most 64 characters"),
 ])
 def test_bad_sweep_specs(change, message):
     body = {**BASE, **change}
