@@ -122,51 +122,83 @@ def log_files(job_dir: str, worker: int | None) -> list[Path]:
     return files
 
 
-def read_new(files: list[Path], offsets: dict) -> list[bytes]:
-    """New complete lines of each file since ``offsets``, merged in time order."""
+LOG_CHUNK = 1 << 20  # bytes of log read per pass: a log of any size is streamed, never held whole
+MAX_TAIL_LINES = 100_000
+
+
+def read_new(files: list[Path], offsets: dict, budget: int = LOG_CHUNK) -> list[bytes]:
+    """New complete lines of each file since ``offsets`` (at most ``budget`` bytes in all, shared
+    between the files), merged in time order. A line longer than its share is passed on in pieces."""
     per_file = []
+    share = max(budget // max(len(files), 1), 64 << 10)
     for f in files:
         start = offsets.get(f, 0)
         try:
             with open(f, "rb") as fh:
                 fh.seek(start)
-                data = fh.read()
+                data = fh.read(share)
         except FileNotFoundError:
             continue
         end = data.rfind(b"\n") + 1
-        if end:
+        if not end and len(data) == share:  # one line longer than the share: its piece, so reading moves on
+            offsets[f] = start + share
+            per_file.append([data + b"\n"])
+        elif end:
             offsets[f] = start + end
             per_file.append(data[:end].splitlines(keepends=True))
     return list(heapq.merge(*per_file, key=lambda line: line[:24]))
+
+
+def tail_lines(files: list[Path], n: int, offsets: dict, budget: int = 8 * LOG_CHUNK) -> list[bytes]:
+    """The last ``n`` complete lines (from at most ``budget`` bytes at the end of the files); ``offsets``
+    are left at each file's end, so a follow carries on from there."""
+    per_file = []
+    share = max(budget // max(len(files), 1), 64 << 10)
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                size = fh.seek(0, 2)
+                start = max(0, size - share)
+                fh.seek(start)
+                data = fh.read(size - start)
+        except FileNotFoundError:
+            continue
+        end = data.rfind(b"\n") + 1
+        offsets[f] = start + end
+        lines = data[:end].splitlines(keepends=True)
+        per_file.append(lines[1:] if start and lines else lines)  # the first may be a piece of a line
+    return list(heapq.merge(*per_file, key=lambda line: line[:24]))[-n:] if n else []
 
 
 class JobLogsHandler(JobAccessMixin, APIHandler):
     async def get(self, key):
         job = await self.load_job(key)
         worker = self.get_argument("worker", None)
-        if worker is not None and not worker.isdigit():
+        if worker is not None and not (worker.isdigit() and len(worker) <= 6):
             raise InvalidRequest("worker must be a worker rank (0, 1, ...)")
         worker = int(worker) if worker is not None else None
         tail = self.get_argument("tail", None)
+        if tail is not None and not (tail.isdigit() and int(tail) <= MAX_TAIL_LINES):
+            raise InvalidRequest(f"tail must be a number of lines, at most {MAX_TAIL_LINES}")
         follow = self.get_argument("follow", "0").lower() in ("1", "true", "yes")
         job_dir = self.service.launcher.job_dir(self.service.engine_view(job))
         self.set_header("Content-Type", "text/plain; charset=utf-8")
+        if follow:
+            self.set_header("X-Accel-Buffering", "no")
         offsets: dict = {}
-        lines = await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets))
-        if tail is not None:
-            if not tail.isdigit():
-                raise InvalidRequest("tail must be a number of lines")
-            lines = lines[-int(tail):] if int(tail) else []
-        self.write(b"".join(lines))
-        if not follow:
-            return self.finish()
-        self.set_header("X-Accel-Buffering", "no")
         try:
+            if tail is not None:
+                self.write(b"".join(await asyncio.to_thread(lambda: tail_lines(log_files(job_dir, worker), int(tail), offsets))))
+            else:
+                while chunk := await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets)):
+                    self.write(b"".join(chunk))
+                    await self.flush()
+            if not follow:
+                return self.finish()
             await self.flush()
             idle_after_end = 0
             pause = Backoff(f"new log lines of {job.key}", start=0.25, factor=1.0)  # until the job has ended
             while True:
-                await pause.asleep()
                 new = await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets))
                 if new:
                     self.write(b"".join(new))
@@ -177,6 +209,7 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
                     idle_after_end += 1
                     if idle_after_end >= 2:
                         break
+                await pause.asleep()
         except iostream.StreamClosedError:
             return
         self.finish()

@@ -290,6 +290,19 @@ def test_logs_follow_streams_while_running(jobs):
     assert u.get(job["id"]).json()["state"] == "succeeded"
 
 
+def test_a_large_log_streams_whole_and_tail_is_bounded(jobs):
+    u = jobs("jobs-biglog")
+    job = u.run(command="python -c \"[print('x' * 1000, i) for i in range(3000)]\"")
+    u.wait(job["id"])
+    with requests.get(f"{u.url}/jobs/{job['id']}/logs", headers=u.h, stream=True, timeout=60) as r:
+        lines = [line.decode() for line in r.iter_lines() if line]
+    assert len(lines) == 3000 and [int(line.rsplit(" ", 1)[1]) for line in lines] == list(range(3000))
+    tail = u.logs(job["id"], tail=2).splitlines()
+    assert [line.rsplit(" ", 1)[1] for line in tail] == ["2998", "2999"]
+    r = u.get(job["id"], "/logs", params={"tail": 10 ** 12})
+    assert r.status_code == 400 and "at most 100000" in r.json()["message"]
+
+
 def test_list_filters_and_pages(jobs):
     u = jobs("jobs-pages")
     ids = [u.run(command="true", name=f"p{i}")["id"] for i in range(5)]
