@@ -145,7 +145,7 @@ class FakeJobsService:
                 recs.append({"time": datetime.fromtimestamp(r["time"], timezone.utc).isoformat(), "step": r["step"],
                              "worker": 0, "values": r["values"]})
         gpu = [{"time": now_iso(), "worker": 0, "device": 0, "utilization": 37.0, "memory_used_mb": 900, "simulated": True}]
-        return {"metrics": recs, "gpu": gpu}
+        return {"metrics": recs, "gpu": gpu, "total": {"metrics": len(recs), "gpu": len(gpu)}}
 
 
 class Base(tornado.web.RequestHandler):

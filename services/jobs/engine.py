@@ -285,7 +285,7 @@ class JobEngine(LoggingConfigurable):
     async def _end_attempt(self, job: Job, state: str, reason: str, codes=None, retry: bool = False, requeue: bool = False) -> None:
         """Release the job's devices and record the outcome (or requeue it for another attempt)."""
         v = view(job)
-        await self._ingest(job)
+        await self._ingest(job, final=True)
         try:
             await asyncio.to_thread(self.syncer.sync, job.user, job.key, self.launcher.job_dir(v), True)
         except Exception:
@@ -312,7 +312,9 @@ class JobEngine(LoggingConfigurable):
         self.log.info("job %s (%s): %s — %s", job.key, job.user, state, reason)
         self.wake()
 
-    async def _ingest(self, job: Job) -> None:
+    async def _ingest(self, job: Job, final: bool = False) -> None:
+        """New metric records of the job's workers into the database: a piece of each grown file per
+        pass while it runs; everything left (within the store's bounds) when the attempt ends."""
         state = job.launch_state or {}
         adir = state.get("dir")
         if not adir:
@@ -327,8 +329,11 @@ class JobEngine(LoggingConfigurable):
             key = (job.id, job.attempt, w["rank"])
             if self._metrics_size.get(key) == size:
                 continue
-            await self.store.write(self.store.ingest_metrics, job.id, job.attempt, w["rank"], path)
-            self._metrics_size[key] = size
+            while await self.store.write(self.store.ingest_metrics, job.id, job.attempt, w["rank"], path):
+                if not final:
+                    break
+            else:
+                self._metrics_size[key] = size  # caught up
 
     # -- scheduling ------------------------------------------------------------------
     async def _schedule(self) -> None:

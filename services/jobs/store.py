@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from trainhub.db import get_engine, init_db, write_session
@@ -20,6 +22,61 @@ from trainhub.exceptions import NotFound
 from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
 from .models import GPUSampleRow, Job, JobEvent, JobMetric, MetricOffset, job_key
+
+
+METRICS_CHUNK = 1 << 20  # bytes of a metrics file read per pass
+MAX_METRIC_VALUES = 64  # values kept per record
+MAX_METRIC_NAME = 128
+MAX_METRIC_RECORDS = 200_000  # records kept per job
+MAX_METRICS_BYTES = 64 << 20  # bytes of one worker's metrics file read per attempt
+MAX_METRIC_POINTS = 10_000  # records one GET /jobs/{id}/metrics answers with (evenly spread, the last always)
+
+
+def _finite(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def metric_record(line: bytes) -> dict | None:
+    """One line of a metrics file as ``{"time", "step", "values"}``, or None when it is not a record."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("values", {}), dict):
+        return None
+    values = {}
+    for k, v in rec.get("values", {}).items():
+        v = _finite(v)
+        if v is not None and len(k) <= MAX_METRIC_NAME and len(values) < MAX_METRIC_VALUES:
+            values[k] = v
+    step = _finite(rec.get("step"))
+    step = int(step) if step is not None and abs(step) < 2 ** 63 else None
+    when = _finite(rec.get("time"))
+    if when is None or not 0 <= when < 253402300800:  # a time a date can show (before year 10000)
+        when = datetime.now(timezone.utc).timestamp()
+    return {"time": when, "step": step, "values": values}
+
+
+def _spread(s: Session, model, job_id: int, limit: int, series: tuple) -> tuple[list, int]:
+    """The rows of one job, ``limit`` at most spread evenly over its series (rows in id order), and the total."""
+    total = s.scalar(select(func.count()).select_from(model).where(model.job_id == job_id)) or 0
+    q = select(model).where(model.job_id == job_id)
+    if total > limit:
+        n_series = s.scalar(select(func.count()).select_from(select(*series).where(model.job_id == job_id).distinct().subquery()))
+        per = max(limit // max(n_series, 1), 2)
+        rn = func.row_number().over(partition_by=series, order_by=model.id)
+        cnt = func.count().over(partition_by=series)
+        sub = select(model.id.label("id"), rn.label("rn"), cnt.label("cnt")).where(model.job_id == job_id).subquery()
+        stride = (sub.c.cnt + per - 2) / (per - 1)
+        keep = select(sub.c.id).where(or_((sub.c.rn - 1) % stride == 0, sub.c.rn == sub.c.cnt))
+        q = q.where(model.id.in_(keep))
+    return list(s.scalars(q.order_by(model.id))), total
 
 
 def iso(dt: datetime | None) -> str | None:
@@ -142,51 +199,71 @@ class JobStore:
             return [{"time": iso(e.time), "kind": e.kind, "message": e.message} for e in rows]
 
     # -- metrics -------------------------------------------------------------
-    def ingest_metrics(self, job_id: int, attempt: int, worker: int, path: str) -> int:
-        """Read new complete lines of a worker's metrics file into the database."""
+    def ingest_metrics(self, job_id: int, attempt: int, worker: int, path: str) -> bool:
+        """Read new complete lines of a worker's metrics file into the database, at most
+        :data:`METRICS_CHUNK` bytes per call; True when more is left to read.
+
+        The file is written by the job's own code, so nothing in it is trusted: a line that is not a
+        JSON object of finite numbers is skipped, a record keeps at most :data:`MAX_METRIC_VALUES` values,
+        a job keeps at most :data:`MAX_METRIC_RECORDS` records and a worker's file is read up to
+        :data:`MAX_METRICS_BYTES`; past a bound the rest is passed over, with one event that says so
+        (the file itself stays in the job's area)."""
         with write_session(self.db_url) as s:
             off = s.get(MetricOffset, (job_id, worker, attempt))
-            start = off.offset if off else 0
+            if off is None:
+                off = MetricOffset(job_id=job_id, worker=worker, attempt=attempt, offset=0)
+                s.add(off)
+            start = off.offset
+            room = MAX_METRIC_RECORDS - s.scalar(select(func.count()).select_from(JobMetric).where(JobMetric.job_id == job_id))
             try:
                 with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size > start and (start >= MAX_METRICS_BYTES or room <= 0):
+                        off.offset = size
+                        self._metrics_bound(s, job_id, path)
+                        s.commit()
+                        return False
                     f.seek(start)
-                    data = f.read()
+                    data = f.read(METRICS_CHUNK)
             except FileNotFoundError:
-                return 0
+                return False
             end = data.rfind(b"\n") + 1
+            if end == 0 and len(data) == METRICS_CHUNK:
+                end = len(data)  # one line longer than a chunk is no record: passed over
             if end == 0:
-                return 0
-            n = 0
-            for line in data[:end].splitlines():
-                try:
-                    rec = json.loads(line)
-                    values = {k: float(v) for k, v in rec.get("values", {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-                except (ValueError, TypeError, AttributeError):
-                    continue
-                step = rec.get("step")
-                s.add(JobMetric(job_id=job_id, worker=worker, time=float(rec.get("time", 0)),
-                                step=int(step) if isinstance(step, (int, float)) else None, values=values))
-                n += 1
-            if off is None:
-                s.add(MetricOffset(job_id=job_id, worker=worker, attempt=attempt, offset=start + end))
-            else:
-                off.offset = start + end
+                return False
+            records = [r for r in map(metric_record, data[:end].splitlines()) if r is not None]
+            if len(records) > room:
+                self._metrics_bound(s, job_id, path)
+                records = records[:room]
+            s.add_all(JobMetric(job_id=job_id, worker=worker, **r) for r in records)
+            off.offset = start + end
             s.commit()
-            return n
+            return len(data) == METRICS_CHUNK
 
-    def metrics(self, job_id: int) -> dict:
+    @staticmethod
+    def _metrics_bound(s: Session, job_id: int, path: str) -> None:
+        """Say once per job that metrics past the bounds are not kept."""
+        if not s.scalar(select(func.count()).select_from(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "metrics-limit")):
+            s.add(JobEvent(job_id=job_id, kind="metrics-limit",
+                           message=f"metrics past {MAX_METRIC_RECORDS} records (or {MAX_METRICS_BYTES >> 20} MiB per worker) "
+                                   f"are not kept; report less often (the whole file stays in the job's area: "
+                                   f"{os.path.basename(path)})"))
+
+    def metrics(self, job_id: int, limit: int = MAX_METRIC_POINTS) -> dict:
+        """A job's metric records and GPU samples, at most about ``limit`` of each: a long job's series are
+        thinned evenly per worker (and device), keeping each series' first and last point."""
         with self.session() as s:
-            rows = s.scalars(select(JobMetric).where(JobMetric.job_id == job_id).order_by(JobMetric.id))
-            gpu = s.scalars(select(GPUSampleRow).where(GPUSampleRow.job_id == job_id).order_by(GPUSampleRow.id))
+            rows, n_rows = _spread(s, JobMetric, job_id, limit, (JobMetric.worker,))
+            gpu, n_gpu = _spread(s, GPUSampleRow, job_id, limit, (GPUSampleRow.worker, GPUSampleRow.device))
 
             def t(x):
                 return datetime.fromtimestamp(x, timezone.utc).isoformat().replace("+00:00", "Z")
 
-            return {
-                "metrics": [{"time": t(r.time), "step": r.step, "worker": r.worker, "values": r.values} for r in rows],
-                "gpu": [{"time": t(g.time), "worker": g.worker, "device": g.device, "utilization": g.utilization,
-                         "memory_used_mb": g.memory_used_mb, "simulated": g.simulated} for g in gpu],
-            }
+            metrics = [{"time": t(r.time), "step": r.step, "worker": r.worker, "values": r.values} for r in rows]
+            samples = [{"time": t(g.time), "worker": g.worker, "device": g.device, "utilization": g.utilization,
+                        "memory_used_mb": g.memory_used_mb, "simulated": g.simulated} for g in gpu]
+            return {"metrics": metrics, "gpu": samples, "total": {"metrics": n_rows, "gpu": n_gpu}}
 
     def add_gpu_samples(self, rows: list[dict]) -> None:
         with write_session(self.db_url) as s:
