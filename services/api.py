@@ -27,8 +27,8 @@ from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed, check_sc
 from tornado import web
 from tornado.log import app_log
 
-from trainhub.exceptions import NotFound
-from trainhub.httpapi import JSONErrors, dump_json, log_request, parse_json
+from trainhub.exceptions import NotFound, TooLarge
+from trainhub.httpapi import MAX_REQUEST_BYTES, JSONErrors, dump_json, log_request, parse_json
 
 
 # carried by an admin's unnarrowed tokens and browser logins (JupyterHub's admin role; hub_config/scopes.py
@@ -67,17 +67,24 @@ class Caller:
                 and bool(check_scopes({f"{scope}!user={self.name}"}, self.scopes)))
 
 
+@web.stream_request_body
 class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
     """Base for the JSON API handlers of every hub service (see the module docstring).
 
     Routes pass ``{"service": <the service object>}``; a ``hub_auth`` in the application's
-    settings replaces the one HubOAuthenticated builds from the environment.
+    settings replaces the one HubOAuthenticated builds from the environment. Bodies are streamed in,
+    so one past :data:`~trainhub.httpapi.MAX_REQUEST_BYTES` is never held: it is dropped as it
+    arrives and refused (413, JSON).
     """
 
     internal_error_message = "internal error in the trainhub service; details are in its log"
 
     def initialize(self, service=None):
         self.service = service
+        length = self.request.headers.get("Content-Length", "0")
+        # past the bound the body is read in pieces and dropped (json_body answers 413 once it has all
+        # arrived: answering earlier closes the connection under a proxy still sending, a 503 to the caller)
+        self._body = None if length.isdigit() and int(length) > MAX_REQUEST_BYTES else bytearray()
         hub_auth = self.settings.get("hub_auth")
         if hub_auth is not None:
             self.hub_auth = hub_auth
@@ -98,6 +105,13 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
         self._hub_auth_user_cache = model
         self.current_user = model
 
+    def data_received(self, chunk: bytes) -> None:
+        if self._body is None:  # past the bound: the rest is read and dropped, json_body answers 413
+            return
+        self._body += chunk
+        if len(self._body) > MAX_REQUEST_BYTES:
+            self._body = None
+
     def get_current_user(self):
         return getattr(self, "_hub_auth_user_cache", None)
 
@@ -116,11 +130,15 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
 
     def json_body(self, required: bool = True):
         """The parsed JSON body (400 when it is not JSON; when empty: 400 if ``required``, else ``{}``)."""
-        if not self.request.body:
+        if self._body is None:
+            length = self.request.headers.get("Content-Length", "")
+            size = f"is {int(length):,} bytes" if length.isdigit() else "passes the bound"
+            raise TooLarge(f"the request body {size}; at most {MAX_REQUEST_BYTES:,} bytes are accepted")
+        if not self._body:
             if not required:
                 return {}
             raise web.HTTPError(400, "a JSON request body is required")
-        return parse_json(self.request.body)
+        return parse_json(bytes(self._body))
 
     def page(self, default_limit: int = 50) -> tuple[int, int]:
         """``(limit, offset)`` from the query, checked (limit 1-500, offset >= 0)."""

@@ -30,6 +30,10 @@ class InvalidRequest(TrainhubError):
     status_code = 400
 
 
+class TooLarge(TrainhubError):
+    status_code = 413
+
+
 class UnknownProfile(TrainhubError):
     status_code = 400
     reason = "profile"

@@ -134,6 +134,9 @@ class JSONErrors:
 
 
 #: how deeply a request's JSON may nest (a job spec nests 3 levels; a sweep's space 4)
+MAX_REQUEST_BYTES = 8 << 20  # a JSON request body (a job's script may be 5 MB); larger ones get 413
+MAX_SERVER_BODY_BYTES = 64 << 20  # what a service reads at all: a refused body up to this is read (in pieces)
+# and dropped, so the caller gets its 413 through the proxy; past it the connection is closed
 MAX_JSON_DEPTH = 32
 
 
@@ -165,8 +168,10 @@ def parse_json(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH):
     """A request body as JSON, or :class:`~trainhub.exceptions.InvalidRequest` (400) saying what is wrong:
     not JSON, NaN/Infinity or a number too large for a finite float, or nested deeper than ``max_depth``.
     Nothing that could not be written back as valid JSON is ever accepted."""
-    from trainhub.exceptions import InvalidRequest
+    from trainhub.exceptions import InvalidRequest, TooLarge
 
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise TooLarge(f"the request body is {len(raw):,} bytes; at most {MAX_REQUEST_BYTES:,} are accepted")
     try:
         value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:

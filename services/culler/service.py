@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from traitlets import Any, Bool, Float, Instance, Integer, Type, Unicode, default
 from traitlets.config import Application
 
+from trainhub.httpapi import MAX_SERVER_BODY_BYTES
 from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator
 from trainhub.metrics import GPUMetricsSource, MetricsUnavailable, NVMLMetricsSource, ScriptedMetricsSource
 from trainhub.metrics.scripted import default_metrics_class
@@ -556,7 +557,7 @@ class GPUCuller(Application):
 
             u = urlsplit(self.service_url)
             host, port = u.hostname or "127.0.0.1", self.port or u.port or 80
-            server = make_app(self).listen(port, host)
+            server = make_app(self).listen(port, host, max_body_size=MAX_SERVER_BODY_BYTES)
             self.log.info("trainhub-culler API on http://%s:%s%s", host, port, self.service_prefix)
         p = self.policy
         self.log.info(

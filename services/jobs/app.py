@@ -18,6 +18,7 @@ from traitlets.config import Application, PyFileConfigLoader
 from trainhub import __version__
 from trainhub.config import load_platform_config
 from trainhub.exceptions import InvalidRequest
+from trainhub.httpapi import MAX_SERVER_BODY_BYTES
 from trainhub.isolation import Isolation
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
 from trainhub.loops import PeriodicLoop
@@ -239,7 +240,7 @@ class JobsService(Application):
         for mod in self.plugins:
             await mod.start(self)
         port = self.port or int(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:0").rsplit(":", 1)[1].split("/")[0])
-        self.http = self.make_app().listen(port, "127.0.0.1")
+        self.http = self.make_app().listen(port, "127.0.0.1", max_body_size=MAX_SERVER_BODY_BYTES)
         self.groups.start()
         self.log.info("trainhub jobs API listening on 127.0.0.1:%d%s", port, self.api_prefix)
         stop = asyncio.Event()

@@ -277,6 +277,22 @@ def test_quota_refusals_and_bad_specs_say_why(jobs):
     assert listed["total"] == 0  # nothing was submitted by any of these
 
 
+def test_an_oversized_body_is_refused_before_it_is_read_or_stored(jobs):
+    u = jobs("jobs-huge")
+    body = json.dumps({"command": "true", "env": {"PAD": "x" * (9 << 20)}})
+    r = requests.post(u.url + "/jobs", data=body, headers={**u.h, "Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and "at most 8,388,608 bytes" in r.json()["message"], r.text[:300]
+    r = requests.post(u.url + "/jobs", data=b"{" + b" " * (17 << 20) + b"}", headers=u.h, timeout=60)
+    assert r.status_code == 413 and "17,825,794 bytes" in r.json()["message"]
+
+    def chunked():  # no Content-Length: refused once the bound is passed
+        for _ in range(10):
+            yield b" " * (1 << 20)
+    r = requests.post(u.url + "/jobs", data=chunked(), headers=u.h, timeout=60)
+    assert r.status_code == 413 and "passes the bound; at most 8,388,608" in r.json()["message"]
+    assert requests.get(u.url + "/jobs", headers=u.h, timeout=30).json()["total"] == 0
+
+
 def test_logs_follow_streams_while_running(jobs):
     u = jobs("jobs-follow")
     job = u.run(command="for i in 1 2 3 4 5; do echo line $i; sleep 0.4; done")
