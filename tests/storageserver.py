@@ -90,7 +90,8 @@ def start_storage_server(backend: Backend, workdir: Path, user: str = "alice", e
     env.pop("JUPYTERHUB_API_TOKEN", None)
     cmd = [sys.executable, "-m", "jupyter_server", f"--port={port}", "--ip=127.0.0.1", "--no-browser",
            f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={workdir}",
-           '--ServerApp.jpserver_extensions={"trainhub.extensions.storage": True}']
+           '--ServerApp.jpserver_extensions={"trainhub.extensions.storage": True}',
+           "--StorageBrowser.max_upload_bytes=1000000"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(workdir / f"server-{uuid.uuid4().hex[:6]}.log", "wb")

@@ -34,6 +34,10 @@ class TooLarge(TrainhubError):
     status_code = 413
 
 
+class InsufficientStorage(TrainhubError):
+    status_code = 507
+
+
 class UnknownProfile(TrainhubError):
     status_code = 400
     reason = "profile"

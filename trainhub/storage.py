@@ -145,6 +145,10 @@ class StorageConfig(LoggingConfigurable):
         return env
 
 
+MAX_NAME_BYTES = 255  # one file or folder name (what Linux file systems and S3 tools accept)
+MAX_PATH_BYTES = 1024  # a whole path inside an area (S3 keys are at most 1024 bytes)
+
+
 def resolve_in_area(area_root: str, relpath: str) -> str:
     """Join a user-supplied relative path under an area root, refusing escapes.
 
@@ -157,9 +161,15 @@ def resolve_in_area(area_root: str, relpath: str) -> str:
         raise InvalidRequest("path contains a NUL byte")
     if relpath.startswith("/") or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", relpath):
         raise Forbidden(f"absolute paths are not allowed here: {relpath!r}; give a path relative to your area")
+    if len(relpath.encode()) > MAX_PATH_BYTES:
+        raise InvalidRequest(f"the path is {len(relpath.encode())} bytes long; at most {MAX_PATH_BYTES} are allowed")
     parts = [p for p in relpath.replace("\\", "/").split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
         raise Forbidden(f"'..' is not allowed in storage paths: {relpath!r}")
+    for p in parts:
+        if len(p.encode()) > MAX_NAME_BYTES:
+            raise InvalidRequest(f"the name {p[:40]!r}... is {len(p.encode())} bytes long; file and folder names "
+                                 f"are at most {MAX_NAME_BYTES} bytes")
     joined = area_root.rstrip("/") + ("/" + "/".join(parts) if parts else "")
     if os.path.isabs(area_root) and os.path.exists(area_root):
         real_root = os.path.realpath(area_root)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import mimetypes
 import os
@@ -18,7 +19,7 @@ from traitlets import Dict, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from trainhub.data.listing import list_page
-from trainhub.exceptions import Forbidden, InvalidRequest, NotFound
+from trainhub.exceptions import Conflict, Forbidden, InsufficientStorage, InvalidRequest, NotFound, TooLarge
 from trainhub.httpapi import JSONErrors
 from trainhub.storage import resolve_in_area
 
@@ -43,6 +44,9 @@ class StorageBrowser(LoggingConfigurable):
     server_name = Unicode(help="This server's name for the culler (\"\" = default server). "
                                "Default: $JUPYTERHUB_SERVER_NAME.").tag(config=True)
     culler_timeout = Integer(30, help="Seconds a forwarded culler call may take.").tag(config=True)
+    max_upload_bytes = Integer(512 << 20, help="Largest file one upload may write (the request is held in this "
+                               "server's memory while it is written). Larger files: `trainhub data` or the "
+                               "storage's own tools.").tag(config=True)
 
     @default("home_url")
     def _home(self):
@@ -171,6 +175,15 @@ class StorageHandler(JSONErrors, APIHandler):
             e = NotFound("no such file or folder")
         elif isinstance(e, PermissionError):
             e = Forbidden(f"permission denied by the storage: {e}")
+        elif isinstance(e, (FileExistsError, NotADirectoryError)):
+            e = Conflict("a file is in the way: a folder cannot be made where a file is, nor a file inside a file "
+                         f"({self.get_argument('path', '')!r})")
+        elif isinstance(e, IsADirectoryError):
+            e = Conflict(f"{self.get_argument('path', '')!r} is a folder")
+        elif isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
+            e = InvalidRequest("a file or folder name in the path is too long for the storage")
+        elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            e = InsufficientStorage(f"the storage is full: {e.strerror}")
         return super()._handle_request_exception(e)
 
 
@@ -282,12 +295,15 @@ class FilesHandler(StorageHandler):
             raise InvalidRequest("give the file's path in your area, e.g. ?path=data/train.csv")
         fs = self.browser.fs
         body = self.request.body
+        if len(body) > self.browser.max_upload_bytes:
+            raise TooLarge(f"the file is {len(body):,} bytes; one upload may be at most {self.browser.max_upload_bytes:,} "
+                           "(use `trainhub data` or the storage's own tools for larger files)")
 
         def write():
             if self.browser.protocol() == "file":
                 fs.makedirs(os.path.dirname(full), exist_ok=True)
                 if os.path.isdir(full):
-                    raise InvalidRequest(f"{path!r} is a folder")
+                    raise Conflict(f"{path!r} is a folder")
             fs.pipe(full, body)
             return fs.info(full)
 

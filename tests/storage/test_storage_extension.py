@@ -105,6 +105,31 @@ def test_make_folder(storage_server):
     assert "newdir" in names
 
 
+def test_a_file_in_the_way_or_a_name_too_long_is_a_clear_4xx(storage_server):
+    assert storage_server.put("storage/files", b"f", area="home", path="way/file.txt").status_code == 201
+    local = storage_server.backend.kind == "local"
+    r = storage_server.post("storage/folders", area="home", path="way/file.txt")
+    if local:  # object stores let a prefix and an object share a name
+        assert r.status_code == 409 and "a file is in the way" in r.json()["message"], r.text
+        r = storage_server.put("storage/files", b"x", area="home", path="way/file.txt/inner.txt")
+        assert r.status_code == 409 and "a file is in the way" in r.json()["message"], r.text
+    storage_server.post("storage/folders", area="home", path="way/dir")
+    if local:
+        r = storage_server.put("storage/files", b"x", area="home", path="way/dir")
+        assert r.status_code == 409 and "is a folder" in r.json()["message"], r.text
+    r = storage_server.put("storage/files", b"x", area="home", path="way/" + "n" * 256)
+    assert r.status_code == 400 and "at most 255 bytes" in r.json()["message"], r.text
+    r = storage_server.get("storage/list", area="home", path="/".join(["d" * 100] * 11))
+    assert r.status_code == 400 and "at most 1024" in r.json()["message"], r.text
+    assert storage_server.get("storage/files", area="home", path="way/file.txt").content == b"f"
+
+
+def test_an_upload_past_the_limit_is_refused_and_writes_nothing(storage_server):
+    r = storage_server.put("storage/files", b"z" * 1_000_001, area="home", path="big/upload.bin")
+    assert r.status_code == 413 and "at most 1,000,000" in r.json()["message"], r.text
+    assert storage_server.get("storage/files", area="home", path="big/upload.bin").status_code == 404
+
+
 def test_datasets_area_is_read_only(storage_server):
     b = storage_server.backend
     b.write("datasets/mnist/train-0.tar", b"shard")
