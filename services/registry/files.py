@@ -88,9 +88,26 @@ def scan(fs, path: str, progress: Callable[[int, int], None] | None = None) -> d
     return {"size": size, "file_count": len(entries), "fingerprint": h.hexdigest()}
 
 
+MAX_MODEL_FILES = 10_000  # a model version's file list lives in its row and in every answer about it
+
+
+class TooManyFiles(ValueError):
+    pass
+
+
 def copy_tree(fs, src: str, dst: str, manifest: dict) -> tuple[list[dict], int]:
-    """Copy every file under ``src`` to ``dst/files/``; write ``dst/MANIFEST.json``."""
+    """Copy every file under ``src`` to ``dst/files/``; write ``dst/MANIFEST.json``.
+
+    Counted first (listing only), so a folder of more than :data:`MAX_MODEL_FILES` files is refused
+    before anything is copied."""
     src, dst = src.rstrip("/"), dst.rstrip("/")
+    count = 0
+    for page in iter_files(fs, src):
+        count += len(page)
+        if count > MAX_MODEL_FILES:
+            raise TooManyFiles(f"{src} holds more than {MAX_MODEL_FILES} files; a model version holds at most "
+                               f"{MAX_MODEL_FILES} (pack them, e.g. into a tar or safetensors shards, or register "
+                               "the folder as a dataset)")
     files = []
     for page in iter_files(fs, src):
         for rel, size, _tag in page:

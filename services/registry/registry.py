@@ -186,6 +186,9 @@ class Registry(LoggingConfigurable):
         except FileNotFoundError as e:
             await self.service.store.write(self.store.finish_model_copy, v.id, error=str(e))
             raise InvalidRequest(f"nothing to register: no files under {src}") from None
+        except fileops.TooManyFiles as e:
+            await self.service.store.write(self.store.finish_model_copy, v.id, error=str(e))
+            raise InvalidRequest(str(e)) from None
         except Exception as e:
             self.log.exception("copy of %s to %s failed", src, v.url)
             await self.service.store.write(self.store.finish_model_copy, v.id, error=f"copy failed: {e}")
