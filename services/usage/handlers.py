@@ -32,6 +32,9 @@ def _sampler(service):
     return sampler
 
 
+MAX_RANGE_DAYS = 366  # one request's report: its rows grow with the days it covers
+
+
 class UsageHandler(APIHandler):
     async def get(self):
         caller = self.caller
@@ -50,6 +53,9 @@ class UsageHandler(APIHandler):
             raise InvalidRequest(str(e)) from None
         if since > until:
             raise InvalidRequest(f"since ({since}) is after until ({until})")
+        if (until - since).days >= MAX_RANGE_DAYS:
+            raise InvalidRequest(f"since..until spans {(until - since).days + 1} days; ask for at most {MAX_RANGE_DAYS} "
+                                 "at a time (one request per year)")
         user = self.get_argument("user", None) or None
         everyone = caller.may_all(USAGE_SCOPE)
         if not everyone:

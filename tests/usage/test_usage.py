@@ -157,6 +157,8 @@ def test_input_bound_diagnosed_healthy_not_and_usage_accounted(plat):
     assert job_row["gpu_seconds_allocated"] >= 3
     assert job_row["gpu_seconds_used"] == pytest.approx(0.05 * job_row["gpu_seconds_measured"], rel=0.01)
     assert alice.get("/usage", params={"user": "usage-bob"}).status_code == 403
+    r = alice.get("/usage", params={"since": "2000-01-01", "until": "2026-11-24"})
+    assert r.status_code == 400 and "ask for at most 366" in r.json()["message"], r.text
     assert alice.get("/usage/metrics").status_code == 403
     assert {i["user"] for i in bob.get("/usage").json()["items"]} == {"usage-bob"}
 
