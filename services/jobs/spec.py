@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -119,7 +120,7 @@ def validate_spec(spec) -> JobSpec:
     # only a bound on the number: the pool check (JobsService.check) names the real limit, the pool's size
     gpus = None if gpus is None else _int(spec, "gpus", 0, 0, MAX_GPUS)
     profile = spec.get("profile")
-    if profile is not None and not isinstance(profile, str):
+    if profile is not None and (not isinstance(profile, str) or len(profile) > 64):
         raise InvalidRequest("profile must be a profile slug such as 'gpu-1'")
     priority = spec.get("priority")
     if priority is not None:
@@ -130,6 +131,10 @@ def validate_spec(spec) -> JobSpec:
     params = spec.get("params") or {}
     if not isinstance(params, dict):
         raise InvalidRequest("params must be an object")
+    # params reach each worker as $TRAINHUB_PARAMS: one environment variable, so its exec limit
+    if len(json.dumps(params).encode()) + len("TRAINHUB_PARAMS=") >= MAX_ARG_STRLEN:
+        raise InvalidRequest(f"params are longer than the {MAX_ARG_STRLEN // 1024} KiB an environment variable "
+                             "may be ($TRAINHUB_PARAMS): pass large values through storage")
     return JobSpec(
         name=name, command=command, script=script, gpus=gpus,
         workers=_int(spec, "workers", 1, 1, 64), env=clean_env,

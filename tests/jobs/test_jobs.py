@@ -258,6 +258,8 @@ def test_quota_refusals_and_bad_specs_say_why(jobs):
         ({"command": "x", "env": {"BIG": "v" * 200_000}}, "env BIG is longer"),
         ({"command": "x", "env": {f"V{i}": "v" * 100_000 for i in range(12)}}, "together are"),
         ({"command": "x", "env": {"RANK": "3"}}, "env RANK is set by trainhub"),
+        ({"command": "x", "params": {"p": "v" * 200_000}}, "params are longer than the 128 KiB"),
+        ({"command": "x", "profile": "p" * 10_000}, "profile must be a profile slug"),
         ({"command": "x", "profile": "nope"}, "Unknown profile 'nope'"),
         ({"command": "x", "profile": "gpu-4"}, "limited to the groups research"),
     ]
