@@ -204,11 +204,13 @@ def wait_reason_text(job: dict, why: dict, now: float | None = None) -> str:
         lines.append(f"  code:        {code}" + (f" ({WAIT_CODE_MEANINGS[code]})" if code in WAIT_CODE_MEANINGS else ""))
     if why.get("blocking_job"):
         lines.append(f"  waiting for: {why['blocking_job']} (trainhub jobs show {why['blocking_job']})")
-    start = why.get("reserved_start")
+    start, label = why.get("reserved_start"), "starts by:  "
+    if not isinstance(start, (int, float)):
+        start, label = why.get("estimated_start"), "expected:   "
     if isinstance(start, (int, float)):
         at = datetime.fromtimestamp(start, timezone.utc)
         wait = start - (time.time() if now is None else now)
-        lines.append(f"  starts by:   {at.strftime('%Y-%m-%d %H:%M:%S UTC')}"
+        lines.append(f"  {label} {at.strftime('%Y-%m-%d %H:%M:%S UTC')}"
                      + (f" (in {fmt_duration(wait)})" if wait > 0 else " (due now)"))
     if not code:
         lines.append("  (no scheduling pass has explained it yet; the reason above is the job's last recorded one)")

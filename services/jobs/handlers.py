@@ -102,7 +102,7 @@ class JobWhyHandler(JobAccessMixin, APIHandler):
         body = {"id": job.key, "state": job.state, "reason": job.reason}
         if why is not None:
             body.update(code=why.code, message=why.message, blocking_job=(f"j-{int(why.blocking_job):06d}" if why.blocking_job and str(why.blocking_job).isdigit() else why.blocking_job),
-                        reserved_start=why.reserved_start)
+                        reserved_start=why.reserved_start, estimated_start=why.estimated_start)
         self.write_json(body)
 
 

@@ -77,5 +77,7 @@ def test_wait_reason_text():
     assert text.splitlines()[0] == "j-000007 is queued: waiting for 8 GPUs: 2 of 8 free"
     assert "  code:        no-gpus (first in line, waiting for enough GPUs to be free at once)" in text
     assert "  waiting for: j-000003 (trainhub jobs show j-000003)" in text
-    assert "(in 01:30)" in text
+    assert "(in 01:30)" in text and "starts by:" in text
+    estimate = wait_reason_text(job, dict(why, reserved_start=None, estimated_start=1_000_120.0), now=1_000_000.0)
+    assert "  expected:" in estimate and "(in 02:00)" in estimate and "starts by" not in estimate
     assert "no scheduling pass" in wait_reason_text(job, {}, now=0) and "is queued: waiting" in wait_reason_text(job, {})

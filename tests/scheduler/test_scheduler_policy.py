@@ -157,7 +157,7 @@ def test_reservation_reported_and_messages():
     plan = run("trainhub", [big, job("s1", gpus=2, at=5, limit=500), job("s2", gpus=2, at=6),
                             job("s3", gpus=4, at=7, limit=5)], RUNNING, {"a": 8})
     assert plan.waiting["big"] == WaitReason(
-        "big", "no-gpus", "waiting for 8 GPUs: 2 of 8 free; expected to start in 1m30s at the latest", None, 100)
+        "big", "no-gpus", "waiting for 8 GPUs: 2 of 8 free; expected to start in 1m30s at the latest", None, 100, 100)
     assert plan.waiting["s1"] == WaitReason(
         "s1", "reserved",
         "2 GPUs are free but held for job big, reserved to start in 1m30s; this job's time limit of 8m20s "
@@ -201,6 +201,9 @@ def test_reserve_after_delays_the_reservation():
     assert [s.job_id for s in early.starts] == ["long"]
     assert early.waiting["big"].reserved_start is None
     assert "once it has waited 10m00s" in early.waiting["big"].message
+    # not a promise, but an estimate from the running work's time limits all the same
+    assert early.waiting["big"].estimated_start == 100  # RUNNING ends at 100
+    assert "expected to start in about" in early.waiting["big"].message
     late = run("trainhub", pending, RUNNING, {"a": 8}, now=700, reserve_after=600)
     assert late.starts == ()
     assert late.waiting["long"].code == "reserved"
@@ -360,5 +363,5 @@ def test_reasons_of_the_rest_of_the_queue(kind):
     reasons = dict(plan.waiting)
     assert {k: r.code for k, r in reasons.items()} == {
         "head": "no-gpus", "over": "quota-user", "huge": "too-large", "small": "behind"}
-    assert reasons["small"].message == "waiting for 1 GPUs: 0 of 8 free; behind job head (priority 0)"
+    assert reasons["small"].message == "waiting for 1 GPU: 0 of 8 free; behind job head (priority 0)"
     assert plan == run(kind, pending, running, {"a": 8}, Quotas(users={"carol": 1}))

@@ -193,12 +193,12 @@ def test_backfill_runs_short_job_while_gang_waits(jobs):
     # a later job that would run past the reservation may not use the reserved GPUs
     long_ = small.run(command="echo long", gpus=1, time_limit=3600, name="long")
     why = small.wait_why(long_["id"], "reserved")
-    assert re.fullmatch(rf"1 GPUs are free but held for job {g['id']}, reserved to start in {delay()}; "
+    assert re.fullmatch(rf"1 GPU is free but held for job {g['id']}, reserved to start in {delay()}; "
                         r"this job's time limit of 1h00m would delay it", why["message"]), why
     assert why["blocking_job"] == g["id"]
     unbounded = small.run(command="echo unbounded", gpus=1, name="unbounded")
     why = small.wait_why(unbounded["id"], "reserved")
-    assert why["message"] == (f"1 GPUs are free but held for job {g['id']}; a job without a time limit "
+    assert why["message"] == (f"1 GPU is free but held for job {g['id']}; a job without a time limit "
                               "may only use GPUs that job will not need")
     # once the occupant goes, the gang starts first, whole
     occ.cancel(o["id"])

@@ -94,7 +94,8 @@ class WaitReason:
     code: str
     message: str
     blocking_job: str | None = None
-    reserved_start: float | None = None
+    reserved_start: float | None = None  # a promise: GPUs are held for it from then
+    estimated_start: float | None = None  # not a promise: when running work's time limits free the GPUs (= reserved_start when reserved)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,16 @@ class Scheduler(LoggingConfigurable):
         return self.base_priority(alloc)
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'' if n == 1 else 's'}"
+
+
+def _named(request_id: str) -> str:
+    """How a message names what it waits behind: job ids get "job "; other requests (a notebook
+    server in line: "alice's notebook server") are named by their id."""
+    return request_id if " " in request_id else f"job {request_id}"
+
+
 def _fmt_delay(seconds: float) -> str:
     """A delay rounded up to the second (a promise must not be early): 7s, 1m05s, 2h00m."""
     return fmt_duration(math.ceil(seconds), "units")
@@ -547,18 +557,22 @@ def _run(
             if preemption:
                 victims = p.choose_victims(job)
             res_time, free_then = p.reservation(job, victims)
-            msg = f"waiting for {need} GPUs: {free.total} of {cap_total} free"
+            msg = f"waiting for {_gpus(need)}: {free.total} of {cap_total} free"
             hold_off = reserve_after - (now - job.submitted_at)
+            estimate = None
             if victims:
                 msg += "; preempting " + ", ".join(v.id for v in victims) + " to make room"
             elif res_time is None:
                 msg += "; no start time can be promised (the GPUs it needs are held without a time limit)"
             elif backfill and hold_off > 0:
-                msg += f"; GPUs will be reserved for it once it has waited {_fmt_delay(reserve_after)}"
+                estimate = res_time
+                msg += (f"; expected to start in about {_fmt_delay(res_time - now)} (running work's time limits), "
+                        f"GPUs will be reserved for it once it has waited {_fmt_delay(reserve_after)}")
                 res_time = None  # not protected yet: backfill is unconstrained (but needs a time limit)
             else:
                 msg += f"; expected to start in {_fmt_delay(res_time - now)} at the latest"
-            waiting[job.id] = WaitReason(job.id, "no-gpus", msg, None, res_time)
+            waiting[job.id] = WaitReason(job.id, "no-gpus", msg, None, res_time,
+                                         res_time if estimate is None else estimate)
             if backfill:
                 if res_time is not None:
                     held = _reserve_placement(free_then, free.free, job.workers, job.gpus_per_worker)
@@ -593,10 +607,10 @@ def _run(
         nodes = long_free.place(job.workers, job.gpus_per_worker) if long_free is not None else None
         if nodes is None:
             if limit is None:
-                msg = (f"{need} GPUs are free but held for job {head.id}; a job without a time limit "
+                msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)}; a job without a time limit "
                        "may only use GPUs that job will not need")
             else:
-                msg = (f"{need} GPUs are free but held for job {head.id}, reserved to start in "
+                msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)}, reserved to start in "
                        f"{_fmt_delay(res_time - now)}; this job's time limit of {_fmt_delay(limit)} "
                        "would delay it")
             waiting[job.id] = WaitReason(job.id, "reserved", msg, head.id, res_time)
@@ -617,11 +631,11 @@ def _run(
 
 def _behind(job, need, free_total, cap_total, head, head_prio, head_level, level) -> WaitReason:
     code = "behind"
-    msg = f"waiting for {need} GPUs: {free_total} of {cap_total} free; behind job {head.id} (priority {head_prio})"
+    msg = f"waiting for {_gpus(need)}: {free_total} of {cap_total} free; behind {_named(head.id)} (priority {head_prio})"
     if level[job.id] == head_level and job.submitted_at < head.submitted_at and job.user != head.user:
         code = "fair-share"
         msg = (
-            f"waiting for {need} GPUs: {free_total} of {cap_total} free; behind job {head.id} of "
+            f"waiting for {_gpus(need)}: {free_total} of {cap_total} free; behind {_named(head.id)} of "
             f"{head.user}, who holds fewer GPUs (fair share)"
         )
     return WaitReason(job.id, code, msg, head.id)
