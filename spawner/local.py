@@ -28,18 +28,20 @@ from subprocess import Popen
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from jupyterhub.utils import random_port
-from traitlets import Bool, Callable, Instance, List, Type, Unicode, default
+from traitlets import Bool, Callable, Instance, Integer, List, Type, Unicode, default
 
 from trainhub import procs
 from trainhub.accounts import Account, fs_identity, reach
-from trainhub.backoff import WaitTimeout, apoll
-from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
+from trainhub.backoff import Backoff, WaitTimeout, apoll
+from trainhub.exceptions import InvalidRequest, NoFreeGPUs, QuotaExceeded, TrainhubError
+from trainhub.fmt import fmt_duration
 from trainhub.isolation import Isolation
 from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator, pid_alive, server_holder
 from trainhub.loops import PeriodicLoop
 from trainhub.procs import HOLDER_VAR, INSTANCE_VAR, terminate_tagged
 from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
+from trainhub.serverqueue import GRANTED, QueueView, ServerQueue
 from trainhub.storage import StorageConfig
 
 from .errors import spawn_refusal
@@ -112,7 +114,26 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         "(trainhub.hub_config.embedded.install_kernel_startup). None = nothing.",
     ).tag(config=True)
 
+    queue_when_full = Bool(
+        True,
+        help="A GPU server whose devices are all held (or whose user or group is at its quota) waits in line, in the "
+        "jobs service's scheduling passes with the queued jobs, instead of failing with 409/403. Needs the jobs "
+        "service (api_url set). A request with user_options {\"wait\": false} is refused at once as before.",
+    ).tag(config=True)
+
+    max_queue_wait = Integer(
+        6 * 3600,
+        help="Seconds a server may wait in line for GPUs before its spawn gives up with the reason.",
+    ).tag(config=True)
+
+    listen_timeout = Integer(
+        120,
+        help="Seconds a started server has to listen on its port. JupyterHub's start_timeout defaults to this plus "
+        "max_queue_wait (set Spawner.start_timeout lower and queued spawns fail at that).",
+    ).tag(config=True)
+
     devices = List(help="Device indices this server holds (state).")
+    _queued: QueueView | None = None  # while this spawn waits in line
     profile_slug = Unicode("", help="Profile this server was started with (state).")
     spawn_token = Unicode("", help="Marker in the server's environment to find its processes (state).")
     sandboxed = Bool(False, help="The server runs in a bubblewrap sandbox (state): signals go to the processes inside.")
@@ -143,6 +164,10 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     @default("isolation")
     def _isolation(self):
         return Isolation(parent=self)
+
+    @default("start_timeout")
+    def _default_start_timeout(self):
+        return self.listen_timeout + (self.max_queue_wait if self.queue_when_full else 0)
 
     @default("home_dir")
     def _default_home_dir(self):
@@ -195,17 +220,22 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
 
         status = self.quota.status(self.user.name, self._groups(), Counter(h.user for h in holdings), self._group_members())
         simulated = any(d.simulated for d in devices)
-        return render_form(rows, status, self.catalog.default().slug, simulated)
+        return render_form(rows, status, self.catalog.default().slug, simulated, queue=self._queue_open)
 
     def options_from_form(self, formdata):
         slug = (formdata.get("profile") or [""])[0]
+        wait = bool(formdata.get("wait"))
         try:
             profile = self.catalog.resolve(slug or None, self._groups(), self._is_admin)
-            self._precheck(profile)
+            try:
+                self._precheck(profile)
+            except TrainhubError as e:
+                if not self._may_wait(e, wait):
+                    raise
         except TrainhubError as e:
             # JupyterHub shows the form again with this message
             raise ValueError(e.message) from None
-        return {"profile": profile.slug}
+        return {"profile": profile.slug, "wait": wait}
 
     def _precheck(self, profile: Profile) -> None:
         """Fast, non-binding check for the form; the binding one runs under the ledger lock in start()."""
@@ -216,11 +246,11 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         holdings = [h for h in self.allocator.holdings() if h.holder != self.holder]
         status = self.quota.status(self.user.name, self._groups(), Counter(h.user for h in holdings), self._group_members())
         self.quota.admit(Demand.server(self.user.name, self._groups(), profile.gpus), status)
-        free = [d for d in self.allocator.devices()
-                if d.index not in {h.device for h in holdings}
-                and (not profile.gpu_model or profile.gpu_model.lower() in d.name.lower())]
+        pool = [d for d in self.allocator.devices() if not profile.gpu_model or profile.gpu_model.lower() in d.name.lower()]
+        free = [d for d in pool if d.index not in {h.device for h in holdings}]
         if len(free) < profile.gpus:
-            raise NoFreeGPUs(f"Not enough free GPUs for {profile.display_name}: {len(free)} free, {profile.gpus} needed.")
+            raise NoFreeGPUs(f"Not enough free GPUs for {profile.display_name}: {len(free)} free, {profile.gpus} needed.",
+                             requested=profile.gpus, free=len(free), total=len(pool))
 
     # -- lifecycle --------------------------------------------------------
     def _selected_profile(self) -> Profile:
@@ -229,9 +259,12 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             options = self.user_options or {}
             if not isinstance(options, dict):
                 raise InvalidRequest('user_options must be a JSON object such as {"profile": "gpu-1"}')
-            unknown = set(options) - {"profile"}
+            unknown = set(options) - {"profile", "wait"}
             if unknown:
-                raise InvalidRequest(f'Unknown user_options {sorted(unknown)}; this spawner takes {{"profile": "<slug>"}}.')
+                raise InvalidRequest(f'Unknown user_options {sorted(unknown)}; this spawner takes '
+                                     '{"profile": "<slug>", "wait": true|false}.')
+            if not isinstance(options.get("wait", True), bool):
+                raise InvalidRequest("wait must be true (wait in line when no GPU is free) or false (refuse at once)")
             slug = options.get("profile")
             if slug is not None and not isinstance(slug, str):
                 raise InvalidRequest("profile must be a string")
@@ -263,7 +296,9 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
                     group_members=self._group_members(),
                 )
             except TrainhubError as e:  # JupyterHub logs the refusal ("Not starting ...") and stops nothing
-                raise spawn_refusal(e) from None
+                if not self._may_wait(e, (self.user_options or {}).get("wait", True)):
+                    raise spawn_refusal(e) from None
+                devices = await self._wait_in_line(profile, e)
             self.devices = devices
             self.profile_slug = profile.slug
             self.spawn_token = uuid.uuid4().hex
@@ -285,6 +320,79 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         )
         return result
 
+    # -- waiting in line for GPUs (trainhub.serverqueue; the jobs engine grants) -------------------------
+    @property
+    def _queue_open(self) -> bool:
+        return bool(self.queue_when_full and self.api_url)
+
+    def _may_wait(self, e: TrainhubError, wait: bool) -> bool:
+        """Wait only for what others will give back: GPUs held by others, a group's share held by its other
+        members; never for more than the pool or a quota could ever give, nor for one's own quota (a 403 that
+        says which of one's own servers or jobs to stop is the faster way)."""
+        if not (self._queue_open and wait):
+            return False
+        if isinstance(e, NoFreeGPUs):
+            return e.details.get("total", 0) >= e.details.get("requested", 1)
+        return isinstance(e, QuotaExceeded) and e.details.get("code") == "quota-group" and e.details.get("held") is not None
+
+    async def _wait_in_line(self, profile: Profile, refusal: TrainhubError) -> list[int]:
+        queue = ServerQueue(self.allocator.db_url)
+        await asyncio.to_thread(queue.enqueue, self.holder, user=self.user.name, groups=self._groups(), gpus=profile.gpus,
+                                profile=profile.slug, gpu_model=profile.gpu_model, reason=refusal.message)
+        self.log.info("%s waits in line for %d GPU(s): %s", self._log_name, profile.gpus, refusal.message)
+        self._queued = QueueView(profile.display_name, profile.gpus)
+        pause = Backoff(f"GPUs for {self._log_name}", start=0.5, factor=1.0, timeout=self.max_queue_wait)
+        granted = False
+        try:
+            while True:
+                r = await asyncio.to_thread(queue.heartbeat, self.holder)
+                if r is None:
+                    raise spawn_refusal(NoFreeGPUs("The request for GPUs was dropped from the queue; start the server again."))
+                self._queued.update(r, await asyncio.to_thread(self._free_profiles))
+                if r.state == GRANTED:
+                    granted = True
+                    self.log.info("%s: GPUs %s assigned after waiting in line", self._log_name, list(r.devices))
+                    return list(r.devices)
+                try:
+                    await pause.asleep()
+                except WaitTimeout:
+                    raise spawn_refusal(NoFreeGPUs(
+                        f"No GPU became free for {profile.display_name} within {fmt_duration(self.max_queue_wait, 'units')} "
+                        f"in line (last: {r.reason}). Pick a smaller profile or try again later.")) from None
+        except BaseException:
+            if not granted:  # a granted request's devices are released by start()'s own cleanup
+                await asyncio.to_thread(self.allocator.release, self.holder)
+            raise
+        finally:
+            await asyncio.to_thread(queue.withdraw, self.holder)
+            self._queued.done = True
+
+    def _free_profiles(self) -> list[str]:
+        """The profiles this user could start at once (the way out of the line)."""
+        held = {h.device for h in self.allocator.holdings()}
+        free = [d for d in self.allocator.devices() if d.index not in held]
+        out = []
+        for p in self.catalog.for_user(self._groups(), self._is_admin):
+            if len([d for d in free if not p.gpu_model or p.gpu_model.lower() in d.name.lower()]) >= p.gpus:
+                out.append(p.display_name)
+        return out
+
+    async def progress(self):
+        """JupyterHub's progress events (spawn page, REST API): while in line, the position, the
+        reason, the estimate and the profiles free now, each time they change."""
+        last = None
+        while self._spawn_pending:
+            q = self._queued
+            if q is not None:
+                event = q.event()
+                if event != last:
+                    yield event
+                    last = event
+                if q.done:
+                    break
+            await asyncio.sleep(0.5)
+        yield {"progress": 60, "message": "Starting the server..."}
+
     async def _start_process(self, rw: list[str], ro: list[str]):
         """Start the server (sandboxed and as the user's account, as configured) and wait until it listens."""
         self.sandboxed = self.isolation.use_sandbox
@@ -305,7 +413,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             port = self.port
             try:
                 await apoll(lambda: asyncio.to_thread(self._listening, port), what=f"the server of {self._log_name} to listen on port {port}",
-                            start=0.05, factor=1.5, cap=0.5, timeout=self.start_timeout)
+                            start=0.05, factor=1.5, cap=0.5, timeout=self.listen_timeout)
                 return (self.ip or "127.0.0.1", self.port)
             except _ServerExited as e:
                 taken = await asyncio.to_thread(procs.listening_inodes, port)
@@ -317,7 +425,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
                                    f"port {port}; see the hub's log") from None
             except WaitTimeout:
                 raise RuntimeError(f"the server of {self._log_name} did not listen on port {port} within "
-                                   f"{self.start_timeout} s") from None
+                                   f"{self.listen_timeout} s") from None
 
     def _listening(self, port: int) -> bool:
         code = self.proc.poll()

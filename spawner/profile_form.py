@@ -16,21 +16,27 @@ def availability_text(profile: Profile, free: int, total: int, simulated: bool) 
     return f"{free} of {total}{model} GPUs free{sim}"
 
 
-def render_form(profiles: list[tuple[Profile, int, int]], quota: QuotaStatus, default_slug: str, simulated: bool) -> str:
-    """``profiles``: (profile, free, total) for each profile the user may use."""
+def render_form(profiles: list[tuple[Profile, int, int]], quota: QuotaStatus, default_slug: str, simulated: bool,
+                queue: bool = False) -> str:
+    """``profiles``: (profile, free, total) for each profile the user may use; ``queue``: a GPU server
+    whose GPUs are all held waits in line (so busy GPUs are a note, not a block)."""
     rows = []
     remaining = quota.remaining
     for profile, free, total in profiles:
-        blocked = ""
+        blocked = wait = ""
         if profile.gpus:
             if total < profile.gpus:
                 blocked = f"needs {profile.gpus} GPUs; this platform has {total}"
             elif remaining is not None and profile.gpus > remaining:
                 blocked = f"over your quota ({remaining} GPU{'s' if remaining != 1 else ''} left)"
+            elif free < profile.gpus and queue:
+                wait = "all busy: it will wait in line and start when GPUs free up"
             elif free < profile.gpus:
                 blocked = "not enough free GPUs right now"
         checked = " checked" if profile.slug == default_slug and not blocked else ""
         note = f'<span class="trainhub-blocked text-danger"> — {escape(blocked)}</span>' if blocked else ""
+        if wait:
+            note = f'<span class="trainhub-wait text-warning"> — {escape(wait)}</span>'
         rows.append(
             f"""
   <label class="trainhub-profile list-group-item" data-profile="{escape(profile.slug)}">
@@ -50,6 +56,14 @@ def render_form(profiles: list[tuple[Profile, int, int]], quota: QuotaStatus, de
 <div class="trainhub-spawn-form">
   <p class="trainhub-quota">{escape(quota_line)}</p>
   <div class="list-group">{''.join(rows)}
-  </div>
+  </div>{WAIT_OPTION if queue else ""}
 </div>
 """
+
+
+WAIT_OPTION = """
+  <div class="form-check mt-2">
+    <input class="form-check-input" type="checkbox" name="wait" value="on" id="trainhub-wait" checked>
+    <label class="form-check-label" for="trainhub-wait">If no GPU is free, wait in line (the page shows your place
+    and an estimate; it starts by itself)</label>
+  </div>"""

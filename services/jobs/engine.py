@@ -40,6 +40,7 @@ from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
 from trainhub.scheduler import Allocation, JobRequest, Scheduler, TrainhubScheduler
+from trainhub.serverqueue import GRANTED, STALE_AFTER, WAITING, ServerQueue
 from trainhub.settings import DataDir, StopRecord
 from trainhub.states import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 from trainhub.storage import StorageConfig
@@ -108,6 +109,7 @@ class JobEngine(LoggingConfigurable):
         self._why: dict[int, object] = {}  # job id -> last WaitReason
         self._metrics_size: dict[tuple, int] = {}  # (job id, attempt, rank) -> metrics file size last ingested
         self._last_gpu_sample = 0.0
+        self.servers = ServerQueue(store.db_url)  # notebook servers waiting for GPUs: in the same passes as jobs
         self.passes = 0
 
     # -- lifecycle -------------------------------------------------------------
@@ -338,7 +340,8 @@ class JobEngine(LoggingConfigurable):
     # -- scheduling ------------------------------------------------------------------
     async def _schedule(self) -> None:
         queued = [j for j in await self.store.read(self.store.in_states, QUEUED) if not j.cancel_requested]
-        if not queued:
+        servers = await self._server_requests()
+        if not queued and not servers:
             self._why = {}
             return
         holdings = await asyncio.to_thread(self.allocator.holdings)
@@ -367,14 +370,19 @@ class JobEngine(LoggingConfigurable):
         pending = [JobRequest(id=j.key, user=j.user, groups=tuple(j.groups or ()), workers=j.workers, gpus_per_worker=j.gpus,
                               priority=j.priority, submitted_at=_ts(j.created), time_limit=j.time_limit,
                               preemptible=j.preemptible, restarts=max(j.attempt - 1, 0)) for j in queued]
+        pending += [JobRequest(id=r.name, user=r.user, groups=r.groups, workers=1, gpus_per_worker=r.gpus,
+                               submitted_at=r.created) for r in servers]
         quotas = self.quota.quotas()  # the admission rule's limits: queue and 403s agree
         capacity = {NODE: len(self.allocator.devices())}
         plan = self.scheduler.schedule(time.time(), pending, allocations, capacity, quotas)
         by_key = {j.key: j for j in queued}
+        by_holder_req = {r.name: r for r in servers}
         for start in plan.starts:
             job = by_key.get(start.job_id)
             if job is not None:
                 await self._launch(job)
+            elif start.job_id in by_holder_req:
+                await self._grant_server(by_holder_req[start.job_id])
         for job_key_ in plan.preempt:
             await self._preempt(running_jobs.get(parse_job_key(job_key_)), plan)
         # keep each waiting job's reason current (written only when it changes)
@@ -387,6 +395,50 @@ class JobEngine(LoggingConfigurable):
         if changed:  # one transaction for all, not one per job (a burst of submissions changes hundreds)
             await self.store.write(_set_queued_reasons, self.store, changed)
         self._why = why_now  # this pass's reasons only: started or cancelled jobs drop out
+        await self._tell_servers(plan, by_holder_req)
+
+    # -- notebook servers waiting in line (trainhub.serverqueue) ----------------------------------------
+    async def _server_requests(self) -> list:
+        """The waiting server requests; stale ones (their spawner stopped looking) are dropped, and
+        what a stale granted one holds goes back to the pool."""
+        rows = await asyncio.to_thread(self.servers.all)
+        now = time.time()
+        for r in rows:
+            if now - r.seen > STALE_AFTER:
+                self.log.info("server request %s: its spawner stopped waiting; dropped", r.holder)
+                await asyncio.to_thread(self.servers.withdraw, r.holder)
+                if r.state == GRANTED and not any(h.pid for h in await asyncio.to_thread(self.allocator.holdings) if h.holder == r.holder):
+                    await asyncio.to_thread(self.allocator.release, r.holder)
+        return [r for r in rows if r.state == WAITING and now - r.seen <= STALE_AFTER]
+
+    async def _grant_server(self, r) -> None:
+        """The request's turn: take its devices for the server's holder, as the spawner would have."""
+        try:
+            devices = await asyncio.to_thread(
+                self.allocator.allocate, r.holder, kind="server", user=r.user, count=r.gpus, profile=r.profile,
+                gpu_model=r.gpu_model, quota=self.quota, user_groups=r.groups, group_members=None)
+        except TrainhubError as e:  # taken in the meantime: it stays in line
+            self.log.info("server request %s: not granted yet: %s", r.holder, e.message)
+            return
+        if not await asyncio.to_thread(self.servers.grant, r.holder, devices):  # withdrawn meanwhile
+            await asyncio.to_thread(self.allocator.release, r.holder)
+            return
+        self.log.info("server request %s granted devices %s", r.holder, devices)
+
+    async def _tell_servers(self, plan, requests: dict) -> None:
+        """Each waiting server's position among everything waiting for GPUs, the scheduler's reason (with
+        its estimate, where it has one) and the reserved start time."""
+        if not requests:
+            return
+        order = [key for key, why in plan.waiting.items() if why.code not in ("quota-cpu", "cpu-limit")]
+        rows = {}
+        for name, r in requests.items():
+            why = plan.waiting.get(name)
+            if why is None:
+                continue
+            position = order.index(name) + 1 if name in order else None
+            rows[r.holder] = (why.message, position, len(order), why.reserved_start or why.estimated_start)
+        await asyncio.to_thread(self.servers.update_waiting, rows)
 
     async def _preempt(self, job: Job | None, plan) -> None:
         if job is None or (job.launch_state or {}).get("preempting"):

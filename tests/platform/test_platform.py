@@ -3,6 +3,7 @@ single-user servers, kernels) with 4 simulated GPUs. See tests/conftest.py for f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -157,10 +158,10 @@ def test_refusals_are_clear_4xx_never_500_or_stuck(platform):
     assert "extra" not in (model.get("servers") or {}), model
     assert len(platform.held_by("quinn")) == 2
 
-    # no free GPU: 2 + 2 held, a third user asks for 1 -> 409 with numbers
+    # no free GPU: 2 + 2 held, a third user asks for 1 and not to wait in line -> 409 with numbers
     platform.spawn("rhea", "gpu-2")
     assert platform.ledger()["free"] == 0
-    r = platform.api("POST", "/users/sam/server", platform.token("sam"), json={"profile": "gpu-1"})
+    r = platform.api("POST", "/users/sam/server", platform.token("sam"), json={"profile": "gpu-1", "wait": False})
     assert r.status_code == 409, r.text
     assert "0 of 4 free" in r.json()["message"], r.text
     assert_not_pending(platform, "sam")
@@ -171,6 +172,104 @@ def test_refusals_are_clear_4xx_never_500_or_stuck(platform):
     platform.stop_server("rhea")
     platform.spawn("sam", "gpu-1")
     assert len(platform.held_by("sam")) == 1
+
+
+def progress_messages(platform, user: str, until: str, timeout: float = 60) -> list[str]:
+    """The spawn's progress events (JupyterHub's EventSource stream) until one contains ``until``."""
+    seen = []
+    with requests.get(f"{platform.url}/hub/api/users/{user}/server/progress", stream=True, timeout=timeout,
+                      headers={"Authorization": f"token {platform.token(user)}"}) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                seen.append(json.loads(line[5:])["message"])
+                if until in seen[-1]:
+                    return seen
+    raise AssertionError(f"no progress event with {until!r}: {seen}")
+
+
+def test_a_gpu_server_waits_in_line_with_its_place_and_starts_by_itself(platform):
+    """Every GPU held: a GPU server's spawn waits in the jobs queue (202 pending, not 409), its progress
+    says where it stands and what is free now, and it starts on its own when a GPU frees."""
+    pool_is_free(platform)
+    platform.spawn("una", "gpu-2")
+    platform.spawn("vic", "gpu-2")
+    assert platform.ledger()["free"] == 0
+    r = platform.api("POST", "/users/wes/server", platform.token("wes"), json={"profile": "gpu-1"})
+    assert r.status_code == 202, r.text
+    first = progress_messages(platform, "wes", "in line")[-1]
+    assert "in line for 1 GPU, number 1 of 1 waiting for GPUs. Waiting for 1 GPU: 0 of 4 free" in first, first
+    assert "no start time can be promised" in first, first  # servers hold the GPUs without a time limit
+    assert "Free now: CPU" in first, first  # the way out
+    model = platform.api("GET", "/users/wes").json()
+    assert model["pending"] == "spawn" and not platform.held_by("wes")
+    # a second request queues behind it
+    r = platform.api("POST", "/users/xan/server", platform.token("xan"), json={"profile": "gpu-1"})
+    assert r.status_code == 202, r.text
+    second = progress_messages(platform, "xan", "number 2 of 2")[-1]
+    assert "number 2 of 2 waiting for GPUs" in second and "behind wes's notebook server" in second, second
+    platform.stop_server("una")  # two GPUs free: both start by themselves, in order
+    for user in ("wes", "xan"):
+        wait_for(lambda: platform.server_model(user), lambda m: bool(m and m.get("ready")),
+                 what=f"{user}'s queued server to start by itself", timeout=120)
+        assert len(platform.held_by(user)) == 1
+    for user in ("vic", "wes", "xan"):
+        platform.stop_server(user)
+
+
+def test_servers_and_jobs_share_one_line_with_an_estimate_from_time_limits(platform):
+    """GPUs held by jobs with time limits: the waiting server gets the scheduler's reserved start, and
+    a job submitted after it waits behind it (one queue, one policy)."""
+    pool_is_free(platform)
+    api = f"{platform.url}/services/trainhub/api"
+    held = []
+    for user in ("line-j1", "line-j2"):
+        r = requests.post(api + "/jobs", json={"command": "sleep 600", "gpus": 2, "time_limit": "10m"},
+                          headers={"Authorization": f"token {platform.token(user)}"}, timeout=30)
+        assert r.status_code == 201, r.text
+        held.append((user, r.json()["id"]))
+    wait_for(lambda: platform.ledger()["free"], lambda free: free == 0, what="both jobs holding their GPUs", timeout=60)
+    r = platform.api("POST", "/users/line-s/server", platform.token("line-s"), json={"profile": "gpu-1"})
+    assert r.status_code == 202, r.text
+    msg = progress_messages(platform, "line-s", "expected to start")[-1]
+    # the jobs' time limits give the estimate; the reservation comes after the scheduler's reserve_after
+    assert re.search(r"expected to start in about (9m\d\ds|10m00s) \(running work's time limits\)", msg), msg
+    assert re.search(r"\(about \d\d:\d\d\)", msg), msg
+    later = requests.post(api + "/jobs", json={"command": "true", "gpus": 1},
+                          headers={"Authorization": f"token {platform.token('line-k')}"}, timeout=30).json()
+    wait_for(lambda: requests.get(f"{api}/jobs/{later['id']}", timeout=30,
+                                  headers={"Authorization": f"token {platform.token('line-k')}"}).json()["reason"],
+             lambda reason: "behind line-s's notebook server" in reason, what="the later job to wait behind the server",
+             timeout=30)
+    for user, jid in held:
+        requests.delete(f"{api}/jobs/{jid}", headers={"Authorization": f"token {platform.token(user)}"}, timeout=30)
+    wait_for(lambda: platform.server_model("line-s"), lambda m: bool(m and m.get("ready")),
+             what="the server to start once the jobs are cancelled", timeout=120)
+    platform.stop_server("line-s")
+
+
+def test_a_cancelled_wait_leaves_nothing_behind(platform):
+    from trainhub.config import load_platform_config
+    from trainhub.serverqueue import ServerQueue
+
+    queue = ServerQueue(load_platform_config(platform.data_dir).LocalGPUAllocator.db_url)
+    pool_is_free(platform)
+    platform.spawn("yan", "gpu-2")
+    platform.spawn("zed", "gpu-2")
+    r = platform.api("POST", "/users/abe/server", platform.token("abe"), json={"profile": "gpu-1"})
+    assert r.status_code == 202, r.text
+    progress_messages(platform, "abe", "in line")
+    assert [q.holder for q in queue.all()] == ["server:abe/"]
+    platform.stop_server("abe")  # JupyterHub's Stop Server on the pending page: the spawn is cancelled
+    assert queue.all() == [] and platform.server_model("abe") is None
+    platform.stop_server("yan")
+    # the two freed GPUs are there for the next request: the withdrawn one took nothing
+    r = platform.api("POST", "/users/ada/server", platform.token("ada"), json={"profile": "gpu-2", "wait": False})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: platform.server_model("ada"), lambda m: bool(m and m.get("ready")), what="ada's server", timeout=120)
+    assert not platform.held_by("abe") and len(platform.held_by("ada")) == 2
+    for user in ("ada", "zed"):
+        platform.stop_server(user)
 
 
 def test_killed_server_returns_its_devices(platform):

@@ -39,6 +39,16 @@ def test_form_marks_blocked_profiles_and_shows_quota():
     assert 'value="cpu" checked' in html
 
 
+def test_with_a_queue_busy_gpus_are_a_wait_not_a_block():
+    status = QuotaPolicy(user_gpu_limit=2).status("alice", [], {}, {})
+    rows = [(Profile.from_dict({"slug": "gpu-1", "gpus": 1}), 0, 4), (Profile.from_dict({"slug": "gpu-8", "gpus": 8}), 4, 4)]
+    html = render_form(rows, status, "gpu-1", True, queue=True)
+    assert "all busy: it will wait in line" in html and "not enough free GPUs right now" not in html
+    assert 'value="gpu-1" checked' in html and 'name="wait" value="on" id="trainhub-wait" checked' in html
+    assert "needs 8 GPUs; this platform has 4" in html  # never fits: still a block
+    assert 'name="wait"' not in render_form(rows, status, "gpu-1", True)
+
+
 def test_form_escapes_admin_text():
     status = QuotaPolicy().status("a", [], {}, {})
     html = render_form([(Profile.from_dict({"slug": "x", "display_name": "<b>x</b>"}), 0, 0)], status, "x", False)

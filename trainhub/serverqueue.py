@@ -1,0 +1,172 @@
+"""Notebook servers waiting in line for GPUs: the rows the spawner and the jobs engine share.
+
+A GPU server whose devices are all held (or whose user or group is at its quota) does not fail: the
+spawner writes a request here and waits; the jobs engine puts the request in the same scheduling
+pass as queued jobs (same policy: priorities, fair share, reservations, no starvation), and when
+the request's turn comes it takes the devices in the ledger for the server's holder and marks the
+request granted; the spawner then starts the server on them. While a request waits, each pass
+writes its position, the scheduler's reason and the estimated start (from running work's time
+limits and the head's reservation), which the spawner shows as JupyterHub progress events.
+
+A request whose spawner stopped looking (a cancelled spawn, a restarted hub) is dropped after
+:data:`STALE_AFTER` seconds without a heartbeat, and what it was granted goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import JSON, Float, Integer, String, delete, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from trainhub.db import Base, init_db, session_factory, write_session
+
+WAITING, GRANTED = "waiting", "granted"
+STALE_AFTER = 60.0  # seconds without the spawner's heartbeat
+
+
+class ServerRequest(Base):
+    __tablename__ = "server_requests"
+
+    holder: Mapped[str] = mapped_column(String(255), primary_key=True)  # the ledger holder, "server:alice/"
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    groups: Mapped[list] = mapped_column(JSON, default=list)
+    gpus: Mapped[int] = mapped_column(Integer)
+    profile: Mapped[str] = mapped_column(String(255))
+    gpu_model: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    created: Mapped[float] = mapped_column(Float)
+    seen: Mapped[float] = mapped_column(Float)  # the spawner's last heartbeat
+    state: Mapped[str] = mapped_column(String(16), default=WAITING)
+    reason: Mapped[str] = mapped_column(String(1000), default="")
+    position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    waiting: Mapped[int | None] = mapped_column(Integer, nullable=True)  # requests and jobs waiting for GPUs
+    eta: Mapped[float | None] = mapped_column(Float, nullable=True)  # the scheduler's reserved start (epoch), if any
+    devices: Mapped[list] = mapped_column(JSON, default=list)
+
+
+@dataclass(frozen=True)
+class QueuedServer:
+    holder: str
+    user: str
+    groups: tuple[str, ...]
+    gpus: int
+    profile: str
+    gpu_model: str | None
+    created: float
+    seen: float
+    state: str
+    reason: str
+    position: int | None
+    waiting: int | None
+    eta: float | None
+    devices: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        """How the scheduler's messages name it ("alice's notebook server", "alice's server gpu-box")."""
+        server = self.holder.split("/", 1)[1] if "/" in self.holder else ""
+        return f"{self.user}'s server {server}" if server else f"{self.user}'s notebook server"
+
+
+def _value(r: ServerRequest) -> QueuedServer:
+    return QueuedServer(r.holder, r.user, tuple(r.groups or ()), r.gpus, r.profile, r.gpu_model, r.created, r.seen,
+                        r.state, r.reason or "", r.position, r.waiting, r.eta,
+                        tuple(r.devices or ()))
+
+
+class ServerQueue:
+    """The queue's rows (synchronous: callers run these on a thread)."""
+
+    def __init__(self, db_url: str):
+        self.db_url = db_url
+        init_db(db_url)
+        self._session = session_factory(db_url)
+
+    def enqueue(self, holder: str, *, user: str, groups, gpus: int, profile: str, gpu_model: str | None,
+                reason: str) -> QueuedServer:
+        now = time.time()
+        with write_session(self.db_url) as s:
+            s.execute(delete(ServerRequest).where(ServerRequest.holder == holder))
+            row = ServerRequest(holder=holder, user=user, groups=list(groups), gpus=gpus, profile=profile,
+                                gpu_model=gpu_model, created=now, seen=now, state=WAITING, reason=reason)
+            s.add(row)
+            s.commit()
+            return _value(row)
+
+    def heartbeat(self, holder: str) -> QueuedServer | None:
+        """The spawner's look at its request; keeps it alive."""
+        with write_session(self.db_url) as s:
+            row = s.get(ServerRequest, holder)
+            if row is None:
+                return None
+            row.seen = time.time()
+            s.commit()
+            return _value(row)
+
+    def withdraw(self, holder: str) -> None:
+        with write_session(self.db_url) as s:
+            s.execute(delete(ServerRequest).where(ServerRequest.holder == holder))
+            s.commit()
+
+    def all(self) -> list[QueuedServer]:
+        with self._session() as s:
+            return [_value(r) for r in s.scalars(select(ServerRequest).order_by(ServerRequest.created))]
+
+    def grant(self, holder: str, devices: list[int]) -> bool:
+        with write_session(self.db_url) as s:
+            row = s.get(ServerRequest, holder)
+            if row is None or row.state != WAITING:
+                return False
+            row.state, row.devices, row.reason, row.position, row.eta = GRANTED, list(devices), "GPUs assigned", None, None
+            s.commit()
+            return True
+
+    def update_waiting(self, rows: dict[str, tuple[str, int | None, int, float | None]]) -> None:
+        """``{holder: (reason, position, waiting, eta)}`` for this pass, in one transaction."""
+        if not rows:
+            return
+        with write_session(self.db_url) as s:
+            for r in s.scalars(select(ServerRequest).where(ServerRequest.holder.in_(list(rows)), ServerRequest.state == WAITING)):
+                r.reason, r.position, r.waiting, r.eta = rows[r.holder]
+            s.commit()
+
+
+class QueueView:
+    """What the spawner shows while its request waits: JupyterHub progress events built from the
+    request's row (position, the scheduler's reason, the estimate) and the profiles free now."""
+
+    def __init__(self, profile: str, gpus: int):
+        self.profile, self.gpus = profile, gpus
+        self.row: QueuedServer | None = None
+        self.free_now: list[str] = []
+        self.done = False
+
+    def update(self, row: QueuedServer, free_now: list[str]) -> None:
+        self.row, self.free_now = row, list(free_now)
+
+    def text(self) -> tuple[str, str]:
+        """(plain, html) description of the wait."""
+        r = self.row
+        head = f"{self.profile}: in line for {self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+        if r is None:
+            return head + "...", html.escape(head + "...")
+        if r.position:
+            head += f", number {r.position} of {r.waiting} waiting for GPUs"
+        core = f"{head}. {r.reason[:1].upper()}{r.reason[1:].rstrip('.')}"
+        if r.eta is not None:
+            core += f" (about {time.strftime('%H:%M', time.localtime(r.eta))})"
+        core += "."
+        if not self.free_now:
+            return core, html.escape(core)
+        free = ", ".join(self.free_now)
+        return (f"{core} Free now: {free} (press Stop Server and start again with one of them to start at once).",
+                f"{html.escape(core)} <strong>Free now:</strong> {html.escape(free)} — press Stop Server and start "
+                "again with one of them to start at once.")
+
+    def event(self) -> dict:
+        if self.row is not None and self.row.state == GRANTED:
+            return {"progress": 50, "message": f"GPUs {', '.join(map(str, self.row.devices))} assigned; starting the server..."}
+        plain, rich = self.text()
+        return {"progress": 10, "message": plain, "html_message": rich}
