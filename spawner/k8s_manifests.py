@@ -433,3 +433,18 @@ def storage_paths_env(mount_root: str) -> dict:
     """Where the mounts are inside the notebook (both mount modes use the same layout)."""
     return {"TRAINHUB_STORAGE_PATH": f"{mount_root}/home", "TRAINHUB_DATASETS_PATH": f"{mount_root}/datasets"}
 
+
+KERNEL_CONFIG_PATH = "/etc/ipython/ipython_kernel_config.py"
+
+
+def kernel_config_parts(config_map: str) -> tuple[list[dict], list[dict]]:
+    """(volumes, volume mounts) putting the ConfigMap's ipython_kernel_config.py where every kernel of the
+    image reads it (IPython's system config path), read-only; nothing for an empty name."""
+    if not config_map:
+        return [], []
+    volume = {"name": "trainhub-kernel-config", "configMap": {"name": config_map, "optional": True,
+                                                              "items": [{"key": "ipython_kernel_config.py",
+                                                                         "path": "ipython_kernel_config.py"}]}}
+    mount = {"name": "trainhub-kernel-config", "mountPath": KERNEL_CONFIG_PATH,
+             "subPath": "ipython_kernel_config.py", "readOnly": True}
+    return [volume], [mount]

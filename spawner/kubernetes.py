@@ -112,6 +112,20 @@ class GPUKubeSpawner(KubeSpawner):
     ).tag(config=True)
     storage_mount_root = Unicode("/mnt/trainhub", help="Where the storage mounts appear in the notebook container.").tag(config=True)
 
+    api_url = Unicode(
+        "",
+        help="""URL of the trainhub jobs API as notebook pods reach it, given to them as $TRAINHUB_API_URL (the
+        %%train magics and the trainhub client use it), e.g. http://trainhub-jobs.NAMESPACE.svc:8080/services/trainhub/api.
+        The Helm chart sets it (and lets notebook pods through to the jobs service); empty = not set.""",
+    ).tag(config=True)
+
+    kernel_config_map = Unicode(
+        "",
+        help="""ConfigMap whose key ipython_kernel_config.py is mounted at /etc/ipython/ipython_kernel_config.py
+        (IPython's system-wide config) so every kernel loads %%train when $TRAINHUB_API_URL is set. The Helm
+        chart makes one, trainhub-kernel-config, and sets it; empty = no mount.""",
+    ).tag(config=True)
+
     storage_secret = Enum(
         ["managed", "existing", "none"],
         "managed",
@@ -292,8 +306,9 @@ class GPUKubeSpawner(KubeSpawner):
         overrides = m.profile_overrides(profile)
         overrides.update(self.storage_pod_fragments())
         shm_volumes, shm_mounts = shm_parts(self.shm_size)
-        overrides["volumes"] = [*overrides.get("volumes", []), *shm_volumes]
-        overrides["volume_mounts"] = [*overrides.get("volume_mounts", []), *shm_mounts]
+        kernel_volumes, kernel_mounts = m.kernel_config_parts(self.kernel_config_map)
+        overrides["volumes"] = [*overrides.get("volumes", []), *shm_volumes, *kernel_volumes]
+        overrides["volume_mounts"] = [*overrides.get("volume_mounts", []), *shm_mounts, *kernel_mounts]
         merged = m.merge_overrides(base, overrides)
         for name in _OVERRIDDEN:
             setattr(self, name, copy.deepcopy(merged.get(name, base[name])))
@@ -421,6 +436,8 @@ class GPUKubeSpawner(KubeSpawner):
     def get_env(self):
         env = super().get_env()
         env.update(self.storage_env())
+        if self.api_url:
+            env["TRAINHUB_API_URL"] = self.api_url
         return env
 
     def storage_manifests(self) -> list[dict]:

@@ -118,6 +118,28 @@ async def test_notebook_pods_get_a_memory_backed_dev_shm(make_spawner, cluster, 
     assert "/dev/shm" not in json.dumps(manifest)
 
 
+async def test_notebook_pods_know_the_jobs_api_and_load_train(make_spawner, cluster, validate_k8s):
+    """%%train in a notebook pod needs $TRAINHUB_API_URL and the kernel config that loads the magics (the chart's
+    trainhub-kernel-config ConfigMap at IPython's system path); without them neither appears."""
+    url = "http://trainhub-jobs.trainhub.svc:8080/services/trainhub/api"
+    spawner = make_spawner("api-ann", options={"profile": "gpu-1"}, config=spawner_config(
+        GPUKubeSpawner__api_url=url, GPUKubeSpawner__kernel_config_map="trainhub-kernel-config"))
+    await spawner.start()
+    pod = (await cluster.pods())[spawner.pod_name]
+    validate_k8s(await spawner.get_pod_manifest())
+    container = _main_container(pod)
+    assert _env(container)["TRAINHUB_API_URL"]["value"] == url
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["trainhub-kernel-config"]["configMap"]["name"] == "trainhub-kernel-config"
+    mount = next(v for v in container["volumeMounts"] if v["name"] == "trainhub-kernel-config")
+    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == (m.KERNEL_CONFIG_PATH, "ipython_kernel_config.py", True)
+    await spawner.stop()
+    bare = make_spawner("api-bo")
+    bare.apply_profile(bare.resolve_profile({}))
+    manifest = json.dumps(validate_k8s(await bare.get_pod_manifest()))
+    assert "TRAINHUB_API_URL" not in manifest and "ipython_kernel_config" not in manifest
+
+
 async def test_mig_profile_uses_its_resource_name(make_spawner, cluster, validate_k8s):
     spawner = make_spawner("bob", options={"profile": "mig-small"})
     await spawner.start()

@@ -212,3 +212,30 @@ def test_startup_file_loads_the_extension_only_on_the_platform(tmp_path):
         r = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", code],
                            capture_output=True, text=True, env=env, timeout=60)
         assert r.stdout.strip() == expected, r.stderr
+
+
+def test_the_charts_kernel_config_loads_train_in_a_real_kernel_only_on_the_platform(tmp_path):
+    """Kubernetes notebook pods get helm/trainhub/files/ipython_kernel_config.py as IPython's kernel config
+    (GPUKubeSpawner.kernel_config_map): a real ipykernel reading it has %%train exactly when $TRAINHUB_API_URL is
+    set. (Here from the profile folder, which IPython reads like /etc/ipython, where the pod has it.)"""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from jupyter_client.manager import start_new_kernel
+
+    chart_file = Path(__file__).parents[2] / "helm" / "trainhub" / "files" / "ipython_kernel_config.py"
+    profile = tmp_path / ".ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    shutil.copy(chart_file, profile / "ipython_kernel_config.py")
+    for url, expected in (("http://trainhub-jobs.ns.svc:8080/services/trainhub/api", True), ("", False)):
+        env = dict(os.environ, IPYTHONDIR=str(tmp_path / ".ipython"), TRAINHUB_API_URL=url)
+        km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+        try:
+            out = []
+            kc.execute_interactive("print('train' in get_ipython().magics_manager.magics['cell'])", timeout=60,
+                                   output_hook=lambda msg: out.append(msg["content"].get("text", "")))
+            assert "".join(out).strip() == str(expected), out
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
