@@ -588,14 +588,15 @@ class GPUCuller(Application):
             })
         clock, checked_at = None, None
         info = self.infos.get(holder)
+        now = self.policy.utcnow()
         if info is not None and devices:
-            now = self.policy.utcnow()
             info = replace(info, kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder))
             clock = self.policy.clock(info, self.history, now)
             row = self.latest.get(holder)
             checked_at = row["at"].isoformat() if row else None
-        return {"user": user, "server": server_name, "devices": devices, "clock": clock, "checked_at": checked_at,
-                "warning": self.warnings.get(holder)}
+        # "at": the culler's now, so a browser with a wrong clock still counts down right
+        return {"user": user, "server": server_name, "at": now.isoformat(), "devices": devices, "clock": clock,
+                "checked_at": checked_at, "warning": self.warnings.get(holder)}
 
     # -- process ---------------------------------------------------------------------
 

@@ -131,7 +131,7 @@ async def test_clock_runs_while_idle_and_keep_resets_it(rig):
     assert clock["running"] is True and clock["action"] == "release" and clock["dry_run"] is False
     assert clock["timeout_s"] == 3600 and clock["idle_s"] == 20 * 60
     assert minutes(clock["act_at"], start) == pytest.approx(60, abs=0.01)
-    assert body["can_keep"] is True and body["warning"] is None
+    assert body["can_keep"] is True and body["warning"] is None and body["at"] == rig.clock.now.isoformat()
     await passes(rig, 35)  # 55 min idle: the warning stands
     body = (await rig.call("api/gpus", "alice-token"))[1]
     assert body["warning"]["act_at"] == body["clock"]["act_at"] and body["clock"]["warned_at"]
