@@ -15,6 +15,8 @@ Routes (under the server's base URL; JSON errors ``{"status", "message"}``):
 - ``DELETE trainhub/storage/files?area=home&path=[&recursive=1]`` delete a file or folder
 - ``POST trainhub/storage/folders?area=home&path=``            make a folder
 - ``*    trainhub/api/<datasets|models|jobs|sweeps>...``       forwarded to ``$TRAINHUB_API_URL``
+- ``GET  trainhub/culler/warnings``, ``POST trainhub/culler/keep`` forwarded to ``$TRAINHUB_CULLER_URL``
+- ``GET  trainhub/gpu/status``                               this server's GPUs and idle clock (the culler's api/gpus)
 """
 
 from __future__ import annotations

@@ -483,6 +483,23 @@ class CullerWarningsHandler(CullerProxyHandler):
         await self._call("GET", "api/warnings")
 
 
+class GPUStatusHandler(CullerProxyHandler):
+    """The status bar's GPU line: ``GET $TRAINHUB_CULLER_URL/api/gpus?server=$JUPYTERHUB_SERVER_NAME``.
+
+    Always this server (what the browser asks for is ignored). With no culler configured:
+    ``{"devices": [], "clock": null, "culler": false}`` (the status bar then shows nothing).
+    """
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        if not self.browser.culler_url:
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"devices": [], "clock": None, "can_keep": False, "culler": False}))
+            return
+        await self._call("GET", "api/gpus?" + urlencode({"server": self.browser.server_name}))
+
+
 class CullerKeepHandler(CullerProxyHandler):
     @web.authenticated
     @authorized
@@ -501,4 +518,5 @@ def default_handlers(base_url: str, browser: StorageBrowser) -> list:
         (url_path_join(base_url, "trainhub", "api") + r"(/.*)?", APIProxyHandler),
         (url_path_join(base_url, "trainhub", "culler", "warnings"), CullerWarningsHandler),
         (url_path_join(base_url, "trainhub", "culler", "keep"), CullerKeepHandler),
+        (url_path_join(base_url, "trainhub", "gpu", "status"), GPUStatusHandler),
     ]

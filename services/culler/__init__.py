@@ -2,7 +2,7 @@
 
 - :mod:`.policy` — pure, time-seamed decision logic (also replayed by benchmarks/culler_bench.py)
 - :mod:`.service` — the JupyterHub-managed service process (``python -m trainhub.services.culler``)
-- :mod:`.handlers` — its small HTTP API (metrics, decisions, keep, warnings)
+- :mod:`.handlers` — its small HTTP API (metrics, decisions, keep, warnings, gpus)
 - :mod:`.models` — the ``culler_events`` audit-trail table
 
 See docs/culler.md.

@@ -5,6 +5,9 @@ GET  {prefix}api/decisions  audit trail, newest first: ?user=&limit=&before=&act
                             unfiltered decisions_scope or hub admin; one's own with decisions_scope!user=<self>)
 POST {prefix}api/keep       {"server": ""}: "keep my GPU", restarts the caller's own idle clock (keep_scope!user=<self>)
 GET  {prefix}api/warnings   the caller's standing warnings (for the JupyterLab notification)
+GET  {prefix}api/gpus       ?server=<name>[&user=]: one server's devices (utilisation, memory, simulated) and
+                            idle clock, for the JupyterLab status bar (decisions_scope!user=<owner>; another
+                            user's server is a 404 to anyone without that scope for its owner)
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, check_sc
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
-from trainhub.exceptions import Forbidden, InvalidRequest
+from trainhub.exceptions import Forbidden, InvalidRequest, NotFound
 from trainhub.services.api import APIHandler, make_application
 
 
@@ -112,6 +115,31 @@ class WarningsHandler(CullerHandler):
         self.write_json({"items": self.culler.warnings_for(self.current_user["name"])})
 
 
+class GPUStatusHandler(CullerHandler):
+    """One server's devices and idle clock: what the culler decides on, as the user's status bar shows it."""
+
+    @web.authenticated
+    async def get(self):
+        caller = self.caller
+        owner = self.get_argument("user", None) or caller.name
+        server = self.get_argument("server", "")
+        scope = self.culler.decisions_scope
+        if owner != caller.name and not caller.may(scope, owner):
+            # whether another user has such a server is not the caller's business: not a 403
+            raise NotFound("no such server")
+        if scope and not caller.may(scope, owner):
+            raise Forbidden(f"missing scope {scope}")
+        status = await self.culler.gpu_status(owner, server)
+        clock = status["clock"]
+        # keep restarts the caller's own clock only (KeepHandler): offered when that would change something
+        keep_scope = self.culler.keep_scope
+        status["can_keep"] = bool(
+            clock and clock["running"] and not clock["dry_run"] and owner == caller.name and caller.kind == "user"
+            and (not keep_scope or caller.may(keep_scope, owner))
+        )
+        self.write_json(status)
+
+
 class OAuthCallbackHandler(HubOAuthCallbackHandler):
     def initialize(self, culler=None):
         self.hub_auth = self.settings["hub_auth"]
@@ -123,6 +151,7 @@ def default_handlers(prefix: str) -> list[tuple]:
         (prefix + "api/decisions", DecisionsHandler),
         (prefix + "api/keep", KeepHandler),
         (prefix + "api/warnings", WarningsHandler),
+        (prefix + "api/gpus", GPUStatusHandler),
     ]
 
 

@@ -398,6 +398,35 @@ class CullPolicy(LoggingConfigurable):
         note = "" if self.action == STOP else " (no CPU profile to release to)"
         return Decision(STOP, f"idle {fmt_duration(idle, 'coarse')} {where}: stopping{note}", m)
 
+    def clock(self, server: ServerInfo, history: UtilizationHistory, now: datetime | None = None) -> dict:
+        """The idle clock of ``server`` as :meth:`evaluate` sees it at ``now``, for the user's status bar.
+
+        ``running``: every device is under the threshold and nothing stops the clock (a busy GPU or
+        kernel, a running job, anything unknown, no timeout), so the server will be acted on at
+        ``act_at`` unless something happens. ``act_at`` is when the action can come at the earliest:
+        ``timeout`` into the idle run and ``warning_period`` after the warning (due: ``now``).
+        """
+        now = now or self.utcnow()
+        d = self.evaluate(server, history, now)
+        m = d.measurements
+        running = "idle_s" in m  # set once every check that stops the clock has passed
+        out = {
+            "running": running, "reason": d.reason, "dry_run": bool(self.dry_run),
+            "action": RELEASE if self.action == RELEASE and self.cpu_profile else STOP,
+            "timeout_s": m.get("timeout_s"), "idle_since": m.get("idle_since"), "idle_s": m.get("idle_s"),
+            "away": bool(m.get("away")), "warned_at": _iso(_ts(server.warned_at)), "act_at": None,
+        }
+        if not running:
+            return out
+        if d.acts:
+            act = now.timestamp()
+        elif "act_in_s" in m:  # warned, or about to be
+            act = now.timestamp() + m["act_in_s"]
+        else:  # the warning comes at timeout - warning_period, the action warning_period later
+            act = _ts(datetime.fromisoformat(m["idle_since"])) + m["timeout_s"]
+        out["act_at"] = _iso(act)
+        return out
+
     async def decide(self, server: ServerInfo, history: UtilizationHistory, now: datetime | None = None) -> Decision:
         """evaluate(), then the admin's cull_hook (for any action) and dry_run."""
         decision = self.evaluate(server, history, now)

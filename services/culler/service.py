@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import signal
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -51,6 +52,10 @@ def parse_date(value: str | None) -> datetime | None:
 def _aware(dt: datetime) -> datetime:
     """SQLite returns naive datetimes; the platform stores UTC."""
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def _iso_ts(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
 
 
 def parse_holder(holder: str) -> tuple[str, str] | None:
@@ -113,6 +118,13 @@ class GPUCuller(Application):
     stop_timeout = Float(120.0, help="Seconds to wait for a server to stop before a release restarts it on the CPU profile.").tag(config=True)
     reclaim_accounting_cap = Float(8 * 3600.0, help="Longest time (s) one cull counts towards gpu_hours_reclaimed.").tag(config=True)
     audit_retention_days = Float(30.0, help="Audit rows older than this are deleted (0 = keep forever).").tag(config=True)
+    status_max_age = Float(
+        5.0,
+        help="""Seconds a GPU sample may be old when a user's status bar asks for it (GET api/gpus).
+
+        An older one is refreshed by one sampling pass (the same as the sampling loop's), at most once
+        per this many seconds whoever asks; 0 = always answer with the sampling loop's latest.""",
+    ).tag(config=True)
     authenticate_prometheus = Bool(True, help="Require a hub token (any user, or the service's) for /metrics.").tag(config=True)
     keep_scope = Unicode(
         KEEP_SCOPE,
@@ -196,6 +208,10 @@ class GPUCuller(Application):
         self.dry_run_culled: dict[str, str | None] = {}  # holder -> idle_since of the would-be cull already counted
         self.seen_at: dict[str, datetime] = {}  # holder -> last pass that saw a kernel connection (or first pass)
         self._device_holder: dict[int, str] = {}
+        self.samples: dict[int, dict] = {}  # device -> latest GPUSample as a dict, "at" on the policy's clock
+        self.infos: dict[str, ServerInfo] = {}  # holder -> what the latest pass knew about the server
+        self._sampled_at: float | None = None  # policy clock of the latest sampling pass that measured
+        self._sampling: asyncio.Lock | None = None
         self._semaphore: asyncio.Semaphore | None = None
 
     # -- setup ---------------------------------------------------------------------
@@ -265,8 +281,10 @@ class GPUCuller(Application):
         for d, holder in held.items():
             if self._device_holder.get(d) != holder:
                 self.history.forget(d)  # a new holder starts with a clean history
+                self.samples.pop(d, None)
         for d in set(self._device_holder) - set(held):
             self.history.forget(d)
+            self.samples.pop(d, None)
         self._device_holder = held
         if not held:
             return
@@ -279,6 +297,8 @@ class GPUCuller(Application):
         at = self.policy.utcnow().timestamp()  # the policy's clock, so tests can move time
         for d, s in samples.items():
             self.history.record(d, at, s.utilization)
+            self.samples[d] = {**s.to_dict(), "at": at}
+        self._sampled_at = at
 
     # -- one pass ------------------------------------------------------------------
 
@@ -301,6 +321,8 @@ class GPUCuller(Application):
             del self.dry_run_culled[holder]
         for holder in set(self.seen_at) - set(by_holder):
             del self.seen_at[holder]
+        for holder in set(self.infos) - set(by_holder):
+            del self.infos[holder]
         if not by_holder:
             self.prom.pending_warnings.set(len(self.warnings))
             self.prom.last_pass.set(now.timestamp())
@@ -419,6 +441,7 @@ class GPUCuller(Application):
             running_jobs=jobs,
             kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder),
         )
+        self.infos[holder] = info
         culled = self.culled_at.get(holder)
         if culled is not None and _aware(info.held_since) <= culled:
             # the same ledger rows as before our stop: the spawner did not free them; never act twice
@@ -527,6 +550,53 @@ class GPUCuller(Application):
 
     def warnings_for(self, user: str) -> list[dict]:
         return [w for w in self.warnings.values() if w["user"] == user]
+
+    async def fresh_samples(self) -> None:
+        """Make the latest samples at most ``status_max_age`` old: one sampling pass, shared by every caller."""
+        if self._sampling is None:
+            self._sampling = asyncio.Lock()
+        async with self._sampling:
+            now = self.policy.utcnow().timestamp()
+            if self._sampled_at is not None and now - self._sampled_at <= self.status_max_age:
+                return
+            await self.sample_once()
+            if self._sampled_at is None or self._sampled_at < now:
+                self._sampled_at = now  # nothing held or nothing measured: do not retry on every request
+
+    async def gpu_status(self, user: str, server_name: str = "") -> dict:
+        """One server's devices (latest samples) and idle clock, from the state the policy decides on.
+
+        Devices are those the sampling pass found held by the server in the ledger; utilisation and
+        memory are its latest samples (None when the source could not measure a device). The clock
+        re-runs the policy on what the latest pass knew about the server (kernels, jobs, connections)
+        with the keep and warning standing now; None before any pass has looked at the server.
+        """
+        if self.status_max_age > 0:
+            await self.fresh_samples()
+        holder = f"server:{user}/{server_name}"
+        known = {d.index: d for d in await asyncio.to_thread(self.allocator.devices)} if self.allocator is not None else {}
+        devices = []
+        for index in sorted(d for d, h in self._device_holder.items() if h == holder):
+            dev, sample = known.get(index), self.samples.get(index)
+            devices.append({
+                "index": index, "name": dev.name if dev else None,
+                "simulated": bool((dev is not None and dev.simulated) or (sample and sample["simulated"])),
+                "utilization": sample["utilization"] if sample else None,
+                "memory_used_mb": sample["memory_used_mb"] if sample else None,
+                "memory_total_mb": sample["memory_total_mb"] if sample else (dev.memory_total_mb if dev else None),
+                "sampled_at": _iso_ts(sample["at"]) if sample else None,
+            })
+        clock, checked_at = None, None
+        info = self.infos.get(holder)
+        now = self.policy.utcnow()
+        if info is not None and devices:
+            info = replace(info, kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder))
+            clock = self.policy.clock(info, self.history, now)
+            row = self.latest.get(holder)
+            checked_at = row["at"].isoformat() if row else None
+        # "at": the culler's now, so a browser with a wrong clock still counts down right
+        return {"user": user, "server": server_name, "at": now.isoformat(), "devices": devices, "clock": clock,
+                "checked_at": checked_at, "warning": self.warnings.get(holder)}
 
     # -- process ---------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The storage extension's forwarders for the JupyterLab idle-GPU notification
-(``trainhub/culler/warnings`` and ``trainhub/culler/keep``), against a stand-in culler that
+(``trainhub/culler/warnings`` and ``trainhub/culler/keep``) and the status bar's GPU line
+(``trainhub/gpu/status``), against a stand-in culler that
 records what it receives. The real culler is exercised by tests/culler/test_culler_notification.py."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class FakeCuller:
                           "warned_at": "2026-11-21T20:00:00+00:00", "act_at": "2026-11-21T20:10:00+00:00",
                           "keep_url": "/services/trainhub-culler/api/keep"}]
         self.keep_status = 200
+        self.gpus = {"user": "alice", "server": "gpu", "devices": [{"index": 0, "simulated": True, "utilization": 37.0}],
+                     "clock": None, "can_keep": False}
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,6 +51,8 @@ class FakeCuller:
                 self._record()
                 if self.path == "/services/trainhub-culler/api/warnings":
                     self._reply(200, {"items": outer.warnings})
+                elif self.path.startswith("/services/trainhub-culler/api/gpus?"):
+                    self._reply(200, outer.gpus)
                 else:
                     self._reply(404, {"status": 404, "message": "nope"})
 
@@ -123,6 +128,15 @@ def test_keep_posts_this_servers_name(server, culler):
     assert json.loads(call["body"]) == {"server": "gpu"}
 
 
+def test_gpu_status_asks_for_this_server_only(server, culler):
+    culler.calls.clear()
+    r = server.get("gpu/status", server="other", user="bob")
+    assert r.status_code == 200, r.text
+    assert r.json() == culler.gpus
+    assert culler.calls == [{"method": "GET", "path": "/services/trainhub-culler/api/gpus?server=gpu",
+                             "auth": f"token {SERVER_TOKEN}", "body": b""}]
+
+
 def test_culler_errors_come_back_as_json(server, culler):
     culler.keep_status = 403
     try:
@@ -137,6 +151,7 @@ def test_unauthenticated_is_refused(server, culler):
     culler.calls.clear()
     assert server.request("GET", "culler/warnings", token=None).status_code in (401, 403)
     assert server.request("POST", "culler/keep", token=None, data=b"").status_code in (401, 403)
+    assert server.request("GET", "gpu/status", token=None).status_code in (401, 403)
     assert culler.calls == []
 
 
@@ -145,6 +160,8 @@ def test_no_culler_configured(tmp_path):
     try:
         r = s.get("culler/warnings")
         assert r.status_code == 200 and r.json() == {"items": []}
+        r = s.get("gpu/status")
+        assert r.status_code == 200 and r.json() == {"devices": [], "clock": None, "can_keep": False, "culler": False}
         r = s.request("POST", "culler/keep", data=b"")
         assert r.status_code == 503 and "TRAINHUB_CULLER_URL" in r.json()["message"]
     finally:

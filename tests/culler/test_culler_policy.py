@@ -253,3 +253,53 @@ def test_user_back_during_away_warning_withdraws_it():
     gone = p.evaluate(server(connections=0, last_seen=at(56), warned_at=at(50)), idle_for(120), at(100))
     assert gone.action == "none" and "idle 44m of 1h00m" in gone.reason, gone.reason
     assert p.evaluate(server(connections=0, last_seen=at(56), warned_at=at(50)), idle_for(120), at(106)).action == "warn"
+
+
+# -- the idle clock shown in the JupyterLab status bar (CullPolicy.clock) ---------------------------
+
+CLOCK_CASES = [
+    # (id, server overrides, history, now minute, policy overrides, running, idle since minute, act at minute)
+    ("idle 30 min: acts 2 h into the run", {}, idle_for(30), 30, {}, True, 0, 120),
+    ("keep restarts the clock", {"kept_at": at(60)}, idle_for(90), 90, {}, True, 60, 180),
+    ("warned: acts a warning period after the warning", {"warned_at": at(111)}, idle_for(115), 115, {}, True, 0, 121),
+    ("due: acts now", {"warned_at": at(111)}, idle_for(125), 125, {}, True, 0, 125),
+    ("warn point reached, not warned yet", {}, idle_for(115), 115, {}, True, 0, 125),
+    ("nobody connected: the away timeout", {"connections": 0, "last_seen": at(0)}, idle_for(30), 30, {}, True, 0, 60),
+    ("GPU busy: no clock", {}, history({0: [(30, 80.0)]}), 30, {}, False, None, None),
+    ("kernel executing: no clock", {"kernels_busy": True}, idle_for(30), 30, {}, False, None, None),
+    ("kernel state unknown: no clock", {"kernels_busy": None}, idle_for(30), 30, {}, False, None, None),
+    ("profile without timeout: no clock", {"profile": CPU}, idle_for(30), 30, {}, False, None, None),
+]
+
+
+@pytest.mark.parametrize("server_kw,hist,minute,policy_kw,running,since,act", [c[1:] for c in CLOCK_CASES],
+                         ids=[c[0] for c in CLOCK_CASES])
+def test_clock_table(server_kw, hist, minute, policy_kw, running, since, act):
+    c = policy(**policy_kw).clock(server(**server_kw), hist, at(minute))
+    assert c["running"] is running, c
+    assert c["idle_since"] == (at(since).isoformat() if since is not None else None)
+    assert c["act_at"] == (at(act).isoformat() if act is not None else None)
+    assert c["reason"] == policy(**policy_kw).evaluate(server(**server_kw), hist, at(minute)).reason
+
+
+def test_clock_action_and_dry_run_labels():
+    assert policy().clock(server(), idle_for(30), at(30))["action"] == "release"
+    assert policy(cpu_profile="").clock(server(), idle_for(30), at(30))["action"] == "stop"
+    assert policy(action="stop").clock(server(), idle_for(30), at(30))["action"] == "stop"
+    assert policy(dry_run=True).clock(server(), idle_for(30), at(30))["dry_run"] is True
+
+
+def test_clock_predicts_the_action_the_walk_takes():
+    """Every pass's act_at (once the clock runs) names the minute the walk then acts at."""
+    p = policy()
+    h, warned, predicted = UtilizationHistory(), None, set()
+    for minute in range(0, 180, 5):
+        h.record(0, at(minute).timestamp(), 0.0)
+        c = p.clock(server(warned_at=warned), h, at(minute))
+        predicted.add(c["act_at"])
+        d = p.evaluate(server(warned_at=warned), h, at(minute))
+        if d.action == "warn":
+            warned = at(minute)
+        if d.acts:
+            break
+    assert predicted == {at(120).isoformat()} and minute == 120

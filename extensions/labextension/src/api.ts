@@ -3,7 +3,7 @@
  * shapes of the storage extension's and the trainhub service's answers (see the OpenAPI
  * documents in trainhub/services/registry/openapi.json and services/jobs/openapi.json).
  */
-import { URLExt } from '@jupyterlab/coreutils';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 export type Stage = 'none' | 'staging' | 'production' | 'archived';
@@ -345,4 +345,22 @@ export function humanSize(n: number): string {
     i++;
   }
   return `${i === 0 ? x : x.toFixed(1)} ${units[i]}`;
+}
+
+/**
+ * A poll interval in milliseconds: the `localStorage` key (per browser; tests set it), else the
+ * page config option (per environment), else `defaultMs`; never below 1 s.
+ */
+export function pollSetting(storageKey: string, pageConfigOption: string, defaultMs: number): number {
+  let raw: string | null = null;
+  try {
+    raw = window.localStorage.getItem(storageKey);
+  } catch {
+    raw = null;
+  }
+  if (!raw) {
+    raw = PageConfig.getOption(pageConfigOption) || null;
+  }
+  const ms = raw ? Number(raw) : NaN;
+  return Number.isFinite(ms) && ms > 0 ? Math.max(1_000, ms) : defaultMs;
 }

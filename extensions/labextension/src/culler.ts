@@ -18,7 +18,7 @@ import { PageConfig } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { Poll } from '@lumino/polling';
 
-import { request } from './api';
+import { pollSetting, request } from './api';
 
 /** Default milliseconds between two warnings requests. */
 export const POLL_INTERVAL_MS = 30_000;
@@ -26,7 +26,6 @@ export const POLL_INTERVAL_MS = 30_000;
 export const POLL_STORAGE_KEY = 'trainhub:culler:poll-ms';
 /** Page config option overriding the poll interval (milliseconds). */
 export const POLL_PAGE_CONFIG = 'trainhubCullerPollInterval';
-const MIN_POLL_MS = 1_000;
 
 export interface ICullerWarning {
   user: string;
@@ -47,17 +46,7 @@ export interface IKeepResponse {
 }
 
 export function pollInterval(): number {
-  let raw: string | null = null;
-  try {
-    raw = window.localStorage.getItem(POLL_STORAGE_KEY);
-  } catch {
-    raw = null;
-  }
-  if (!raw) {
-    raw = PageConfig.getOption(POLL_PAGE_CONFIG) || null;
-  }
-  const ms = raw ? Number(raw) : NaN;
-  return Number.isFinite(ms) && ms > 0 ? Math.max(MIN_POLL_MS, ms) : POLL_INTERVAL_MS;
+  return pollSetting(POLL_STORAGE_KEY, POLL_PAGE_CONFIG, POLL_INTERVAL_MS);
 }
 
 /** JupyterLab cuts notification messages at 140 characters: a short summary first, the culler's reason if it fits. */
