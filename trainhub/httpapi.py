@@ -111,11 +111,15 @@ def error_message(status_code: int, exc: BaseException | None, default: str, int
     return default
 
 
+def route_methods(cls: type[web.RequestHandler]) -> list[str]:
+    """The methods a handler class answers: those it implements (tornado's own stubs answer 405)."""
+    stub = web.RequestHandler._unimplemented_method
+    return [m for m in cls.SUPPORTED_METHODS if getattr(cls, m.lower(), stub) is not stub]
+
+
 def allowed_methods(handler: web.RequestHandler) -> list[str]:
-    """The methods a handler's route answers: those its class implements (tornado's own stubs answer 405)."""
-    cls = type(handler)
-    return [m for m in handler.SUPPORTED_METHODS
-            if getattr(cls, m.lower(), web.RequestHandler._unimplemented_method) is not web.RequestHandler._unimplemented_method]
+    """What a 405 from ``handler`` names in ``Allow``."""
+    return route_methods(type(handler))
 
 
 class JSONErrors:
