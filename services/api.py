@@ -9,7 +9,8 @@ culler) builds its handlers on :class:`APIHandler`:
 * trainhub's ``custom:`` scopes are checked through :class:`Caller` (``!user=`` filters; a hub
   admin holds them for everyone);
 * errors are mapped to HTTP once (``trainhub.httpapi.JSONErrors``): every error body is
-  ``{"status", "message"}``;
+  ``{"status", "message"}``, a 405 carries ``Allow``, a path no route serves is a JSON 404
+  (:class:`NoRouteHandler`, the application's ``default_handler_class``);
 * the application's access log is ``trainhub.httpapi.log_request`` (:func:`make_application`).
 
 The jupyter-server extension's handlers (``trainhub.extensions.storage``) are not hub services:
@@ -20,6 +21,8 @@ the error mapping (``JSONErrors``) from the core.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 
@@ -27,7 +30,7 @@ from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed, check_sc
 from tornado import web
 from tornado.log import app_log
 
-from trainhub.exceptions import NotFound, TooLarge
+from trainhub.exceptions import InvalidRequest, NotFound, TooLarge
 from trainhub.httpapi import MAX_REQUEST_BYTES, JSONErrors, dump_json, log_request, parse_json
 
 
@@ -67,6 +70,18 @@ class Caller:
                 and bool(check_scopes({f"{scope}!user={self.name}"}, self.scopes)))
 
 
+def _refusal_first(method):
+    @functools.wraps(method)
+    async def answer(self, *args, **kwargs):
+        if self._refusal is not None:
+            raise self._refusal
+        result = method(self, *args, **kwargs)
+        return (await result) if inspect.isawaitable(result) else result
+
+    answer.refusal_first = True
+    return answer
+
+
 @web.stream_request_body
 class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
     """Base for the JSON API handlers of every hub service (see the module docstring).
@@ -93,7 +108,27 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
     def log(self):
         return getattr(self.service, "log", None) or app_log
 
+    _refusal: BaseException | None = None
+
     async def prepare(self):
+        try:
+            self.check_method()  # a method the route lacks is a 405 with Allow, whoever asks
+            await self._identify()
+        except Exception as e:
+            # answered once the body has arrived (each handler method raises it first, see __init_subclass__):
+            # a streaming handler that answers in prepare() has tornado close the connection after the answer,
+            # under a proxy that keeps it alive and sends the next request on it (a 503 for that caller)
+            self._refusal = e
+
+    def __init_subclass__(cls, **kwargs):
+        """Every method a handler defines answers the refusal prepare() deferred before doing anything."""
+        super().__init_subclass__(**kwargs)
+        for name in (m.lower() for m in cls.SUPPORTED_METHODS):
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "refusal_first", False):
+                setattr(cls, name, _refusal_first(method))
+
+    async def _identify(self):
         # identify the caller without blocking the event loop (get_current_user would)
         model = await self.hub_auth.get_user(self, sync=False)
         if model:
@@ -128,8 +163,9 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
             return
         return super().check_xsrf_cookie()
 
-    def json_body(self, required: bool = True):
-        """The parsed JSON body (400 when it is not JSON; when empty: 400 if ``required``, else ``{}``)."""
+    def json_body(self, required: bool = True) -> dict:
+        """The parsed JSON body, an object (400 when it is not a JSON object; when empty: 400 if ``required``,
+        else ``{}``): every body of these APIs is one, so no handler meets a list or a number."""
         if self._body is None:
             length = self.request.headers.get("Content-Length", "")
             size = f"is {int(length):,} bytes" if length.isdigit() else "passes the bound"
@@ -138,7 +174,10 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
             if not required:
                 return {}
             raise web.HTTPError(400, "a JSON request body is required")
-        return parse_json(bytes(self._body))
+        body = parse_json(bytes(self._body))
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object ({...})")
+        return body
 
     def page(self, default_limit: int = 50) -> tuple[int, int]:
         """``(limit, offset)`` from the query, checked (limit 1-500, offset >= 0)."""

@@ -111,15 +111,42 @@ def error_message(status_code: int, exc: BaseException | None, default: str, int
     return default
 
 
+def route_methods(cls: type[web.RequestHandler]) -> list[str]:
+    """The methods a handler class answers: those it implements (tornado's own stubs answer 405)."""
+    stub = web.RequestHandler._unimplemented_method
+    return [m for m in cls.SUPPORTED_METHODS if getattr(cls, m.lower(), stub) is not stub]
+
+
+def allowed_methods(handler: web.RequestHandler) -> list[str]:
+    """What a 405 from ``handler`` names in ``Allow``."""
+    return route_methods(type(handler))
+
+
 class JSONErrors:
-    """Mixin for tornado handlers: errors mapped to HTTP once, every error body JSON ``{"status", "message"}``."""
+    """Mixin for tornado handlers: errors mapped to HTTP once, every error body JSON ``{"status", "message"}``;
+    a 405 names the route's methods in ``Allow`` (RFC 9110 §15.5.6), whoever raised it (tornado included)."""
 
     #: the message of an unexpected 5xx (what failed and where to look; never the exception text)
     internal_error_message = "internal error; details are in the server's log"
 
+    def check_method(self) -> None:
+        """405 for a method the route does not have, before anything else (authentication included)."""
+        if self.request.method not in allowed_methods(self):
+            raise web.HTTPError(405)
+
     def write_error(self, status_code, **kwargs):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = error_message(status_code, exc, self._reason, self.internal_error_message)
+        if status_code == 405:
+            allow = allowed_methods(self)
+            self.set_header("Allow", ", ".join(allow))
+            if message == self._reason:
+                message = f"{self.request.method} is not allowed here; this route answers {', '.join(allow) or 'nothing'}"
+        body = getattr(self.request, "_body_future", None)
+        if body is not None and not body.done():
+            # answered before a streamed body was read (tornado's own 405 for a method it does not know): tornado
+            # closes the connection after this answer, so say so, or a proxy reuses it for the next request
+            self.set_header("Connection", "close")
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": status_code, "message": message}))
 
@@ -181,6 +208,22 @@ def parse_json(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH):
     if _depth(value, max_depth) > max_depth:
         raise InvalidRequest(f"the request body nests deeper than {max_depth} levels")
     return value
+
+
+#: the largest id a path or query may name (SQLite's INTEGER is 64-bit signed)
+MAX_ID = 2**63 - 1
+
+
+def parse_id(text: str, prefix: str = "") -> int | None:
+    """A row id from a path or query (``"j-000007"``, ``"7"``), or None when it names no row: ASCII digits only
+    (``\\d`` also matches other scripts' digits) and at most :data:`MAX_ID`, so a lookup never overflows."""
+    text = str(text)
+    if prefix and text.startswith(prefix):
+        text = text[len(prefix):]
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        return None
+    value = int(text)
+    return value if value <= MAX_ID else None
 
 
 def dump_json(obj) -> str:

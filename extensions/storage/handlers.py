@@ -507,6 +507,13 @@ class CullerKeepHandler(CullerProxyHandler):
         await self._call("POST", "api/keep", {"server": self.browser.server_name})
 
 
+class NoRouteHandler(StorageHandler):
+    """Any other path under ``trainhub/``: a JSON 404 like every other error here (not jupyter-server's page)."""
+
+    def prepare(self):
+        raise NotFound(f"nothing is served at {self.request.path}")
+
+
 def default_handlers(base_url: str, browser: StorageBrowser) -> list:
     s = url_path_join(base_url, "trainhub", "storage")
     return [
@@ -519,4 +526,5 @@ def default_handlers(base_url: str, browser: StorageBrowser) -> list:
         (url_path_join(base_url, "trainhub", "culler", "warnings"), CullerWarningsHandler),
         (url_path_join(base_url, "trainhub", "culler", "keep"), CullerKeepHandler),
         (url_path_join(base_url, "trainhub", "gpu", "status"), GPUStatusHandler),
+        (url_path_join(base_url, "trainhub") + r"(?:/.*)?", NoRouteHandler),
     ]

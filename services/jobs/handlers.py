@@ -10,6 +10,7 @@ from tornado import iostream, web
 
 from trainhub.backoff import Backoff
 from trainhub.exceptions import InvalidRequest, NotFound
+from trainhub.httpapi import parse_id
 from trainhub.states import JOB_STATES, JOB_TERMINAL, QUEUED
 
 from trainhub.services.api import APIHandler
@@ -64,8 +65,10 @@ class JobsHandler(JobAccessMixin, APIHandler):
         limit, offset = self.page()
         who = self.listing_owner(READ, "jobs")
         sweep = self.get_argument("sweep", None)
-        items, total = await self.service.store.read(self.service.store.list, who, states or None, limit, offset,
-                                                     int(sweep) if sweep and sweep.isdigit() else None)
+        sweep_id = parse_id(sweep) if sweep is not None else None
+        if sweep is not None and sweep_id is None:
+            raise InvalidRequest(f"sweep must be a sweep's number, not {sweep[:40]!r}")
+        items, total = await self.service.store.read(self.service.store.list, who, states or None, limit, offset, sweep_id)
         self.write_json({"items": [self.job_json(j) for j in items], "total": total, "limit": limit, "offset": offset})
 
     async def post(self):
@@ -180,7 +183,10 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
         tail = self.get_argument("tail", None)
         if tail is not None and not (tail.isdigit() and int(tail) <= MAX_TAIL_LINES):
             raise InvalidRequest(f"tail must be a number of lines, at most {MAX_TAIL_LINES}")
-        follow = self.get_argument("follow", "0").lower() in ("1", "true", "yes")
+        follow = self.get_argument("follow", "false").lower()
+        if follow not in ("1", "true", "yes", "0", "false", "no"):
+            raise InvalidRequest("follow must be true or false")
+        follow = follow in ("1", "true", "yes")
         job_dir = self.service.launcher.job_dir(self.service.engine_view(job))
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         if follow:

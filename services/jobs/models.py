@@ -10,6 +10,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from trainhub.db import Base
 from trainhub.models import utcnow
 from trainhub.states import QUEUED
+from trainhub.httpapi import parse_id
 
 
 def job_key(n: int) -> str:
@@ -17,10 +18,7 @@ def job_key(n: int) -> str:
 
 
 def parse_job_key(key: str) -> int | None:
-    key = str(key)
-    if key.startswith("j-"):
-        key = key[2:]
-    return int(key) if key.isdigit() else None
+    return parse_id(key, "j-")
 
 
 class Job(Base):

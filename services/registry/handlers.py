@@ -13,6 +13,7 @@ from trainhub.exceptions import Conflict, InvalidRequest
 from trainhub.services.api import APIHandler
 from trainhub.states import PENDING, READY
 
+from .models import STAGES
 from .store import dataset_dict, dataset_version_dict, model_dict, model_version_dict
 
 READ, WRITE = "custom:trainhub:registry:read", "custom:trainhub:registry:write"
@@ -31,11 +32,18 @@ def _int_arg(handler, name, default, lo=0, hi=1000) -> int:
     raw = handler.get_argument(name, None)
     if raw is None:
         return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer, got {raw!r}") from None
-    return max(lo, min(hi, v))
+    if not (raw.isascii() and raw.lstrip("-").isdigit()) or not lo <= int(raw) <= hi:
+        raise InvalidRequest(f"{name} must be a whole number from {lo} to {hi}, not {raw[:40]!r}")
+    return int(raw)
+
+
+def _flag(handler, name, default: bool) -> bool:
+    raw = handler.get_argument(name, None)
+    if raw is None:
+        return default
+    if raw not in ("0", "1", "false", "true"):
+        raise InvalidRequest(f"{name} must be 0, 1, false or true, not {raw[:40]!r}")
+    return raw in ("1", "true")
 
 
 class RegistryHandler(APIHandler):
@@ -68,7 +76,7 @@ class DatasetsHandler(RegistryHandler):
         self.reader()
         items, total = await self.db_read(
             self.registry.store.list_datasets, q=self.get_argument("q", ""), owner=self.get_argument("owner", None),
-            include_deprecated=self.get_argument("deprecated", "1") not in ("0", "false"),
+            include_deprecated=_flag(self, "deprecated", True),
             limit=_int_arg(self, "limit", 100, 1, 1000), offset=_int_arg(self, "offset", 0, 0, 10**9))
         self.write_json({"items": items, "total": total})
 
@@ -110,9 +118,11 @@ class DatasetVersionHandler(RegistryHandler):
         self.write_json(dataset_version_dict(ds, v))
 
     async def put(self, name, version):
+        self.writer()
         raise Conflict("dataset versions are immutable; register a new version (POST .../datasets)")
 
     async def delete(self, name, version):
+        self.writer()
         raise Conflict("dataset versions are immutable and kept; deprecate it instead (PATCH {'deprecated': true})")
 
 
@@ -120,8 +130,11 @@ class DatasetVersionHandler(RegistryHandler):
 class ModelsHandler(RegistryHandler):
     async def get(self):
         self.reader()
+        stage = self.get_argument("stage", None)
+        if stage is not None and stage not in STAGES:
+            raise InvalidRequest(f"stage must be one of {', '.join(STAGES)}, not {stage[:40]!r}")
         items, total = await self.db_read(
-            self.registry.store.list_models, q=self.get_argument("q", ""), stage=self.get_argument("stage", None),
+            self.registry.store.list_models, q=self.get_argument("q", ""), stage=stage,
             limit=_int_arg(self, "limit", 100, 1, 1000), offset=_int_arg(self, "offset", 0, 0, 10**9))
         self.write_json({"items": items, "total": total})
 
@@ -163,9 +176,11 @@ class ModelVersionHandler(RegistryHandler):
         self.write_json(model_version_dict(m, v, history))
 
     async def put(self, name, version):
+        self.writer()
         raise Conflict("model versions are immutable; register a new version")
 
     async def delete(self, name, version):
+        self.writer()
         raise Conflict("registered model versions are kept forever; archive it instead (PATCH {'stage': 'archived'})")
 
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from trainhub.db import Base
 from trainhub.models import utcnow
 from trainhub.states import PENDING, RUNNING
+from trainhub.httpapi import parse_id
 
 
 def sweep_key(n: int) -> str:
@@ -22,10 +23,7 @@ def sweep_key(n: int) -> str:
 
 
 def parse_sweep_key(key: str) -> int | None:
-    key = str(key)
-    if key.startswith("s-"):
-        key = key[2:]
-    return int(key) if key.isdigit() else None
+    return parse_id(key, "s-")
 
 
 def study_name(sweep_id: int) -> str:

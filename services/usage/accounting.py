@@ -159,9 +159,12 @@ def aggregate(rows, by: str) -> list[dict]:
 
 
 def parse_day(text: str | None, default: date | None = None) -> date | None:
-    if not text:
+    """``YYYY-MM-DD`` (a longer ISO time is cut to its day); None = ``default``; anything else, "" too, a ValueError."""
+    if text is None:
         return default
     try:
+        if len(text) < 10:
+            raise ValueError(text)
         return date.fromisoformat(text[:10])
     except ValueError:
         raise ValueError(f"expected a date YYYY-MM-DD, got {text!r}") from None

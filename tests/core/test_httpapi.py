@@ -166,13 +166,19 @@ class FailingHandler(APIHandler):
         raise RuntimeError("secret internals")
 
 
+class EchoHandler(APIHandler):
+    async def post(self):
+        self.write_json({"user": self.caller.name, "body": self.json_body()})
+
+
 @pytest.fixture
 async def service():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    app = make_application([(r"/slow", SlowHandler), (r"/fail/(\w+)", FailingHandler)], hub_auth=_Auth())
+    app = make_application([(r"/slow", SlowHandler), (r"/fail/(\w+)", FailingHandler), (r"/echo", EchoHandler)],
+                           hub_auth=_Auth())
     server = HTTPServer(app)
     server.listen(port, "127.0.0.1")
 
@@ -180,6 +186,7 @@ async def service():
         headers = {"Authorization": f"token {token}"} if token else {}
         return await AsyncHTTPClient().fetch(f"http://127.0.0.1:{port}{path}", headers=headers, raise_error=False,
                                              follow_redirects=False)
+    call.port = port
     yield call
     server.stop()
 
@@ -244,3 +251,58 @@ def test_request_json_within_bounds_and_responses_never_carry_nan():
     assert parse_json(b'{"a": [[[1.5e300]]], "b": null}') == {"a": [[[1.5e300]]], "b": None}
     with pytest.raises(ValueError):
         dump_json({"x": float("inf")})
+
+
+def _exchange(port: int, requests_: list[tuple[str, str, bytes | None, str | None]]) -> list[tuple[int, dict, dict]]:
+    """Requests sent one after another on one keep-alive connection (what a proxy does); each answer's
+    status, headers and JSON body. A connection the server closed without saying so (``Connection: close``)
+    fails the next request."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    out = []
+    try:
+        for method, path, body, token in requests_:
+            headers = {"Content-Type": "application/json", **({"Authorization": f"token {token}"} if token else {})}
+            conn.request(method, path, body=body, headers=headers)
+            r = conn.getresponse()
+            out.append((r.status, dict(r.getheaders()), json.loads(r.read())))
+    finally:
+        conn.close()
+    return out
+
+
+async def test_a_missing_method_is_a_json_405_with_allow_and_the_connection_lives_on(service):
+    """RFC 9110: a 405 names the route's methods in Allow: for a method tornado knows (PATCH), one it does not
+    (TRACE), with a body or without; a refusal waits for the body, so a proxy's connection is not closed under it."""
+    body = b'{"x": 1}' * 1000
+    answers = await asyncio.to_thread(_exchange, service.port, [
+        ("PATCH", "/echo", body, "alice-token"),
+        ("TRACE", "/echo", None, None),
+        ("GET", "/echo", None, "eve-token"),
+        ("POST", "/echo", body[:8], "eve-token"),  # 403 (no access scope), answered after the body
+        ("POST", "/echo", b"[1, 2]", "alice-token"),
+        ("DELETE", "/slow", body, None),
+        ("POST", "/echo", b'{"x": 1}', "alice-token"),
+    ])
+    statuses = [a[0] for a in answers]
+    assert statuses == [405, 405, 405, 403, 400, 405, 200]
+    for status, headers, doc in answers[:-1]:
+        assert headers["Content-Type"] == "application/json" and doc["status"] == status
+    assert [a[1].get("Allow") for a in answers] == ["POST", "POST", "POST", None, None, "GET", None]
+    # a method tornado does not know is refused before the body is read: the answer says the connection ends
+    assert [a[1].get("Connection") for a in answers] == [None, "close", None, None, None, None, None]
+    assert answers[0][2]["message"] == "PATCH is not allowed here; this route answers POST"
+    assert answers[4][2]["message"] == "the request body must be a JSON object ({...})"
+    assert answers[-1][2] == {"user": "alice", "body": {"x": 1}}
+
+
+@pytest.mark.parametrize("text, prefix, value", [
+    ("j-000007", "j-", 7), ("7", "j-", 7), (str(2**63 - 1), "", 2**63 - 1),
+    (str(2**63), "", None), ("9" * 40, "s-", None), ("s-", "s-", None), ("\u0663", "", None), ("\u00b2", "", None),
+    ("-1", "", None), ("1e3", "", None),
+])
+def test_parse_id_never_names_a_row_sqlite_cannot_hold(text, prefix, value):
+    from trainhub.httpapi import parse_id
+
+    assert parse_id(text, prefix) == value

@@ -199,3 +199,17 @@ def test_symlink_escape_refused(storage_server):
 def test_api_proxy_without_api_configured(storage_server):
     r = storage_server.get("api/models")
     assert r.status_code == 503 and "TRAINHUB_API_URL" in r.json()["message"]
+
+
+@pytest.mark.parametrize("method, route, status, allow", [
+    ("POST", "storage/areas", 405, "GET, OPTIONS"),
+    ("PATCH", "storage/files", 405, "GET, DELETE, PUT, OPTIONS"),
+    ("GET", "storage/nothing-here", 404, None),
+    ("DELETE", "culler/elsewhere", 404, None),
+])
+def test_errors_are_json_with_allow_on_405(storage_server, method, route, status, allow):
+    """Every answer of the extension's routes is JSON ``{"status", "message"}``; a 405 names the route's methods."""
+    r = storage_server.request(method, route, area="home", path="x")
+    assert r.status_code == status and r.headers["Content-Type"].startswith("application/json")
+    assert r.json()["status"] == status and r.json()["message"]
+    assert r.headers.get("Allow") == allow
