@@ -180,7 +180,8 @@ def make_job(
     node_selector: Mapping | None = None, tolerations: Iterable[Mapping] = (), time_limit: float | None = None,
     deadline_margin: float = 0, backoff_limit: int = 0, grace: int = 30, service_account: str = "",
     queue_name: str = "", ttl_after_finished: int | None = None, image_pull_secrets: Iterable[str] = (),
-    shm_size: str | None = "1Gi",
+    shm_size: str | None = "1Gi", pod_security_context: Mapping | None = None,
+    container_security_context: Mapping | None = None, runtime_class_name: str = "", priority_class_name: str = "",
 ) -> dict:
     """An Indexed ``batch/v1`` Job running one pod per worker, all-or-nothing.
 
@@ -209,6 +210,8 @@ def make_job(
         "volumeMounts": [{"name": "trainhub", "mountPath": POD_ROOT}],
         "resources": resources,
     }
+    if container_security_context:
+        container["securityContext"] = dict(container_security_context)
     shm_volumes, shm_mounts = shm_parts(shm_size)
     volumes = [{"name": "trainhub", "emptyDir": {}}, *shm_volumes]
     container["volumeMounts"] += shm_mounts
@@ -221,6 +224,12 @@ def make_job(
         "containers": [container],
         "volumes": volumes,
     }
+    if pod_security_context:
+        pod_spec["securityContext"] = dict(pod_security_context)
+    if runtime_class_name:
+        pod_spec["runtimeClassName"] = runtime_class_name
+    if priority_class_name:
+        pod_spec["priorityClassName"] = priority_class_name
     if service_account:
         pod_spec["serviceAccountName"] = service_account
     if node_selector:

@@ -136,6 +136,23 @@ class KubernetesLauncher(Launcher):
     ).tag(config=True)
     termination_grace = Integer(30, help="terminationGracePeriodSeconds of job pods when Kubernetes itself stops them.").tag(config=True)
     shm_size = Unicode("1Gi", help="Size of the memory-backed /dev/shm of job pods; empty = the runtime's 64 MiB.").tag(config=True)
+    pod_security_context = Dict(
+        {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100,
+         "seccompProfile": {"type": "RuntimeDefault"}},
+        help="""securityContext of job pods. The default meets the "restricted" Pod Security Standard together
+        with container_security_context (uid 1000, gid 100: the Jupyter images' jovyan:users), so a namespace
+        enforcing it admits job pods. {} = the image's user (root in many images).""",
+    ).tag(config=True)
+    container_security_context = Dict(
+        {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        help="securityContext of the worker container (restricted: no privilege escalation, every capability dropped).",
+    ).tag(config=True)
+    runtime_class_name = Unicode(
+        "", help='RuntimeClass of job pods, e.g. "nvidia" where the GPU runtime is not the nodes\' default; empty = none.',
+    ).tag(config=True)
+    priority_class_name = Unicode(
+        "", help="PriorityClass of job pods (Kubernetes' own preemption and eviction order); empty = none.",
+    ).tag(config=True)
     credentials_secret_template = Unicode(
         "trainhub-storage-{username}",
         help="""Secret holding the user's AWS_* storage credentials (the hub's managed Secret; {username} is
@@ -324,7 +341,9 @@ class KubernetesLauncher(Launcher):
             deadline_margin=self.deadline_margin, backoff_limit=self.backoff_limit, grace=self.termination_grace,
             service_account=self.service_account, queue_name=self.kueue_queue,
             ttl_after_finished=self.ttl_seconds_after_finished, image_pull_secrets=self.image_pull_secrets,
-            shm_size=self.shm_size or None,
+            shm_size=self.shm_size or None, pod_security_context=self.pod_security_context,
+            container_security_context=self.container_security_context,
+            runtime_class_name=self.runtime_class_name, priority_class_name=self.priority_class_name,
         )
         service = jm.make_headless_service(name=name, namespace=self.namespace, labels=labels, port=self.master_port)
         return manifest, service

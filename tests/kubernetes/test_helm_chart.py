@@ -160,6 +160,12 @@ def test_hub_extra_config_sets_known_traits(values, example, tmp_path, monkeypat
     if merged["trainhub"]["jobs"]["enabled"]:
         assert services["trainhub"]["url"] == "http://trainhub-jobs:8080"
         assert services["trainhub"]["api_token"] == "jobs-token"
+        # notebook pods reach the jobs API (in the hub's namespace) and the notebook NetworkPolicy lets them
+        assert re.fullmatch(r"http://trainhub-jobs\.[a-z0-9-]+\.svc:8080/services/trainhub/api", c.GPUKubeSpawner.api_url)
+        egress = merged["jupyterhub"]["singleuser"]["networkPolicy"]["egress"]
+        assert any(rule["to"][0]["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == "jobs"
+                   and rule["ports"][0]["port"] == merged["trainhub"]["jobs"]["port"] for rule in egress)
+    assert c.GPUKubeSpawner.kernel_config_map == "trainhub-kernel-config"
     assert ("trainhub-culler" in services) == merged["trainhub"]["culler"]["enabled"]
     if merged["trainhub"]["kueue"]["enabled"] and merged["trainhub"]["kueue"]["manageNotebooks"]:
         assert c.GPUKubeSpawner.check_gpu_availability is False
@@ -299,6 +305,12 @@ def test_every_rendered_object_is_strict_valid(example, kube_version):
             errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
     assert not errors, "\n".join(errors)
     assert len(objects) >= 29
+
+
+def test_rendered_kernel_config_map_is_the_file_a_kernel_loads():
+    objects = render_chart(None, KUBE_LOWEST)
+    (cm,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "trainhub-kernel-config"]
+    assert cm["data"]["ipython_kernel_config.py"] == (CHART / "files" / "ipython_kernel_config.py").read_text()
 
 
 def test_render_counts_and_the_kubernetes_floor():

@@ -212,6 +212,35 @@ def test_manifests_validate_for_each_profile(profile, gpus, script, queue, resou
     assert env["AWS_SECRET_ACCESS_KEY"] == "very-secret"  # no Secret configured: plain values
 
 
+def test_job_pods_meet_the_restricted_pod_security_standard_and_take_class_hooks(tmp_path):
+    """A namespace enforcing the "restricted" Pod Security level admits job pods of every profile (non-root,
+    no privilege escalation, all capabilities dropped, RuntimeDefault seccomp); runtimeClassName and
+    priorityClassName are there when configured; {} contexts bring back the image's user (and the refusal)."""
+    from pod_security import restricted_violations
+
+    c = Config()
+    c.ProfileCatalog.profiles = PROFILES
+    for profile, gpus, script in (("cpu", 0, None), ("gpu-2", 2, "print(1)"), ("mig-small", 1, None)):
+        launcher = KubernetesLauncher(config=c, namespace=NS, image="pytorch/pytorch:2.5.1", jobs_dir=str(tmp_path))
+        view = make_view(workers=2, gpus=gpus, profile=profile, script=script, time_limit=None)
+        job, _ = launcher.build_manifests(view, devices_for(view), BASE_ENV)
+        validate(job)
+        pod = job["spec"]["template"]["spec"]
+        assert restricted_violations(pod) == [], (profile, restricted_violations(pod))
+        assert "runtimeClassName" not in pod and "priorityClassName" not in pod
+    hooked = KubernetesLauncher(config=c, namespace=NS, image="img", jobs_dir=str(tmp_path), runtime_class_name="nvidia",
+                                priority_class_name="training-low")
+    view = make_view(workers=1, gpus=1, profile="gpu-1")
+    job = hooked.build_manifests(view, devices_for(view), BASE_ENV)[0]
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    assert (pod["runtimeClassName"], pod["priorityClassName"]) == ("nvidia", "training-low")
+    root = KubernetesLauncher(config=c, namespace=NS, image="img", jobs_dir=str(tmp_path), pod_security_context={},
+                              container_security_context={})
+    pod = root.build_manifests(view, devices_for(view), BASE_ENV)[0]["spec"]["template"]["spec"]
+    assert "securityContext" not in pod and len(restricted_violations(pod)) == 4
+
+
 # ---------------------------------------------------------------------------------------------
 # statuses and logs
 
@@ -469,6 +498,10 @@ def test_config_from_chart(example, tmp_path):
     assert launcher.kueue_queue == (kueue["localQueue"] if kueue["enabled"] else "")
     assert launcher.namespace == data["jobNamespace"] and launcher.master_port == 29500 and launcher.backoff_limit == 0
     assert [p.slug for p in launcher.catalog.all()] == [p["slug"] for p in values["trainhub"]["profiles"]]
+    pod = values["trainhub"]["jobs"]["pod"]
+    assert launcher.pod_security_context == pod["securityContext"] and launcher.pod_security_context["runAsNonRoot"] is True
+    assert launcher.container_security_context == pod["containerSecurityContext"]
+    assert (launcher.runtime_class_name, launcher.priority_class_name) == (pod["runtimeClassName"], pod["priorityClassName"])
     assert import_item(c.JobsService.metrics_source_class) is PrometheusDCGMSource
     assert PrometheusDCGMSource(config=c).url == "http://prometheus:9090"
     # without a Prometheus URL the sources stay the service's defaults

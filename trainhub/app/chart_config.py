@@ -43,6 +43,12 @@ def config_from_chart(data: dict) -> Config:
         k.master_port = int(pod.get("masterPort") or 29500)
         k.backoff_limit = int(pod.get("backoffLimit") or 0)
         k.shm_size = pod.get("shmSize") or ""
+        if "securityContext" in pod:
+            k.pod_security_context = pod["securityContext"] or {}
+        if "containerSecurityContext" in pod:
+            k.container_security_context = pod["containerSecurityContext"] or {}
+        k.runtime_class_name = pod.get("runtimeClassName") or ""
+        k.priority_class_name = pod.get("priorityClassName") or ""
         if "ttlSecondsAfterFinished" in pod:
             k.ttl_seconds_after_finished = pod["ttlSecondsAfterFinished"]
         kueue = data.get("kueue") or {}
