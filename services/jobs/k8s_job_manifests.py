@@ -120,14 +120,35 @@ def env_list(env: Mapping[str, object]) -> list[dict]:
     return out
 
 
-def secret_refs(secret_name: str, keys: Iterable[str] = SECRET_ENV_KEYS) -> dict:
-    """``valueFrom`` sources reading credentials from a (possibly absent) Secret."""
-    return {k: {"secretKeyRef": {"name": secret_name, "key": k, "optional": True}} for k in keys}
+def secret_refs(secret_name: str, keys: Iterable[str] = SECRET_ENV_KEYS, optional: bool = True) -> dict:
+    """``valueFrom`` sources reading credentials from a Secret (``optional``: it may lack a key or be absent)."""
+    return {k: {"secretKeyRef": {"name": secret_name, "key": k, "optional": optional}} for k in keys}
+
+
+def credentials_secret_name(job_name: str) -> str:
+    return f"{job_name}-credentials"
+
+
+def make_credentials_secret(*, name: str, namespace: str, labels: Mapping[str, str], values: Mapping[str, str],
+                            owner: Mapping) -> dict:
+    """The attempt's own copy of the user's storage credentials, in the job namespace, owned by the Job (it
+    goes when the Job goes): job pods never depend on a Secret the hub may not have written there."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [_owner(owner)]},
+        "stringData": dict(values),
+    }
+
+
+def _owner(job: Mapping) -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
+            "controller": False, "blockOwnerDeletion": False}
 
 
 def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[str, str], user_env: Mapping[str, str],
                command: str | None, script: str | None, outputs_url: str | None = None, gpus: int = 0,
-               python: str = "python3", secret_name: str | None = None, cpu_limit: float | None = None) -> dict:
+               python: str = "python3", secret_name: str | None = None, cpu_limit: float | None = None,
+               secret_keys: Iterable[str] = SECRET_ENV_KEYS, secret_optional: bool = True) -> dict:
     """The environment of every pod of the attempt (RANK comes from the pod's completion index).
 
     ``cpu_limit``: the pod's CPU limit (cores), which sizes OMP_NUM_THREADS; None leaves it unset.
@@ -170,7 +191,7 @@ def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[s
     else:
         env["TRAINHUB_JOB_COMMAND"] = command or ""
     if secret_name:
-        env.update(secret_refs(secret_name))
+        env.update(secret_refs(secret_name, secret_keys, secret_optional))
     return env
 
 
@@ -278,10 +299,7 @@ def make_headless_service(*, name: str, namespace: str, labels: Mapping[str, str
     """
     meta: dict = {"name": name, "namespace": namespace, "labels": dict(labels)}
     if owner:
-        meta["ownerReferences"] = [{
-            "apiVersion": "batch/v1", "kind": "Job", "name": owner["metadata"]["name"],
-            "uid": owner["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False,
-        }]
+        meta["ownerReferences"] = [_owner(owner)]
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from traitlets import Any, Dict, Float, Instance, Integer, List, Unicode, default
+from traitlets import Any, Dict, Enum, Float, Instance, Integer, List, Unicode, default
 
 from trainhub.backoff import Backoff, WaitTimeout, apoll
 from trainhub.exceptions import TrainhubError
+from trainhub.kube.names import SECRET_ENV_KEYS
 from trainhub.metrics.prometheus import GPUTarget
 from trainhub.profiles import ProfileCatalog
 
@@ -153,11 +154,19 @@ class KubernetesLauncher(Launcher):
     priority_class_name = Unicode(
         "", help="PriorityClass of job pods (Kubernetes' own preemption and eviction order); empty = none.",
     ).tag(config=True)
+    credentials = Enum(
+        ["managed", "existing", "none"],
+        "managed",
+        help="""How job pods get the user's AWS_* storage credentials (the ones the jobs service holds for the
+        user). "managed": each attempt gets its own Secret in the job namespace, written by the launcher and owned by
+        the Job (deleted with it), read by required secretKeyRef: no value in the Job, and nothing depends on the
+        hub having written a Secret there or the user having started a notebook. "existing": read (required) from
+        the Secret named by credentials_secret_template in the job namespace, made by someone else (for example an
+        external-secrets operator). "none": plain values in the Job (development only).""",
+    ).tag(config=True)
     credentials_secret_template = Unicode(
         "trainhub-storage-{username}",
-        help="""Secret holding the user's AWS_* storage credentials (the hub's managed Secret; {username} is
-        KubeSpawner's safe slug of the user name). Job pods read them with optional secretKeyRef, so no
-        credential appears in the Job. Empty: credentials go into the Job as plain values.""",
+        help="""The Secret of credentials="existing"; {username} is KubeSpawner's safe slug of the user name.""",
     ).tag(config=True)
     modify_job_hook = Any(
         None,
@@ -300,7 +309,7 @@ class KubernetesLauncher(Launcher):
             return None
 
     def _secret_name(self, user: str) -> str | None:
-        if not self.credentials_secret_template:
+        if self.credentials != "existing" or not self.credentials_secret_template:
             return None
         try:
             from kubespawner.slugs import safe_slug
@@ -325,10 +334,14 @@ class KubernetesLauncher(Launcher):
             # the engine's OutputSyncer.target_url: <user storage URL>/jobs/<key>
             outputs_url = env.get("TRAINHUB_OUTPUTS_URL") or (
                 f"{env['TRAINHUB_STORAGE_URL'].rstrip('/')}/jobs/{job.key}" if env.get("TRAINHUB_STORAGE_URL") else None)
+        secret_name, secret_keys = self._secret_name(job.user), SECRET_ENV_KEYS
+        if self.credentials == "managed":
+            secret_keys = sorted(k for k in SECRET_ENV_KEYS if env.get(k))
+            secret_name = jm.credentials_secret_name(name) if secret_keys else None
         wenv = jm.worker_env(
             name=name, workers=job.workers, master_port=self.master_port, base_env=env, user_env=job.env,
             command=job.command, script=job.script, outputs_url=outputs_url,
-            gpus=gpus, python=self.python, secret_name=self._secret_name(job.user),
+            gpus=gpus, python=self.python, secret_name=secret_name, secret_keys=secret_keys, secret_optional=False,
             cpu_limit=profile.cpu_limit if profile else None,
         )
         node_selector = {**self.node_selector, **(profile.node_selector if profile else {})}
@@ -374,6 +387,7 @@ class KubernetesLauncher(Launcher):
             created = await self._read_job(name)
             if created is None:
                 raise
+        await self._create_credentials(name, env, service["metadata"]["labels"], created)
         service = jm.make_headless_service(name=name, namespace=self.namespace, labels=service["metadata"]["labels"],
                                            port=self.master_port, owner=created)
         try:
@@ -392,6 +406,30 @@ class KubernetesLauncher(Launcher):
             "attempt": job.attempt, "dir": str(adir), "kueue_queue": self.kueue_queue or None,
             "workers": [{"rank": r, "devices": list(devices[r]) if devices else []} for r in range(job.workers)],
         }
+
+    async def _create_credentials(self, name: str, env: dict, labels: dict, created: dict) -> None:
+        """The attempt's credentials Secret, right after its Job (owned by it, so it goes with it; pods that
+        start first wait for it, as kubelet retries a missing Secret). Refused: the Job goes too (a job must
+        never run without the credentials it was given)."""
+        from kubernetes_asyncio.client.rest import ApiException
+
+        values = {k: env[k] for k in SECRET_ENV_KEYS if env.get(k)}
+        if self.credentials != "managed" or not values:
+            return
+        secret = jm.make_credentials_secret(name=jm.credentials_secret_name(name), namespace=self.namespace,
+                                            labels=labels, values=values, owner=created)
+        try:
+            await self._request(f"create secret {secret['metadata']['name']}", self._core.create_namespaced_secret,
+                                self.namespace, secret)
+        except ApiException as e:
+            if e.status == 409:  # an adopted attempt: written before the restart
+                return
+            self.log.error("kubernetes: creating the credentials Secret of job %s failed (%s %s); deleting the job",
+                           name, e.status, e.reason)
+            await self._delete_job(name, "Background", None)
+            raise TrainhubError(f"could not give job {name} its storage credentials: the jobs service may not create "
+                                f"Secrets in namespace {self.namespace} ({e.status} {e.reason}); see the launcher Role "
+                                "or set KubernetesLauncher.credentials") from None
 
     def _name(self, job: JobView, state: dict) -> str:
         return state.get("name") or jm.job_name(job.key, state.get("attempt") or job.attempt)

@@ -83,12 +83,20 @@ def test_the_launcher_account_can_do_what_the_launcher_does_and_no_more(chart, r
     assert call("POST", f"{ns}/services", svc)[0] == 201
     assert call("GET", f"{ns}/pods")[0] == 200
     assert call("GET", f"{ns}/pods/none/log")[0] == 404  # allowed; the pod is missing
+    # each attempt's credentials Secret: created (owned by its Job), never read back, listed, changed or deleted
+    secret = {"metadata": {"name": "rbac-check-credentials"}, "stringData": {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}}
+    assert call("POST", f"{ns}/secrets", secret)[0] == 201
+    for method, path, body in (("GET", f"{ns}/secrets/rbac-check-credentials", None), ("GET", f"{ns}/secrets", None),
+                               ("PATCH", f"{ns}/secrets/rbac-check-credentials", {"stringData": {"x": "y"}}),
+                               ("DELETE", f"{ns}/secrets/rbac-check-credentials", None)):
+        status, answer = call(method, path, body, "application/merge-patch+json" if method == "PATCH" else "application/json")
+        assert status == 403, (method, path, status, answer)
     assert call("DELETE", f"{batch}/jobs/rbac-check", {"propagationPolicy": "Foreground", "gracePeriodSeconds": 3})[0] == 200
     assert call("DELETE", f"{ns}/services/rbac-check")[0] == 200
     # the ledger's ClusterRole: nodes and every namespace's pods, read only
     assert call("GET", "/api/v1/nodes")[0] == 200 and call("GET", "/api/v1/pods")[0] == 200
     refused = [
-        ("GET", f"{ns}/secrets", None), ("POST", f"{ns}/secrets", {"metadata": {"name": "x"}}),
+        ("GET", f"{ns}/secrets", None),
         ("POST", f"{ns}/pods", {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
         ("DELETE", f"{ns}/pods/x", None), ("POST", "/apis/batch/v1/namespaces/default/jobs", job),
         ("PATCH", f"{batch}/jobs/rbac-check", {"spec": {"suspend": False}}), ("DELETE", "/api/v1/nodes/gpu-a", None),

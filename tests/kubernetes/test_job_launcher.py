@@ -11,6 +11,7 @@ is run for real with ``sh``. Skipped against a real cluster (the tests drive pod
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from k8s_test_config import GPU_TYPE_LABEL, MIG, PROFILES, REAL_KUBECONFIG, TEST
 from kube_standin import JOBS, PODS, standin_server, write_kubeconfig
 from traitlets.config import Config
 
+from trainhub.exceptions import TrainhubError
 from trainhub.services.jobs import k8s_job_manifests as jm
 from trainhub.services.jobs.kubernetes import GPUTarget, KubernetesLauncher
 from trainhub.services.jobs.launcher import JobView, WorkerStatus
@@ -161,7 +163,13 @@ async def test_launch_creates_indexed_job_and_headless_service(kube, make_launch
     assert env["EPOCHS"] == "3" and env["TRAINHUB_JOB_COMMAND"] == "python train.py"
     assert "PATH" not in env  # the service's PATH means nothing in the image
     assert env["TRAINHUB_OUTPUTS_URL"] == f"s3://bucket/users/alice/jobs/{view.key}"  # where the engine syncs the job
-    assert env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "trainhub-storage-alice", "key": "AWS_SECRET_ACCESS_KEY", "optional": True}}
+    # the attempt's own credentials Secret, in the job namespace, owned by the Job, read by required refs
+    assert env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": f"{name}-credentials", "key": "AWS_SECRET_ACCESS_KEY", "optional": False}}
+    assert "AWS_SESSION_TOKEN" not in env  # only the keys it has
+    secret = kube.get(kmock_secrets(), NS, f"{name}-credentials")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    stored = secret.get("stringData") or {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    assert stored == {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret"}
     assert "very-secret" not in json.dumps(job) and "AKIAEXAMPLE" not in json.dumps(job)
     assert json.loads(env["TRAINHUB_STORAGE_OPTIONS"]) == {"endpoint_url": "http://s3"}
 
@@ -186,6 +194,36 @@ def kmock_services():
     return kmock.resource(group="", version="v1", plural="services")
 
 
+def kmock_secrets():
+    import kmock
+
+    return kmock.resource(group="", version="v1", plural="secrets")
+
+
+async def test_a_job_that_cannot_get_its_credentials_is_not_left_running(kube, make_launcher, monkeypatch):
+    """No right to create the Secret (an old Role): the launch fails with the reason and the Job is deleted,
+    never a job running without the credentials it was given."""
+    from kubernetes_asyncio.client.rest import ApiException
+
+    launcher = make_launcher()
+    await launcher._connect()
+
+    async def forbidden(*args, **kwargs):
+        raise ApiException(status=403, reason="Forbidden")
+
+    monkeypatch.setattr(launcher._core, "create_namespaced_secret", forbidden)
+    view = make_view(workers=1, gpus=0, profile="cpu")
+    with pytest.raises(TrainhubError, match="storage credentials.*may not create Secrets"):
+        await launcher.launch(view, devices_for(view), BASE_ENV)
+    name = jm.job_name(view.key, view.attempt)
+    await until(lambda: kube.get(JOBS, NS, name) is None or kube.get(JOBS, NS, name)["metadata"].get("deletionTimestamp"),
+                what="the Job deleted")
+    # "existing": the named Secret, required; "none": plain values
+    job, _ = make_launcher(credentials="existing").build_manifests(view, devices_for(view), BASE_ENV)
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "trainhub-storage-alice", "key": "AWS_ACCESS_KEY_ID", "optional": False}}
+
+
 @pytest.mark.parametrize("profile,gpus,script,queue,resource", [
     ("cpu", 0, None, "", None),
     ("mig-small", 1, "print('hi')", "", MIG),
@@ -196,7 +234,7 @@ def test_manifests_validate_for_each_profile(profile, gpus, script, queue, resou
     c = Config()
     c.ProfileCatalog.profiles = PROFILES
     launcher = KubernetesLauncher(config=c, namespace=NS, image="pytorch/pytorch:2.5.1", kueue_queue=queue,
-                                  credentials_secret_template="", jobs_dir=str(tmp_path))
+                                  credentials="none", jobs_dir=str(tmp_path))
     view = make_view(workers=3, gpus=gpus, profile=profile, script=script, time_limit=None)
     job, svc = launcher.build_manifests(view, devices_for(view), BASE_ENV)
     validate(job)

@@ -54,9 +54,8 @@ def config_from_chart(data: dict) -> Config:
         kueue = data.get("kueue") or {}
         k.kueue_queue = (kueue.get("localQueue") or "") if kueue.get("enabled") else ""
         storage = data.get("storage") or {}
-        if storage.get("secret") == "none":
-            k.credentials_secret_template = ""
-        elif storage.get("secretNameTemplate"):
+        k.credentials = storage.get("secret") or "managed"  # the notebooks' choice, for the jobs too
+        if storage.get("secretNameTemplate"):
             k.credentials_secret_template = storage["secretNameTemplate"]
     # the GPU ledger from the cluster (nodes and pods), for the engine's admission and the culler
     allocator = "trainhub.spawner.k8s_allocator.KubernetesGPUAllocator"
