@@ -233,6 +233,12 @@ class JobEngine(LoggingConfigurable):
             stop_reason = "gang-failure"
         elif state.get("preempting"):
             stop_reason = "preempt"
+        elif state.get("stalled"):
+            stop_reason = "stalled"
+        elif len(ended) < len(statuses) and (stall := await self.launcher.stalled(v, state)):
+            stop_reason = "stalled"
+            state = {**state, "stalled": stall}
+            await self.store.write(self.store.update, job.id, launch_state=state, event=("stalled", f"{stall}: requeueing"))
         if stop_reason and len(ended) < len(statuses):
             if job.id not in self._stopping:
                 self.log.info("job %s: stopping workers (%s)", job.key, stop_reason)
@@ -259,6 +265,8 @@ class JobEngine(LoggingConfigurable):
             await self._end_attempt(job, FAILED, f"exceeded its time limit of {fmt_duration(job.time_limit, 'units')}", codes, retry=True)
         elif state.get("preempting"):
             await self._end_attempt(job, QUEUED, f"preempted: {state.get('preempt_reason', 'a higher-priority job needed its GPUs')}; requeued", codes, requeue=True)
+        elif state.get("stalled"):
+            await self._end_attempt(job, QUEUED, f"{state['stalled']}; requeued", codes, requeue=True)
         elif all(c == 0 for c in codes):
             n = len(codes)
             await self._end_attempt(job, SUCCEEDED, f"{'all ' + str(n) + ' workers' if n > 1 else 'the worker'} exited with code 0", codes)

@@ -343,6 +343,17 @@ def pod_index(pod: Mapping) -> int | None:
         return None
 
 
+def unschedulable(pod: Mapping) -> str | None:
+    """The scheduler's message for a pod it could not place ("0/3 nodes are available: 3 Insufficient
+    nvidia.com/gpu."), or None when it is placed or not yet looked at."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return c.get("message") or "unschedulable"
+    return None
+
+
 def container_exit(pod: Mapping, container: str = CONTAINER) -> int | None:
     """Exit code of the worker container, or None when it has not terminated (OOMKilled → -9)."""
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:

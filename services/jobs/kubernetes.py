@@ -44,6 +44,7 @@ from traitlets import Any, Dict, Enum, Float, Instance, Integer, List, Unicode, 
 
 from trainhub.backoff import Backoff, WaitTimeout, apoll
 from trainhub.exceptions import TrainhubError
+from trainhub.fmt import fmt_duration
 from trainhub.kube.names import SECRET_ENV_KEYS
 from trainhub.metrics.prometheus import GPUTarget
 from trainhub.profiles import ProfileCatalog
@@ -74,6 +75,7 @@ class _Run:
     resume: dict = field(default_factory=dict)  # rank -> ts_key: lines up to it are in the log already
     done: set = field(default_factory=set)  # pod uids whose final log was read
     next_read: dict = field(default_factory=dict)  # pod uid -> monotonic time of the next read
+    unplaced_since: float | None = None  # monotonic time since which some pod of the gang has been unschedulable
 
 
 MIN_SERVER_VERSION = (1, 26)  # completionMode Indexed (1.21) and podFailurePolicy (beta, on by default: 1.26)
@@ -172,6 +174,13 @@ class KubernetesLauncher(Launcher):
         None,
         help="""Callable (sync or async) `hook(launcher, job_view, manifest) -> manifest` to change a Job
         before it is created (extra volumes, a priority class, Kueue's priority label...).""",
+    ).tag(config=True)
+    gang_timeout = Float(
+        300.0,
+        help="""Without Kueue nothing places a multi-pod job all at once: when some pod of an attempt has been
+        unschedulable this many seconds (while the others may hold their GPUs), the attempt is stopped and the job
+        requeued with the scheduler's message, not counted against its retries. With Kueue (kueue_queue) Kueue
+        admits gangs whole and this is not used. 0 = never.""",
     ).tag(config=True)
     request_timeout = Float(10.0, help="Seconds one API request may take.").tag(config=True)
     retry_timeout = Float(30.0, help="Seconds a failing request (5xx, 429, timeout) is retried, with capped exponential backoff.").tag(config=True)
@@ -460,6 +469,25 @@ class KubernetesLauncher(Launcher):
         if obj is not None:
             run.last = statuses
         return statuses
+
+    async def stalled(self, job: JobView, state: dict) -> str | None:
+        if self.kueue_queue or self.gang_timeout <= 0:
+            return None
+        name = self._name(job, state)
+        run = self._runs.setdefault(name, _Run())
+        unplaced = [p for p in self._job_pods(name) if jm.unschedulable(p)]
+        if not unplaced:
+            run.unplaced_since = None
+            return None
+        now = time.monotonic()
+        if run.unplaced_since is None:
+            run.unplaced_since = now
+        if now - run.unplaced_since < self.gang_timeout:
+            return None
+        pod = unplaced[0]
+        placed = job.workers - len(unplaced)
+        return (f"only {placed} of {job.workers} workers could be placed on the cluster for "
+                f"{fmt_duration(self.gang_timeout, 'units')} (worker {jm.pod_index(pod)}: {jm.unschedulable(pod)})")
 
     async def terminate(self, job: JobView, state: dict, grace: float) -> None:
         await self._ready()

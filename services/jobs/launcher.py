@@ -108,6 +108,12 @@ class Launcher(LoggingConfigurable):
         copies a job's outputs in it). Default: the service's own rights."""
         return contextlib.nullcontext()
 
+    async def stalled(self, job: JobView, state: dict) -> str | None:
+        """Why this running attempt cannot make progress and should go back to the queue (stopped, requeued,
+        not counted as a failure), e.g. a gang only partly placed by a cluster scheduler; None: it can.
+        Called after each ``poll``. Default: never (local workers start together or fail)."""
+        return None
+
     async def cleanup(self, job: JobView, state: dict) -> None:
         """Drop back-end objects once the job is terminal (files are kept). Default: nothing to drop."""
 

@@ -656,3 +656,47 @@ async def test_engine_fails_the_gang_when_one_worker_fails(kube, engine_with):
     done = await _run_until(engine, job.id, {"failed"})
     assert done.exit_codes[1] == 3 and done.exit_codes[0] in (-15, -9)
     assert done.reason.startswith("worker 1 exited with code 3")
+
+
+async def test_engine_requeues_a_gang_the_cluster_places_only_partly(kube, engine_with):
+    """Without Kueue nothing places a gang whole: with other pods holding most of the node's GPUs, rank 0 runs and
+    rank 1 stays unschedulable. After gang_timeout the attempt is stopped (its Job deleted, rank 0's GPUs back) and
+    the job requeued with the scheduler's message, no retry spent; once the cluster has room an attempt runs whole.
+    (The engine's ledger here is a local one that cannot see the other pods, so it relaunches at once; on a cluster
+    the KubernetesGPUAllocator counts them and the job waits in the queue.)"""
+    engine = engine_with
+    engine.launcher.gang_timeout = 1.0
+    await engine.launcher._connect()
+    blocker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "someone-elses-training", "namespace": NS},
+               "spec": {"containers": [{"name": "c", "image": TEST_IMAGE,
+                                        "resources": {"limits": {"nvidia.com/gpu": "5"}, "requests": {"nvidia.com/gpu": "5"}}}],
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}
+    await engine.launcher._core.create_namespaced_pod(NS, blocker)
+    job = await engine.store.write(engine.store.create, user="alice", name="gang", command="python train.py",
+                                   workers=2, gpus=2, profile="gpu-2")
+    try:
+        first = (await _run_until(engine, job.id, {"running"})).launch_state["name"]
+
+        async def stalled_event():
+            await engine.run_once()
+            return [e for e in await engine.store.read(engine.store.events, job.id) if e["kind"] == "stalled"]
+        (event, *_) = await until(stalled_event, timeout=30, what="the partly placed gang to be stopped")
+        assert re.fullmatch(r"only 1 of 2 workers could be placed on the cluster for 1s \(worker 1: 0/\d+ nodes are "
+                            r"available: .*Insufficient nvidia\.com/gpu.*\): requeueing", event["message"]), event
+        await until(lambda: kube.get(JOBS, NS, first) is None, what="the partial attempt's Job deleted")
+        current = await engine.store.read(engine.store.get, job.id)
+        assert current.state in ("queued", "running") and "failed" not in [e["kind"] for e in
+                                                                            await engine.store.read(engine.store.events, job.id)]
+    finally:
+        await engine.launcher._core.delete_namespaced_pod("someone-elses-training", NS, grace_period_seconds=0)
+
+    async def whole():
+        await engine.run_once()
+        job_now = await engine.store.read(engine.store.get, job.id)
+        name = (job_now.launch_state or {}).get("name")
+        pods = job_pods(kube, name) if name and job_now.state == "running" else {}
+        return job_now if len(pods) == 2 and all(p["spec"].get("nodeName") for p in pods.values()) else None
+    again = await until(whole, timeout=30, what="an attempt placed whole once the cluster has room")
+    assert again.retries == 0 and again.state == "running"
+    await engine.store.write(engine.store.request_cancel, job.id, "alice")
+    await _run_until(engine, job.id, {"cancelled"}, timeout=30)
