@@ -164,6 +164,16 @@ class GPUKubeSpawner(KubeSpawner):
         pod-level IAM.""",
     ).tag(config=True)
 
+    storage_volume_cleanup = Enum(
+        ["user-deleted", "server-stopped", "never"],
+        "user-deleted",
+        help="""When the per-user storage objects go: the home PersistentVolume and claim (storage_mount="csi") and
+        the managed credentials Secret. "user-deleted" (default): when JupyterHub deletes the user (or their default
+        server for good: Spawner.delete_forever); "server-stopped": each time the last of the user's servers stops
+        (made again at the next start); "never": kept, as before. Only the objects go: the files stay in the object
+        store (the volumes are Retain and point at the user's prefix). The shared datasets volume is never removed.""",
+    ).tag(config=True)
+
     storage_capacity = Unicode("1Ti", help="Nominal capacity of the storage PersistentVolumes (object stores ignore it).").tag(config=True)
 
     storage_sidecar_image = Unicode("rclone/rclone:1.68", help="Image of the fuse-sidecar containers; needs sh, rclone and fusermount.").tag(config=True)
@@ -291,7 +301,38 @@ class GPUKubeSpawner(KubeSpawner):
 
     async def stop(self, now=False):
         GPUKubeSpawner._reservations.pop(self._own_key(), None)
-        return await super().stop(now=now)
+        result = await super().stop(now=now)
+        others = [s for s in (getattr(self.user, "spawners", None) or {}).values() if s is not self and s.active]
+        if self.storage_volume_cleanup == "server-stopped" and not others:
+            await self.remove_user_storage_objects()
+        return result
+
+    async def delete_forever(self):
+        await super().delete_forever()
+        if self.storage_volume_cleanup != "never" and not self.name:  # named servers share the user's objects
+            await self.remove_user_storage_objects()
+
+    async def remove_user_storage_objects(self) -> None:
+        """Delete this user's home claim and volume and the managed credentials Secret (never the datasets')."""
+        if not self.storage_enabled:
+            return
+        names = self._storage_names()
+        calls = []
+        if self.storage_mount == "csi":
+            calls += [("pvc", names["home_pvc"], self.api.delete_namespaced_persistent_volume_claim, (names["home_pvc"], self.namespace)),
+                      ("pv", names["home_pv"], self.api.delete_persistent_volume, (names["home_pv"],))]
+        if self.storage_secret == "managed":
+            calls.append(("secret", self.storage_secret_name(), self.api.delete_namespaced_secret,
+                          (self.storage_secret_name(), self.namespace)))
+        for kind, name, call, args in calls:
+            try:
+                await self._k8s_request(f"delete {kind} {name}", call, *args)
+                self.log.info("trainhub: deleted %s %s of %s (storage_volume_cleanup=%s)", kind, name, self.user.name,
+                              self.storage_volume_cleanup)
+            except ApiException as e:
+                if e.status != 404:
+                    self.log.warning("trainhub: deleting %s %s of %s failed: %s %s", kind, name, self.user.name,
+                                     e.status, e.reason)
 
     # ---- applying a profile -------------------------------------------------------------------
 

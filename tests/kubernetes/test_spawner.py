@@ -140,6 +140,45 @@ async def test_notebook_pods_know_the_jobs_api_and_load_train(make_spawner, clus
     assert "TRAINHUB_API_URL" not in manifest and "ipython_kernel_config" not in manifest
 
 
+async def until_absent(cluster, owned, timeout=30.0):
+    """Deleted objects gone for good (a claim's finalizer is removed by the controller-manager), so they can be made again."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while any([await cluster.read(kind, name) is not None for kind, name in owned]):
+        assert asyncio.get_running_loop().time() < deadline, "objects still there"
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("policy", ["user-deleted", "server-stopped", "never"])
+async def test_per_user_storage_objects_follow_the_cleanup_policy(make_spawner, cluster, policy):
+    """The home PV (Retain: only the pointer goes, never the files) and claim and the managed Secret go when the user
+    is deleted (delete_forever), or at each stop with "server-stopped"; "never" keeps them; the shared datasets
+    volume stays in every case. On the real apiserver too (objects made without a pod)."""
+    user = f"vol-{policy.split('-')[0]}"
+    spawner = make_spawner(user, options={"profile": "cpu"}, config=spawner_config(
+        **S3, GPUKubeSpawner__storage_mount="csi", GPUKubeSpawner__storage_volume_cleanup=policy))
+    spawner.apply_profile(spawner.resolve_profile({"profile": "cpu"}))
+    await spawner.ensure_storage_objects()
+    names = spawner._storage_names()
+    owned = [("pvc", names["home_pvc"]), ("pv", names["home_pv"]), ("secret", spawner.storage_secret_name())]
+
+    async def present() -> list[bool]:  # (a claim being deleted waits for the pvc-protection finalizer)
+        objs = [await cluster.read(kind, name) for kind, name in owned]
+        return [o is not None and not o["metadata"].get("deletionTimestamp") for o in objs]
+
+    assert await present() == [True] * 3
+    await spawner.stop()  # (no pod: KubeSpawner's stop is a no-op delete)
+    assert await present() == [policy != "server-stopped"] * 3
+    if policy == "server-stopped":
+        await until_absent(cluster, owned)
+    await spawner.ensure_storage_objects()
+    assert await present() == [True] * 3
+    await spawner.delete_forever()
+    assert await present() == [policy == "never"] * 3
+    assert await cluster.read("pvc", names["datasets_pvc"]) is not None  # shared: never removed
+    if policy == "never":
+        await spawner.remove_user_storage_objects()
+
+
 async def test_mig_profile_uses_its_resource_name(make_spawner, cluster, validate_k8s):
     spawner = make_spawner("bob", options={"profile": "mig-small"})
     await spawner.start()
