@@ -128,8 +128,7 @@ class ReleaseHandler(CullerHandler):
         if not isinstance(server, str):
             raise InvalidRequest('"server" must be a server name ("" for the default server)')
         answer = await self.culler.give_back(model["name"], server)
-        self.set_status(202)
-        self.write_json(answer)
+        self.write_json(answer, status=202)
 
 
 class WarningsHandler(CullerHandler):
