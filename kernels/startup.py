@@ -3,7 +3,9 @@
 The local spawner calls :func:`install_ipython_startup` with the user's home directory before the
 single-user server starts (through ``LocalGPUSpawner.prepare_home_hook``, which the hub's
 configuration sets: the spawner never imports the kernel side). It writes ``~/.ipython/profile_default/startup/00-trainhub.py``, which
-IPython runs in every new kernel: when ``$TRAINHUB_API_URL`` is set (the spawner sets it for
+IPython runs in every new kernel: when the kernel belongs to a notebook whose variables were kept
+across a release (``$TRAINHUB_SNAPSHOT_DIR`` and ``$JPY_SESSION_NAME``) it loads
+``trainhub.kernels.snapshot``, which restores them; when ``$TRAINHUB_API_URL`` is set (the spawner sets it for
 platform servers) it loads the ``trainhub.kernels`` extension, silently; anywhere else it does
 nothing. A failure to load prints one line and never breaks the kernel.
 """
@@ -22,6 +24,11 @@ def _trainhub_load_extension():
     import os
     import sys
 
+    if os.environ.get("TRAINHUB_SNAPSHOT_DIR") and os.environ.get("JPY_SESSION_NAME"):
+        try:  # a notebook's variables kept across a release come back (trainhub.kernels.snapshot)
+            get_ipython().extension_manager.load_extension("trainhub.kernels.snapshot")
+        except Exception as e:
+            print(f"trainhub: variables kept for this notebook could not be restored ({{type(e).__name__}}: {{e}})", file=sys.stderr)
     if not os.environ.get("TRAINHUB_API_URL"):
         return
     try:

@@ -31,8 +31,9 @@ Fixtures
   - ``stop_all_servers()``: stop every running server (cleanup helper).
   - ``ledger()``: ``trainhub status --json`` parsed; ``held_by(user)``: devices of a user.
   - ``login(user, password)``: a ``requests.Session`` logged in through the login form.
-  - ``kernel_exec(user, code, token=None)``: start a kernel in the user's server, run
-    ``code`` over the kernel websocket, return its stdout (kernel deleted afterwards).
+  - ``kernel_exec(user, code, token=None, kernel_id=None)``: start a kernel in the user's server
+    (or use kernel ``kernel_id``), run ``code`` over the kernel websocket, return its stdout (a
+    kernel it started is deleted afterwards).
   - ``restart()``: stop (SIGTERM) and start again on the same data dir and ports.
   - ``stop(sig=SIGTERM)``: stop and assert no process with its instance marker is left.
   - ``log()``: the hub log text (``<data_dir>/logs/jupyterhub.log``).
@@ -391,16 +392,19 @@ class Platform:
 
     # -- kernels ----------------------------------------------------------------
     def kernel_exec(self, user: str, code: str, token: str | None = None, timeout: float = 60,
-                    keep_kernel: bool = False) -> str:
-        """Run ``code`` in a fresh kernel of the user's server; returns its stdout."""
+                    keep_kernel: bool = False, kernel_id: str | None = None) -> str:
+        """Run ``code`` in a fresh kernel of the user's server (or in kernel ``kernel_id``, kept); returns its stdout."""
         import websocket  # websocket-client, a jupyter-server dependency
 
         token = token or self.token(user)
         base = f"{self.url}/user/{user}/api/kernels"
         headers = {"Authorization": f"token {token}"}
-        r = requests.post(base, headers=headers, json={"name": "python3"}, timeout=60)
-        assert r.status_code == 201, f"kernel start: {r.status_code} {r.text[:300]}"
-        kid = r.json()["id"]
+        if kernel_id is None:
+            r = requests.post(base, headers=headers, json={"name": "python3"}, timeout=60)
+            assert r.status_code == 201, f"kernel start: {r.status_code} {r.text[:300]}"
+            kid = r.json()["id"]
+        else:
+            kid, keep_kernel = kernel_id, True
         ws = None
         try:
             ws_url = base.replace("http://", "ws://", 1) + f"/{kid}/channels"

@@ -17,11 +17,15 @@ Routes (under the server's base URL; JSON errors ``{"status", "message"}``):
 - ``*    trainhub/api/<datasets|models|jobs|sweeps>...``       forwarded to ``$TRAINHUB_API_URL``
 - ``GET  trainhub/culler/warnings``, ``POST trainhub/culler/keep`` forwarded to ``$TRAINHUB_CULLER_URL``
 - ``GET  trainhub/gpu/status``                               this server's GPUs and idle clock (the culler's api/gpus)
+- ``POST trainhub/culler/release``                           "give my GPU back" (the culler's api/release)
+- ``POST trainhub/snapshot``                                 every kernel saves its variables before a release
+  (:mod:`.snapshot`; the culler calls it)
 """
 
 from __future__ import annotations
 
 from .handlers import StorageBrowser, default_handlers
+from .snapshot import configure_kernels
 
 
 def _jupyter_server_extension_points():
@@ -33,9 +37,10 @@ def _load_jupyter_server_extension(serverapp):
     web_app = serverapp.web_app
     base_url = web_app.settings["base_url"]
     web_app.settings["trainhub_storage"] = browser
+    snapshot_dir = configure_kernels(serverapp.root_dir)
     web_app.add_handlers(".*$", default_handlers(base_url, browser))
-    serverapp.log.info("trainhub storage browser: home=%s datasets=%s", browser.home_url or "(none)",
-                       browser.datasets_url or "(none)")
+    serverapp.log.info("trainhub storage browser: home=%s datasets=%s; kernel snapshots in %s", browser.home_url or "(none)",
+                       browser.datasets_url or "(none)", snapshot_dir)
 
 
 # the older name some jupyter-server versions look for

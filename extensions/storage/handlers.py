@@ -23,6 +23,8 @@ from trainhub.exceptions import Conflict, Forbidden, InsufficientStorage, Invali
 from trainhub.httpapi import JSONErrors
 from trainhub.storage import resolve_in_area
 
+from .snapshot import SnapshotHandler
+
 HOME, DATASETS = "home", "datasets"
 CHUNK = 1 << 20
 PROXIED = ("", "datasets", "models", "jobs", "sweeps", "usage", "openapi.json")
@@ -507,6 +509,16 @@ class CullerKeepHandler(CullerProxyHandler):
         await self._call("POST", "api/keep", {"server": self.browser.server_name})
 
 
+class CullerReleaseHandler(CullerProxyHandler):
+    """"Give my GPU back": ``POST $TRAINHUB_CULLER_URL/api/release`` for this server (the culler snapshots
+    the kernels, then restarts the server on the CPU profile; it answers before that starts)."""
+
+    @web.authenticated
+    @authorized
+    async def post(self):
+        await self._call("POST", "api/release", {"server": self.browser.server_name})
+
+
 class NoRouteHandler(StorageHandler):
     """Any other path under ``trainhub/``: a JSON 404 like every other error here (not jupyter-server's page)."""
 
@@ -526,5 +538,7 @@ def default_handlers(base_url: str, browser: StorageBrowser) -> list:
         (url_path_join(base_url, "trainhub", "culler", "warnings"), CullerWarningsHandler),
         (url_path_join(base_url, "trainhub", "culler", "keep"), CullerKeepHandler),
         (url_path_join(base_url, "trainhub", "gpu", "status"), GPUStatusHandler),
+        (url_path_join(base_url, "trainhub", "culler", "release"), CullerReleaseHandler),
+        (url_path_join(base_url, "trainhub", "snapshot"), SnapshotHandler),
         (url_path_join(base_url, "trainhub") + r"(?:/.*)?", NoRouteHandler),
     ]

@@ -4,6 +4,8 @@ GET  {prefix}metrics        Prometheus text (token or cookie unless authenticate
 GET  {prefix}api/decisions  audit trail, newest first: ?user=&limit=&before=&acted=1 (everyone's with the
                             unfiltered decisions_scope or hub admin; one's own with decisions_scope!user=<self>)
 POST {prefix}api/keep       {"server": ""}: "keep my GPU", restarts the caller's own idle clock (keep_scope!user=<self>)
+POST {prefix}api/release    {"server": ""}: "give my GPU back" now: the kernels save their variables, the caller's own
+                            server restarts on the CPU profile (keep_scope!user=<self>); 202, done in the background
 GET  {prefix}api/warnings   the caller's standing warnings (for the JupyterLab notification)
 GET  {prefix}api/gpus       ?server=<name>[&user=]: one server's devices (utilisation, memory, simulated) and
                             idle clock, for the JupyterLab status bar (decisions_scope!user=<owner>; another
@@ -109,6 +111,26 @@ class KeepHandler(CullerHandler):
                          "message": "Idle clock restarted: your GPUs are kept."})
 
 
+class ReleaseHandler(CullerHandler):
+    """"Give my GPU back": one's own server, released now (see GPUCuller.give_back)."""
+
+    @web.authenticated
+    async def post(self):
+        model = self.current_user
+        if model.get("kind", "user") != "user":
+            raise Forbidden("only users give their own GPUs back")
+        body = self.body_json()
+        if body.get("user", model["name"]) != model["name"]:
+            raise Forbidden("you may only give back your own server's GPUs")
+        if not self.has_scope(self.culler.keep_scope, model["name"]):
+            raise Forbidden(f"missing scope {self.culler.keep_scope}")
+        server = body.get("server", "")
+        if not isinstance(server, str):
+            raise InvalidRequest('"server" must be a server name ("" for the default server)')
+        answer = await self.culler.give_back(model["name"], server)
+        self.write_json(answer, status=202)
+
+
 class WarningsHandler(CullerHandler):
     @web.authenticated
     async def get(self):
@@ -150,6 +172,7 @@ def default_handlers(prefix: str) -> list[tuple]:
         (prefix + "metrics", MetricsHandler),
         (prefix + "api/decisions", DecisionsHandler),
         (prefix + "api/keep", KeepHandler),
+        (prefix + "api/release", ReleaseHandler),
         (prefix + "api/warnings", WarningsHandler),
         (prefix + "api/gpus", GPUStatusHandler),
     ]

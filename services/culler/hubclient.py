@@ -75,6 +75,20 @@ class HubClient(LoggingConfigurable):
         """jupyter-server's /api/status: ``last_activity`` (API requests, kernels, terminals), ``connections``."""
         return await self._server_api(server_url, "status")
 
+    async def snapshot(self, server_url: str, timeout: float) -> dict:
+        """``POST <server>trainhub/snapshot``: every notebook kernel of the server saves its variables.
+
+        Waits at most ``timeout`` seconds for the kernels (plus the request's own allowance); raises on
+        any failure, the caller decides what that means (a release goes on without the snapshot)."""
+        origin = urlsplit(self.public_url)
+        if not origin.netloc:
+            raise RuntimeError("public_url is not set: cannot reach single-user servers (set TRAINHUB_PUBLIC_URL)")
+        url = f"{origin.scheme}://{origin.netloc}{server_url.rstrip('/')}/trainhub/snapshot"
+        req = HTTPRequest(url, method="POST", headers=self._headers({"Content-Type": "application/json"}),
+                          body=json.dumps({"timeout": timeout}), request_timeout=timeout + self.request_timeout,
+                          connect_timeout=self.request_timeout, follow_redirects=False)
+        return json.loads((await AsyncHTTPClient().fetch(req)).body)
+
     async def running_jobs(self, user: str) -> int | None:
         """Running jobs of ``user``; None when no jobs service is configured. Raises on any error."""
         if not self.jobs_api_url:

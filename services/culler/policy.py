@@ -31,6 +31,8 @@ from trainhub.profiles import Profile
 
 NONE, WARN, STOP, RELEASE = "none", "warn", "stop", "release"
 ACTIONS = (NONE, WARN, STOP, RELEASE)
+#: what a release keeps of each notebook kernel (trainhub.kernels.snapshot), in the warning's words
+KEPT_SUMMARY = "picklable values; tensors moved to CPU"
 
 
 def _ts(dt: datetime | None) -> float | None:
@@ -243,6 +245,12 @@ class CullPolicy(LoggingConfigurable):
         help='Slug of the CPU-only profile used by "release". Empty = ProfileCatalog.cpu() (the service fills it in).',
     ).tag(config=True)
 
+    release_keeps_variables = Bool(
+        True,
+        help="""Whether a release saves the kernels' variables first (the service sets it from
+        GPUCuller.snapshot_on_release); the warning says what will be kept accordingly.""",
+    ).tag(config=True)
+
     dry_run = Bool(
         False, help="Decide, log and audit as usual but never warn users, stop or release anything."
     ).tag(config=True)
@@ -283,6 +291,13 @@ class CullPolicy(LoggingConfigurable):
         if not 0 <= v <= 100:
             raise ValueError(f"utilization_threshold must be 0-100 (percent), not {v}")
         return v
+
+    def kept_text(self) -> str:
+        """What the warning says of the kernels' state: exactly what the action keeps."""
+        if self.action == RELEASE and self.cpu_profile and self.release_keeps_variables:
+            return (f"your variables will be kept ({KEPT_SUMMARY}); open files, generators, locks and other values that "
+                    "cannot be pickled will not")
+        return "unsaved kernel state (variables, models in memory) will be lost"
 
     def timeout_for(self, profile: Profile | None) -> float | None:
         """Idle timeout (seconds) for a profile; None = never cull."""
@@ -377,7 +392,7 @@ class CullPolicy(LoggingConfigurable):
             return Decision(
                 WARN,
                 f"idle {fmt_duration(idle, 'coarse')} {where}: will {verb} in {fmt_duration(act_in, 'coarse')} unless a GPU is "
-                "used or you press keep; unsaved kernel state (variables, models in memory) will be lost",
+                f"used or you press keep; {self.kept_text()}",
                 m,
             )
         m["warned_at"] = _iso(warned)

@@ -9,7 +9,8 @@ devices; every ``check_interval`` (once at start, then on a timer with jitter) i
    kernel connections and the server's own last activity (is anybody there?),
 2. asks the jobs service whether the user has running jobs (unknown = don't cull),
 3. asks :class:`~trainhub.services.culler.policy.CullPolicy` (plus the admin hook),
-4. warns, stops or releases (stop, then start on the CPU profile),
+4. warns, stops or releases (the server's kernels save their variables, then stop, then start on the
+   CPU profile: each notebook's next kernel gets its variables back),
 5. logs the decision as one JSON line and appends it to the ``culler_events`` table.
 """
 
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from traitlets import Any, Bool, Float, Instance, Integer, Type, Unicode, default
 from traitlets.config import Application
 
+from trainhub.exceptions import Conflict
 from trainhub.httpapi import MAX_SERVER_BODY_BYTES
 from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator
 from trainhub.metrics import GPUMetricsSource, MetricsUnavailable, NVMLMetricsSource, ScriptedMetricsSource
@@ -116,6 +118,16 @@ class GPUCuller(Application):
     sample_interval = Float(60.0, help="Seconds between GPU samples (60); must be under CullPolicy.max_sample_gap.").tag(config=True)
     concurrency = Integer(10, help="Servers handled at once (hub and server requests in flight).").tag(config=True)
     stop_timeout = Float(120.0, help="Seconds to wait for a server to stop before a release restarts it on the CPU profile.").tag(config=True)
+    snapshot_on_release = Bool(
+        True,
+        help="""Before a release, ask the server to save every notebook kernel's variables (POST
+        <server>trainhub/snapshot); each notebook's next kernel, on the CPU profile, restores them.
+        The release goes on when the snapshot fails or times out (logged and in the audit row).""",
+    ).tag(config=True)
+    snapshot_timeout = Float(
+        60.0,
+        help="Seconds a release waits for the server's kernels to save their variables (all kernels together).",
+    ).tag(config=True)
     reclaim_accounting_cap = Float(8 * 3600.0, help="Longest time (s) one cull counts towards gpu_hours_reclaimed.").tag(config=True)
     audit_retention_days = Float(30.0, help="Audit rows older than this are deleted (0 = keep forever).").tag(config=True)
     status_max_age = Float(
@@ -213,6 +225,7 @@ class GPUCuller(Application):
         self._sampled_at: float | None = None  # policy clock of the latest sampling pass that measured
         self._sampling: asyncio.Lock | None = None
         self._semaphore: asyncio.Semaphore | None = None
+        self._giving_back: dict[str, asyncio.Task] = {}  # holder -> the user's give-back under way
 
     # -- setup ---------------------------------------------------------------------
 
@@ -232,6 +245,7 @@ class GPUCuller(Application):
 
     def setup(self) -> None:
         """Build every part not injected. Raises ValueError with what to configure."""
+        self.policy.release_keeps_variables = self.snapshot_on_release
         if not self.policy.cpu_profile:
             cpu = self.catalog.cpu()
             if cpu:
@@ -480,8 +494,10 @@ class GPUCuller(Application):
                 # (if the action fails, the next pass warns again before any retry)
                 self._clear_warning(holder)
                 try:
-                    await self._act(info, decision)
+                    snap = await self._act(info, decision, server_model.get("url") or "")
                     acted = True
+                    if snap is not None:
+                        decision = replace(decision, measurements={**decision.measurements, "snapshot": snap})
                 except Exception as e:
                     error = repr(e)
                     self.prom.errors.labels(decision.action).inc()
@@ -501,15 +517,38 @@ class GPUCuller(Application):
                                   "at": now.isoformat()}, default=str))
         return info, decision, row
 
-    async def _act(self, info: ServerInfo, decision: Decision) -> None:
-        """Stop (and for release, restart on the CPU profile)."""
+    async def _act(self, info: ServerInfo, decision: Decision, server_url: str = "") -> dict | None:
+        """Stop (and for release, save the kernels' variables first, restart on the CPU profile).
+
+        Returns what the snapshot did (None when none was asked for), for the audit row.
+        """
         # Unsaved browser buffers cannot be saved from here (they live in the browser);
         # JupyterLab autosaves open documents (every 120 s by default) during the warning period.
+        snap = None
+        if decision.action == RELEASE and self.snapshot_on_release and server_url:
+            snap = await self._snapshot(info, server_url)
         stopped = await self.client.stop_server(info.user, info.server_name)
         if decision.action == RELEASE:
             if not stopped:
                 await self.client.wait_stopped(info.user, info.server_name, self.stop_timeout)
             await self.client.start_server(info.user, info.server_name, decision.target_profile)
+        return snap
+
+    async def _snapshot(self, info: ServerInfo, server_url: str) -> dict:
+        """The server's kernels save their variables; never raises (a release goes on without them)."""
+        try:
+            result = await asyncio.wait_for(self.client.snapshot(server_url, self.snapshot_timeout),
+                                            self.snapshot_timeout + 30)
+        except Exception as e:
+            self.prom.errors.labels("snapshot").inc()
+            self.log.warning(json.dumps({"event": "culler.snapshot", "user": info.user, "server": info.server_name,
+                                         "ok": False, "error": repr(e)}))
+            return {"ok": False, "error": repr(e)[:500]}
+        kernels = [{k: v for k, v in kernel.items() if k in ("session_path", "notebook", "kept", "not_kept", "error", "skipped")}
+                   for kernel in result.get("kernels") or []]
+        summary = {"ok": True, "saved": result.get("saved", 0), "failed": result.get("failed", 0), "kernels": kernels}
+        self.log.info(json.dumps({"event": "culler.snapshot", "user": info.user, "server": info.server_name, **summary}))
+        return summary
 
     def _clear_warning(self, holder: str) -> None:
         self.warned_at.pop(holder, None)
@@ -547,6 +586,67 @@ class GPUCuller(Application):
                "acted": True, "error": None, "measurements": {}}
         self.log.info(json.dumps({"event": "culler.keep", "user": user, "server": server_name, "at": now.isoformat()}))
         return row
+
+    async def give_back(self, user: str, server_name: str = "") -> dict:
+        """The user's "give my GPU back": the release the culler would do, at once, in the background.
+
+        The kernels save their variables, the server restarts on the CPU profile (as a release does);
+        answers before that starts (the request may come through the very server being restarted).
+        Raises Conflict when the server holds no GPU, is not running, or there is no CPU profile.
+        """
+        holder = f"server:{user}/{server_name}"
+        holdings = [h for h in await self._holdings() if h.kind == "server" and h.holder == holder]
+        if not holdings:
+            raise Conflict("this server holds no GPU: there is nothing to give back")
+        if not self.policy.cpu_profile:
+            raise Conflict("there is no CPU-only profile to move this server to; stop it from the hub instead")
+        if holder in self._giving_back:
+            raise Conflict("this server's GPUs are already being given back")
+        model = await self.client.server_model(user, server_name)
+        if not model or not model.get("ready") or model.get("pending"):
+            raise Conflict("this server is not running (or is starting or stopping)")
+        now = self.policy.utcnow()
+        info = ServerInfo(user=user, server_name=server_name, devices=tuple(sorted(h.device for h in holdings)),
+                          held_since=_aware(min(h.since for h in holdings)))
+        decision = Decision(RELEASE, "the user gave the GPU back: releasing",
+                            {"devices": list(info.devices), "at": now.isoformat(), "requested_by": "user"},
+                            target_profile=self.policy.cpu_profile)
+        self._giving_back[holder] = asyncio.create_task(self._give_back(info, decision, model.get("url") or ""))
+        return {"user": user, "server": server_name, "devices": list(info.devices), "profile": self.policy.cpu_profile,
+                "at": now.isoformat(),
+                "message": f"Giving your GPUs back: the server restarts on the {self.policy.cpu_profile} profile; "
+                           + self.policy.kept_text().replace("will be kept", "will be restored in each notebook's kernel", 1)}
+
+    async def _give_back(self, info: ServerInfo, decision: Decision, server_url: str) -> None:
+        holder = info.holder
+        acted, error = False, None
+        self._clear_warning(holder)
+        try:
+            snap = await self._act(info, decision, server_url)
+            acted = True
+            if snap is not None:
+                decision = replace(decision, measurements={**decision.measurements, "snapshot": snap})
+        except Exception as e:
+            error = repr(e)
+            self.prom.errors.labels("give_back").inc()
+            self.log.exception("give-back of %s failed", holder)
+        else:
+            self.prom.culls.labels("user", RELEASE).inc()
+            self.prom.gpus_released.inc(len(info.devices))
+            self.culled_at[holder] = self.policy.utcnow()
+            self.kept_at.pop(holder, None)
+        finally:
+            self._giving_back.pop(holder, None)
+        row = self._row(info, decision, acted=acted, error=error)
+        self.latest[holder] = row
+        self.log.info(json.dumps({"event": "culler.decision", **{k: v for k, v in row.items() if k != "at"},
+                                  "at": row["at"].isoformat()}, default=str))
+        if self.audit is not None:
+            try:
+                await asyncio.to_thread(self.audit.append, [row])
+            except Exception:
+                self.prom.errors.labels("audit").inc()
+                self.log.exception("cannot write the give-back of %s to the audit trail (it is in this log)", holder)
 
     def warnings_for(self, user: str) -> list[dict]:
         return [w for w in self.warnings.values() if w["user"] == user]

@@ -354,7 +354,7 @@ def test_idle_server_is_warned_then_released_to_cpu(fleet):
     warned, w = fleet.watch.seen("cull-idle", TIMEOUT + 15)
     assert w["user"] == "cull-idle" and w["server"] == "" and w["devices"] == [device]
     assert w["action"] == "release" and w["keep_url"] == "/services/trainhub-culler/api/keep"
-    assert "will release in" in w["message"] and "unsaved kernel state" in w["message"]
+    assert "will release in" in w["message"] and "your variables will be kept (picklable values; tensors moved to CPU)" in w["message"]
     assert datetime.fromisoformat(w["act_at"]) > datetime.fromisoformat(w["warned_at"])
 
     def released():

@@ -53,7 +53,12 @@ def policy(**kw) -> CullPolicy:
 CASES = [
     ("idle under warn point", {}, idle_for(110), 109, {}, "none", "not culled: idle 1h49m of 2h00m under 10% on GPU 0"),
     ("idle reaches warn point", {}, idle_for(115), 111, {}, "warn", "will release in 10m"),
-    ("warning mentions kernel state", {}, idle_for(115), 111, {}, "warn", "unsaved kernel state"),
+    ("warning says the variables are kept", {}, idle_for(115), 111, {}, "warn",
+     "your variables will be kept (picklable values; tensors moved to CPU); open files, generators, locks"),
+    ("without snapshots the warning says kernel state is lost", {}, idle_for(115), 111,
+     {"release_keeps_variables": False}, "warn", "unsaved kernel state (variables, models in memory) will be lost"),
+    ("a stop loses kernel state", {}, idle_for(115), 111, {"action": "stop"}, "warn", "will stop in 10m unless a GPU is "
+     "used or you press keep; unsaved kernel state"),
     ("warned, period not over", {"warned_at": at(111)}, idle_for(120), 116, {}, "none", "not culled: warned 5m ago"),
     ("warned, period over: release", {"warned_at": at(111)}, idle_for(125), 121, {}, "release", "idle 2h01m under 10% on GPU 0: releasing"),
     ("stop action", {"warned_at": at(111)}, idle_for(125), 121, {"action": "stop"}, "stop", "stopping"),

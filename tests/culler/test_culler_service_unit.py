@@ -141,7 +141,7 @@ async def test_one_pass_loop_releases_only_idle_gpu_servers(rig):
     # warning given at 1h50m, to alice only, and visible to her
     assert [d.action for info, d in passes[-1] if info.user == "alice"] == ["warn"]
     (w,) = rig.warnings_for("alice")
-    assert "unsaved kernel state" in w["message"] and w["action"] == "release"
+    assert "your variables will be kept" in w["message"] and w["action"] == "release"
     assert rig.warnings_for("bob") == []
 
     passes += await run_for(rig, 15)

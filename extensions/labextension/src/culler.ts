@@ -4,7 +4,9 @@
  * Polls `<server>/trainhub/culler/warnings` (forwarded by the storage server extension to the
  * culler service with the server's own token), keeps the warning about this server
  * (`PageConfig.getOption('hubServerName')`, "" for the default server) and shows it once per
- * `warned_at` as a JupyterLab warning notification with "Keep my GPU" and "Save all" buttons.
+ * `warned_at` as a JupyterLab warning notification with "Keep my GPU", "Give my GPU back" (a release now:
+ * the kernels' variables are kept, see docs/culler.md) and "Save all" buttons. The command
+ * `trainhub:give-gpu-back` does the same from the command palette.
  * `docmanager:save-all` runs once automatically when a warning first appears. The notification
  * is dismissed when the user keeps the GPU or when the warning disappears from the culler.
  *
@@ -54,8 +56,11 @@ export function describe(w: ICullerWarning): string {
   const gpus = w.devices.length === 1 ? `GPU ${w.devices[0]}` : `GPUs ${w.devices.join(', ')}`;
   const at = new Date(w.act_at);
   const when = Number.isNaN(at.getTime()) ? 'soon' : `at ${at.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })}`;
-  const what = w.action === 'stop' ? 'this server stops' : 'this server restarts without GPUs';
-  const summary = `${gpus} idle: ${when} ${what} (kernel state is lost) unless you keep it.`;
+  const what =
+    w.action === 'stop'
+      ? 'this server stops (kernel state is lost)'
+      : 'this server restarts without GPUs (variables kept, open files and generators not)';
+  const summary = `${gpus} idle: ${when} ${what} unless you keep it.`;
   const full = `${summary} ${w.message}`;
   return full.length <= 140 ? full : summary;
 }
@@ -100,6 +105,14 @@ export class CullerWatcher {
           }
         },
         {
+          label: 'Give my GPU back',
+          caption: 'Restart this server on the CPU profile now; each notebook gets its variables back',
+          callback: event => {
+            event.preventDefault();
+            void this.giveBack();
+          }
+        },
+        {
           label: 'Save all',
           caption: 'Save every open document',
           callback: event => {
@@ -127,6 +140,21 @@ export class CullerWatcher {
     }
   }
 
+  /** "Give my GPU back": save the documents, then ask the culler (through this server) to release it now. */
+  async giveBack(): Promise<void> {
+    await this.saveAll();
+    try {
+      const r = await request<{ message: string }>(this.settings, 'trainhub/culler/release', {
+        method: 'POST',
+        body: JSON.stringify({ server: this.serverName })
+      });
+      this.dismiss();
+      Notification.info(r?.message || 'Giving your GPUs back: the server restarts on the CPU profile.', { autoClose: false });
+    } catch (error) {
+      Notification.error(`Could not give the GPU back: ${(error as Error).message}`, { autoClose: false });
+    }
+  }
+
   private async saveAll(): Promise<void> {
     try {
       if (this.app.commands.hasCommand('docmanager:save-all')) {
@@ -151,6 +179,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   activate: (app: JupyterFrontEnd) => {
     const watcher = new CullerWatcher(app, app.serviceManager.serverSettings, PageConfig.getOption('hubServerName') || '');
+    app.commands.addCommand('trainhub:give-gpu-back', {
+      label: 'Give my GPU back (restart on CPU, keep variables)',
+      execute: () => watcher.giveBack()
+    });
     const interval = pollInterval();
     const poll = new Poll({
       auto: false,

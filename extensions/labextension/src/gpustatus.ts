@@ -111,7 +111,7 @@ export function tooltipText(status: IGPUStatus): string {
   if (c) {
     lines.push(`Idle-GPU culler: ${c.reason}`);
     if (c.running && !c.dry_run && c.act_at) {
-      const what = c.action === 'stop' ? 'the server stops' : 'the server restarts without GPUs (kernel state is lost)';
+      const what = c.action === 'stop' ? 'the server stops' : 'the server restarts without GPUs (variables kept, open files and generators not)';
       lines.push(`Unless a GPU is used, a cell runs or you press keep, ${what} at ${shortTime(c.act_at)}.`);
     }
   }

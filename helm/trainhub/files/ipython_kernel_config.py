@@ -6,3 +6,6 @@ import os
 
 if os.environ.get("TRAINHUB_API_URL"):
     c.InteractiveShellApp.extensions.append("trainhub.kernels")  # noqa: F821 (IPython's config object)
+# a notebook's variables kept across a release come back in its next kernel (trainhub.kernels.snapshot)
+if os.environ.get("TRAINHUB_SNAPSHOT_DIR") and os.environ.get("JPY_SESSION_NAME"):
+    c.InteractiveShellApp.extensions.append("trainhub.kernels.snapshot")  # noqa: F821
