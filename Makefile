@@ -13,7 +13,7 @@ PROXY  := $(NODE_PREFIX)/node_modules/.bin/configurable-http-proxy
 UP_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test-deps system-deps controlplane up test test-unit test-e2e test-kube-real lint-imports bench clean
+.PHONY: install test-deps system-deps controlplane up test test-unit test-e2e test-kube-real lint-imports bench images clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "trainhub needs Python >= 3.11"'
@@ -101,3 +101,12 @@ bench: test-deps
 
 clean:
 	rm -rf test-artifacts .pytest_cache
+
+# the hub, notebook and services/job images the Helm chart points at (helm/images/*/Dockerfile), tagged with
+# the chart's appVersion; needs podman or docker and registry access (neither exists on the test machines)
+IMAGE_TOOL ?= podman
+IMAGE_TAG  ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' helm/trainhub/Chart.yaml)
+images:
+	$(IMAGE_TOOL) build -f helm/images/trainhub/Dockerfile -t ghcr.io/trainhub/trainhub:$(IMAGE_TAG) .
+	$(IMAGE_TOOL) build -f helm/images/hub/Dockerfile -t ghcr.io/trainhub/trainhub-hub:$(IMAGE_TAG) .
+	$(IMAGE_TOOL) build -f helm/images/notebook/Dockerfile -t ghcr.io/trainhub/trainhub-notebook:$(IMAGE_TAG) .
