@@ -105,7 +105,7 @@ def torchrun_envs(tmp_path) -> dict[int, dict]:
     return {rank: json.loads((out / f"env-{rank}.json").read_text()) for rank in (0, 1)}
 
 
-async def trainhub_envs(tmp_path, warm: bool) -> tuple[dict[int, dict], object]:
+async def trainhub_envs(tmp_path, warm: bool, command: str | None = None) -> tuple[dict[int, dict], object]:
     from trainhub.ledger import LocalGPUAllocator
     from trainhub.quotas import QuotaPolicy
     from trainhub.services.jobs.engine import JobEngine
@@ -126,8 +126,9 @@ async def trainhub_envs(tmp_path, warm: bool) -> tuple[dict[int, dict], object]:
     storage = StorageConfig(url=str(data / "storage"))
     engine = JobEngine(store, allocator, launcher, QuotaPolicy(), storage, OutputSyncer(storage), tick=0.1)
     try:
-        job = await store.write(store.create, user="ann", name="env", script=DUMP, workers=2, gpus=0,
-                                env={"DUMP_DIR": str(out), "DUMP_KEYS": json.dumps(KEYS)})
+        how = {"command": command} if command else {"script": DUMP}
+        job = await store.write(store.create, user="ann", name="env", workers=2, gpus=0,
+                                env={"DUMP_DIR": str(out), "DUMP_KEYS": json.dumps(KEYS)}, **how)
         async def step(job_id=job.id):
             await engine.run_once()
             return await store.read(store.get, job_id)
@@ -162,3 +163,19 @@ async def test_a_two_worker_job_gets_what_torchrun_gives(tmp_path, warm):
         assert o["OMP_NUM_THREADS"] == str(max(1, cores // 2))
         if cores // 2 <= 1:
             assert o["OMP_NUM_THREADS"] == t["OMP_NUM_THREADS"] == "1"
+
+
+async def test_a_plain_torchrun_inside_a_job_joins_the_workers_into_one_group(tmp_path):
+    """A job whose command is a plain `torchrun train.py` (no options): torchrun reads PET_NNODES, PET_NODE_RANK,
+    PET_NPROC_PER_NODE and the master address from the environment, so the 2 workers become 2 nodes of one
+    2-process group (world size 2, both ranks see the same all-reduce), never 2 independent single-node runs.
+    (`--nproc-per-node=gpu` counts the worker's visible GPUs, which is PET_NPROC_PER_NODE; it needs CUDA.)"""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, the CPU build)")
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    (tmp_path / "dump.py").write_text(DUMP)
+    ours, _ = await trainhub_envs(tmp_path, warm=False, command=f"{torchrun} {tmp_path / 'dump.py'}")
+    for rank in (0, 1):
+        env = ours[rank]
+        assert env["_sum"] == 3.0, env  # one group of 2: 1 + 2
+        assert (env["WORLD_SIZE"], env["RANK"], env["GROUP_RANK"], env["LOCAL_RANK"]) == ("2", str(rank), str(rank), "0")
+        assert env["GROUP_WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "1"
