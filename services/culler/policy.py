@@ -10,7 +10,12 @@ A server is *GPU-idle* when every device it holds stayed under
 longer than ``max_sample_gap``. The idle clock also restarts at the latest kernel
 activity, at a "keep my GPU" press and when the GPUs were taken. While nobody is
 connected to the server (no kernel websocket, no API request: the browser was closed or
-the laptop went to sleep), the shorter ``away_timeout`` applies. An executing kernel,
+the laptop went to sleep), the shorter ``away_timeout`` applies. A release that keeps the kernels' variables is cheap
+(the notebook goes on, on the CPU, with its variables), so it has its own, much shorter
+clock, ``release_timeout``, with ``release_warning_period`` before it; after GPU use by
+something other than a notebook kernel (a script from a terminal, which pauses for
+evaluation or checkpoints without the kernel knowing) that clock waits at least
+``external_use_timeout``. An executing kernel,
 running jobs that depend on the server, or anything unknown (kernel state, jobs, GPU
 samples) means "not culled": the policy only ever errs towards keeping the GPU.
 """
@@ -62,6 +67,8 @@ class ServerInfo:
     not); None = unknown. last_seen: the latest sign of someone at the server (a connection
     seen, an API request, kernel or terminal activity); None = unknown.
     kept_at: the user's latest "keep my GPU". warned_at: when the pending warning was given.
+    external_use_at: the latest GPU sample at or over the threshold taken while none of the
+    server's kernels was executing (GPU work outside the notebooks: a terminal, a script); None = none seen.
     """
 
     user: str
@@ -78,6 +85,7 @@ class ServerInfo:
     running_jobs: int | None = 0
     kept_at: datetime | None = None
     warned_at: datetime | None = None
+    external_use_at: datetime | None = None
 
     @property
     def holder(self) -> str:
@@ -91,7 +99,7 @@ class ServerInfo:
         d = asdict(self)
         d["profile"] = self.profile.slug if self.profile else None
         d["devices"] = list(self.devices)
-        for k in ("held_since", "last_activity", "last_seen", "kept_at", "warned_at"):
+        for k in ("held_since", "last_activity", "last_seen", "kept_at", "warned_at", "external_use_at"):
             d[k] = d[k].isoformat() if d[k] else None
         return d
 
@@ -232,6 +240,40 @@ class CullPolicy(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    release_timeout = Float(
+        300.0,
+        help="""Idle timeout in seconds when the action is a release that keeps the kernels' variables
+        (300 = 5 min; 0 = off: the profile's timeout applies).
+
+        A release that snapshots the kernels (action "release", a CPU profile, release_keeps_variables)
+        costs the user a server restart, not their work: the notebook goes on, on the CPU, with its
+        variables. So the GPUs go back after this much GPU idleness with no kernel activity, instead of
+        the profile's timeout. Applies only when shorter than the profile's timeout, never to profiles
+        without one, and never to a stop (which loses the kernels' state). Everything that stops the
+        clock still does: a busy GPU, an executing kernel, running jobs, anything unknown, a keep.
+        """,
+    ).tag(config=True)
+
+    release_warning_period = Float(
+        300.0,
+        help="""Seconds between the warning and a release on the release_timeout clock (300 = 5 min).
+
+        With the service's 5-minute passes, a warning period equal to release_timeout means the
+        warning stands from the first idle pass and the release comes on the first pass after
+        release_timeout: the status bar's countdown and the notification say so.""",
+    ).tag(config=True)
+
+    external_use_timeout = Float(
+        1800.0,
+        help="""Least idle time in seconds before a release on the release_timeout clock when the latest
+        GPU use came from outside the notebook kernels (1800 = 30 min; 0 = no such floor).
+
+        A script started from a terminal (nohup python train.py &) uses the GPU with every kernel idle
+        and no kernel activity; it pauses for evaluation or checkpoints (a few minutes under the
+        threshold) without the kernel knowing, so a 5-minute clock could stop it. GPU use inside a
+        kernel is covered by "kernel executing". Never longer than the profile's timeout.""",
+    ).tag(config=True)
+
     action = Enum(
         [RELEASE, STOP],
         default_value=RELEASE,
@@ -311,6 +353,28 @@ class CullPolicy(LoggingConfigurable):
             t = self.default_timeout
         return float(t) if t else None
 
+    @property
+    def releases_keep_variables(self) -> bool:
+        """True when the action is a release that snapshots the kernels (the short clock's condition)."""
+        return self.action == RELEASE and bool(self.cpu_profile) and self.release_keeps_variables
+
+    def release_clock(self, server: ServerInfo) -> float | None:
+        """The release_timeout clock for ``server`` (seconds), or None when it does not apply.
+
+        At least external_use_timeout while the latest GPU use came from outside the kernels: an
+        external use no older than the latest kernel activity, "keep" and the GPUs being taken.
+        """
+        if not (self.release_timeout and self.releases_keep_variables):
+            return None
+        timeout = self.release_timeout
+        ext = _ts(server.external_use_at)
+        if ext is not None and self.external_use_timeout:
+            later = [_ts(x) for x in (server.last_activity if self.count_kernel_activity else None,
+                                      server.kept_at, server.held_since) if x is not None]
+            if not later or ext >= max(later):
+                timeout = max(timeout, self.external_use_timeout)
+        return timeout
+
     # -- decision -----------------------------------------------------------------
 
     def evaluate(self, server: ServerInfo, history: UtilizationHistory, now: datetime | None = None) -> Decision:
@@ -367,6 +431,15 @@ class CullPolicy(LoggingConfigurable):
             starts["kernel activity"] = _ts(server.last_activity)
         clock_by, start = max(starts.items(), key=lambda kv: kv[1])
         where = f"under {thr:g}% on GPU{'s' if len(devices) > 1 else ''} {_gpus(devices)}"
+        warning_period = self.warning_period
+        short = self.release_clock(server)
+        if short is not None and short < timeout:
+            # a release keeps the variables: the short clock, with its own warning period
+            timeout, warning_period = short, self.release_warning_period
+            m.update(timeout_s=timeout, release_clock=True)
+            if short > self.release_timeout:
+                where += ", GPU last used outside the notebooks"
+                m["external_use_at"] = _iso(_ts(server.external_use_at))
         m.update(connections=server.connections, last_seen=_iso(_ts(server.last_seen)))
         if self.away_timeout and server.connections == 0 and server.last_seen is not None:
             # nobody is there: the shorter timeout, counted from when someone was last seen
@@ -380,14 +453,20 @@ class CullPolicy(LoggingConfigurable):
         idle = now_ts - start
         m.update(idle_s=round(idle, 1), idle_since=_iso(start), clock_reset_by=clock_by)
 
-        warn_after = max(timeout - self.warning_period, 0.0)
+        m["warning_period_s"] = warning_period
+        warn_after = max(timeout - warning_period, 0.0)
         if idle < warn_after:
             return none(f"idle {fmt_duration(idle, 'coarse')} of {fmt_duration(timeout, 'coarse')} {where}")
 
         warned = _ts(server.warned_at)
         verb = "release" if self.action == RELEASE else "stop"
-        if warned is None or warned < start:
-            act_in = max(timeout - idle, self.warning_period)
+        # a warning stands until the clock restarts; on the release clock a cell that ran (on the CPU)
+        # only postpones the release: the warning of this GPU-idle run stays, so it is not given on every pass
+        valid_since = start
+        if m.get("release_clock") and clock_by == "kernel activity":
+            valid_since = max(v for k, v in starts.items() if k != "kernel activity")
+        if warned is None or warned < valid_since:
+            act_in = max(timeout - idle, warning_period)
             m["act_in_s"] = act_in
             return Decision(
                 WARN,
@@ -397,8 +476,8 @@ class CullPolicy(LoggingConfigurable):
             )
         m["warned_at"] = _iso(warned)
         since_warn = now_ts - warned
-        if since_warn < self.warning_period or idle < timeout:
-            act_in = max(self.warning_period - since_warn, timeout - idle)
+        if since_warn < warning_period or idle < timeout:
+            act_in = max(warning_period - since_warn, timeout - idle)
             m["act_in_s"] = act_in
             return Decision(
                 NONE,

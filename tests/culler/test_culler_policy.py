@@ -45,6 +45,14 @@ def server(**kw) -> ServerInfo:
 
 
 def policy(**kw) -> CullPolicy:
+    """The profile-timeout clock: release_timeout off unless a case sets it (release_policy: the defaults)."""
+    kw.setdefault("cpu_profile", "cpu")
+    kw.setdefault("release_timeout", 0)
+    return CullPolicy(**kw)
+
+
+def release_policy(**kw) -> CullPolicy:
+    """The shipped defaults: a release keeps the variables, so the short release clock applies."""
     kw.setdefault("cpu_profile", "cpu")
     return CullPolicy(**kw)
 
@@ -308,3 +316,146 @@ def test_clock_predicts_the_action_the_walk_takes():
         if d.acts:
             break
     assert predicted == {at(120).isoformat()} and minute == 120
+
+
+# -- the release clock: a release that keeps the variables comes after release_timeout -------------
+
+RELEASE_CASES = [
+    # (id, server overrides, history, now minute, policy overrides, expected action, reason fragment)
+    ("first idle pass after a cell: warned at once", {"last_activity": at(100)}, idle_for(100), 100, {}, "warn",
+     "idle 0s under 10% on GPU 0: will release in 5m"),
+    ("warned, 5 min idle: release", {"last_activity": at(100), "warned_at": at(100)}, idle_for(105), 105, {},
+     "release", "idle 5m under 10% on GPU 0: releasing"),
+    ("warned, only 4 min idle: not yet", {"last_activity": at(100), "warned_at": at(100)}, idle_for(105), 104, {},
+     "none", "release in 1m"),
+    ("a cell ran since the warning: the release waits, the warning stands", {"last_activity": at(104),
+                                                                            "warned_at": at(100)},
+     idle_for(105), 105, {}, "none", "warned 5m ago, idle 1m under 10% on GPU 0; release in 4m"),
+    ("a busy GPU never released", {}, history({0: [(100, 90.0)]}), 100, {}, "none", "GPU busy 90%"),
+    ("executing kernel never released", {"kernels_busy": True}, idle_for(100), 100, {}, "none", "kernel executing"),
+    ("a running job blocks it", {"running_jobs": 1}, idle_for(100), 100, {}, "none", "running job"),
+    ("keep restarts the clock", {"kept_at": at(98), "warned_at": at(90)}, idle_for(100), 100, {}, "warn",
+     "idle 2m"),
+    ("stop loses the kernels' state: the profile timeout", {}, idle_for(100), 100, {"action": "stop"}, "none",
+     "idle 1h40m of 2h00m"),
+    ("no snapshots: the profile timeout", {}, idle_for(100), 100, {"release_keeps_variables": False}, "none",
+     "idle 1h40m of 2h00m"),
+    ("no CPU profile (release becomes stop): the profile timeout", {}, idle_for(100), 100, {"cpu_profile": ""},
+     "none", "idle 1h40m of 2h00m"),
+    ("release_timeout 0: the profile timeout", {}, idle_for(100), 100, {"release_timeout": 0}, "none",
+     "idle 1h40m of 2h00m"),
+    ("profile without timeout never", {}, idle_for(600), 590, {"profile_timeouts": {"gpu-1": 0}}, "none",
+     "no idle timeout"),
+    ("a shorter profile timeout wins (with its own warning period)", {"warned_at": at(0)}, idle_for(12), 12,
+     {"profile_timeouts": {"gpu-1": 120}}, "release", "idle 12m"),
+    ("... and waits out that warning period", {"warned_at": at(0)}, idle_for(12), 5,
+     {"profile_timeouts": {"gpu-1": 120}}, "none", "release in 5m"),
+    ("GPU used outside the kernels: not after 5 min", {"external_use_at": at(50), "warned_at": at(55)},
+     history({0: [(50, 90.0), (100, 0.0)]}), 60, {}, "none", "GPU last used outside the notebooks"),
+    ("GPU used outside the kernels: warned at 25 min", {"external_use_at": at(50)},
+     history({0: [(50, 90.0), (100, 0.0)]}), 80, {}, "warn", "will release in 5m"),
+    ("GPU used outside the kernels: released at 30 min", {"external_use_at": at(50), "warned_at": at(80)},
+     history({0: [(50, 90.0), (100, 0.0)]}), 85, {}, "release", "outside the notebooks: releasing"),
+    ("a cell ran after the outside use: the 5-min clock", {"external_use_at": at(50), "last_activity": at(52),
+                                                           "warned_at": at(55)},
+     history({0: [(50, 90.0), (100, 0.0)]}), 60, {}, "release", "idle 5m under 10% on GPU 0: releasing"),
+    ("external_use_timeout 0: the 5-min clock", {"external_use_at": at(50), "warned_at": at(55)},
+     history({0: [(50, 90.0), (100, 0.0)]}), 60, {"external_use_timeout": 0}, "release", "releasing"),
+    ("outside use before the GPUs were taken does not count", {"external_use_at": at(50), "held_since": at(55),
+                                                               "warned_at": at(55)},
+     history({0: [(50, 90.0), (100, 0.0)]}), 60, {}, "release", "idle 5m"),
+]
+
+
+@pytest.mark.parametrize(
+    "server_kw, hist, minute, policy_kw, action, reason",
+    [c[1:] for c in RELEASE_CASES], ids=[c[0] for c in RELEASE_CASES],
+)
+def test_release_clock_table(server_kw, hist, minute, policy_kw, action, reason):
+    d = release_policy(**policy_kw).evaluate(server(**server_kw), hist, at(minute))
+    assert d.action == action, d.reason
+    assert reason in d.reason, d.reason
+
+
+def walk(timeline, p=None, step=5):
+    """Replay a hand-made timeline the way the service does, one pass every ``step`` minutes.
+
+    timeline: minute -> (GPU %, kernel executing, a cell ran or printed in the last pass). Returns the
+    (minute, action) of every warn and act, stopping at the first act.
+    """
+    p = p or release_policy()
+    h, warned, activity, external, out = UtilizationHistory(retention=24 * HOUR), None, None, None, []
+    for minute in sorted(timeline):
+        util, busy, ran = timeline[minute]
+        now = at(minute)
+        h.record(0, now.timestamp(), util)
+        if ran:
+            activity = now
+        if util >= p.utilization_threshold and not busy:
+            external = now
+        d = p.evaluate(server(kernels_busy=busy, last_activity=activity, warned_at=warned, external_use_at=external),
+                       h, now)
+        if d.action == "warn":
+            warned = now
+        elif d.action == "none" and not d.warning_pending:
+            warned = None
+        if d.action != "none":
+            out.append((minute, d.action))
+        if d.acts:
+            break
+    return out
+
+
+def timeline(*segments, step=5):
+    """segments: (minutes, GPU %, kernel executing, a cell ran on every pass) in order, from minute 0."""
+    out, t = {}, 0
+    for length, util, busy, ran in segments:
+        for _ in range(0, length, step):
+            out[t] = (util, busy, ran)
+            t += step
+    return out
+
+
+def test_walk_coding_on_the_cpu_keeps_the_gpu_then_reading_releases_it():
+    """Cells run on every pass (GPU idle): warned once, never released; then reading: released 5 min after the
+    last cell, on the first pass without one."""
+    events = walk(timeline((60, 0.0, False, True), (60, 0.0, False, False)))
+    assert events == [(0, "warn"), (60, "release")]
+
+
+def test_walk_notebook_training_with_dips_is_never_released():
+    """A training cell executing for hours, with 10-minute evaluation dips: the kernel is busy throughout."""
+    segs = [(30, 90.0, True, False), (10, 2.0, True, False)] * 8
+    assert walk(timeline(*segs)) == []
+
+
+def test_walk_terminal_run_with_dips_is_never_released_then_freed_after_30_min():
+    """A script from a terminal (kernels idle, GPU busy) pauses 15 min at a time: kept; when it ends, released
+    external_use_timeout (30 min) after its last busy sample."""
+    segs = [(5, 0.0, False, True)] + [(40, 95.0, False, False), (15, 3.0, False, False)] * 6 + [(120, 0.0, False, False)]
+    tl = timeline(*segs)
+    events = walk(tl)
+    idle_from = max(m for m, (u, _, _) in tl.items() if u >= 10) + 5  # the first idle sample after the run
+    # the starting cell (GPU idle) warns at once; the 15-min pauses never reach the 30-min floor
+    assert events == [(0, "warn"), (idle_from + 25, "warn"), (idle_from + 30, "release")], events
+    # with stop as the action (kernel state lost), the long profile timeout (2 h) applies instead
+    assert walk(tl, release_policy(action="stop")) == [(idle_from + 110, "warn"), (idle_from + 120, "stop")]
+
+
+def test_walk_keep_or_a_gpu_cell_withdraws_the_warning():
+    tl = timeline((5, 0.0, False, True), (5, 60.0, True, True), (20, 0.0, False, False))
+    # warned at the first idle pass, the GPU cell withdraws it, warned again at the next idle pass, released 5 min on
+    assert walk(tl) == [(0, "warn"), (10, "warn"), (15, "release")]
+    # a keep restarts the clock and withdraws the warning: the next idle pass warns anew
+    d = release_policy().evaluate(server(last_activity=at(0), warned_at=at(0), kept_at=at(3)), idle_for(10), at(5))
+    assert d.action == "warn" and "idle 2m" in d.reason, d.reason
+
+
+def test_clock_on_the_release_clock_predicts_the_release():
+    p = release_policy()
+    h = idle_for(10)
+    c = p.clock(server(last_activity=at(3)), h, at(5))  # not warned yet: a warning period from now
+    assert c["running"] and c["timeout_s"] == 300 and c["act_at"] == at(10).isoformat(), c
+    c = p.clock(server(last_activity=at(3), warned_at=at(2)), h, at(5))  # warned: 5 min after the last cell
+    assert c["act_at"] == at(8).isoformat(), c
+    assert p.evaluate(server(last_activity=at(3), warned_at=at(2)), h, at(8)).action == "release"
