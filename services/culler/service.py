@@ -219,6 +219,7 @@ class GPUCuller(Application):
         self.culled_at: dict[str, datetime] = {}  # holder -> our last stop/release (guards against acting twice)
         self.dry_run_culled: dict[str, str | None] = {}  # holder -> idle_since of the would-be cull already counted
         self.seen_at: dict[str, datetime] = {}  # holder -> last pass that saw a kernel connection (or first pass)
+        self.external_use_at: dict[str, datetime] = {}  # holder -> latest busy GPU sample while no kernel executed
         self._device_holder: dict[int, str] = {}
         self.samples: dict[int, dict] = {}  # device -> latest GPUSample as a dict, "at" on the policy's clock
         self.infos: dict[str, ServerInfo] = {}  # holder -> what the latest pass knew about the server
@@ -335,6 +336,8 @@ class GPUCuller(Application):
             del self.dry_run_culled[holder]
         for holder in set(self.seen_at) - set(by_holder):
             del self.seen_at[holder]
+        for holder in set(self.external_use_at) - set(by_holder):
+            del self.external_use_at[holder]
         for holder in set(self.infos) - set(by_holder):
             del self.infos[holder]
         if not by_holder:
@@ -421,6 +424,16 @@ class GPUCuller(Application):
             self.seen_at[holder] = now
         return max(self.seen_at[holder], last_request)
 
+    def _note_external_use(self, holder: str, devices: tuple[int, ...]) -> None:
+        """No kernel executes now: a latest sample at or over the threshold is GPU work outside the notebooks
+        (a terminal, a script). Its time feeds CullPolicy.external_use_timeout."""
+        thr = self.policy.utilization_threshold
+        busy = [s[0] for s in (self.history.latest(d) for d in devices) if s is not None and s[1] >= thr]
+        if busy:
+            at = datetime.fromtimestamp(max(busy), timezone.utc)
+            if holder not in self.external_use_at or at > self.external_use_at[holder]:
+                self.external_use_at[holder] = at
+
     async def _running_jobs(self, user: str) -> int | None:
         try:
             n = await self.client.running_jobs(user)
@@ -447,13 +460,17 @@ class GPUCuller(Application):
             (busy, nkernels, activity, connections), last_request, jobs = await asyncio.gather(
                 self._kernel_state(server_model), self._last_request(server_model), self._running_jobs(user))
             last_seen = self._last_seen(holder, connections, last_request, now)
+        devices = tuple(sorted(h.device for h in holdings))
+        if busy is False:
+            self._note_external_use(holder, devices)
         info = ServerInfo(
             user=user, server_name=server_name, profile=profile,
-            devices=tuple(sorted(h.device for h in holdings)),
+            devices=devices,
             held_since=_aware(min(h.since for h in holdings)), pending=pending or (None if server_model.get("ready", True) else "not ready"),
             kernels_busy=busy, kernels=nkernels, last_activity=activity, connections=connections, last_seen=last_seen,
             running_jobs=jobs,
             kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder),
+            external_use_at=self.external_use_at.get(holder),
         )
         self.infos[holder] = info
         culled = self.culled_at.get(holder)

@@ -107,6 +107,7 @@ def rig(tmp_path):
         metrics_source=ScriptedMetricsSource(path=str(metrics_file)),
     )
     culler.policy.utcnow = clock
+    culler.policy.release_timeout = 0  # these tests walk the profile timeouts; the release clock has its own below
     culler.setup()
 
     def utilisation(**per_device):
@@ -339,3 +340,28 @@ async def test_never_acts_twice_on_ledger_rows_the_spawner_did_not_free(rig):
     passes = await run_for(rig, 180)
     assert hub.calls == [("stop", "alice", ""), ("start", "alice", "", "cpu")]
     assert "still in the ledger after the cull" in passes[-1][0][1].reason
+
+
+async def test_release_clock_and_gpu_use_outside_the_kernels(rig):
+    """Shipped release clock: an idle notebook server goes after 5 min; a server whose GPU was busy while its
+    kernels were idle (a script from a terminal) only 30 min after that use, on the sample's time."""
+    rig.policy.release_timeout = 300.0  # the shipped default
+    hub = rig.client
+    hub.add("alice", gpus=1, profile="gpu-1", kernels=IDLE_KERNEL)  # device 0: idle notebook
+    hub.add("bob", gpus=1, profile="gpu-1", kernels=IDLE_KERNEL)  # device 1: a terminal run, kernels idle
+    rig.utilisation(gpu1=95)
+    await run_for(rig, 15)
+    assert hub.calls == [("stop", "alice", ""), ("start", "alice", "", "cpu")]
+    used = rig.external_use_at["server:bob/"]
+    assert used == rig.clock.now and rig.infos["server:bob/"].external_use_at == used
+    rig.utilisation(gpu1=2)  # the run pauses or ends: idle from the next sample on, not released after 5 min
+    await run_for(rig, 25)
+    assert len(hub.calls) == 2 and rig.external_use_at["server:bob/"] == used and rig.warnings_for("bob") == []
+    await run_for(rig, 5)  # 25 min idle: warned
+    (w,) = rig.warnings_for("bob")
+    assert "GPU last used outside the notebooks" in w["message"]
+    await run_for(rig, 5)
+    assert hub.calls[2:] == [("stop", "bob", ""), ("start", "bob", "", "cpu")]
+    release = [r for r in rig.audit.list(limit=1000) if r["action"] == "release" and r["user"] == "bob"][0]
+    assert release["measurements"]["timeout_s"] == 1800 and release["measurements"]["release_clock"] is True
+    assert "server:bob/" not in rig.external_use_at or rig.external_use_at["server:bob/"] == used
