@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,68 @@ def test_a_warm_server_is_its_user_as_a_cold_one_and_inherits_nothing_from_the_p
     if iso.use_sandbox:
         assert b["other_home"] == {str(homes["warma"]): False}  # A's home does not exist in B's sandbox
     assert a["env"]["JUPYTERHUB_USER"] == "warma" and wp_b.token == env_b["TRAINHUB_HOLDER"]
+
+
+# user A's server runs this from A's ~/.jupyter: traces in the server process, its environment, /tmp and its folder
+LEAVE_CONFIG = r'''
+import json, os, sys
+json.LEFT_BY = os.environ.get("JUPYTERHUB_USER")
+sys.modules["left_by_previous_user"] = sys
+os.environ["LEFT_BY"] = os.environ.get("JUPYTERHUB_USER", "")
+open("/tmp/left-by-" + os.environ.get("JUPYTERHUB_USER", ""), "w").write("x")
+os.chdir("/")
+'''
+
+# user B's server records what it sees into B's home
+RECORD_CONFIG = r'''
+import json, os, sys
+report = {
+    "cmdline": open("/proc/self/cmdline", "rb").read().decode(errors="replace").split("\0"),
+    "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "cwd": os.getcwd(),
+    "env": dict(os.environ), "tmp": sorted(os.listdir("/tmp")), "left": getattr(json, "LEFT_BY", None),
+    "left_module": "left_by_previous_user" in sys.modules, "other_home": os.path.exists(OTHER_HOME),
+}
+with open(os.path.join(os.environ["HOME"], "warm-report.json"), "w") as f:
+    json.dump(report, f)
+'''
+
+
+def write_jupyter_config(home: Path, text: str) -> None:
+    conf = home / ".jupyter"
+    conf.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o755)  # own_dir makes it the account's and 0700 at spawn
+    (conf / "jupyter_server_config.py").write_text(text)
+    os.chmod(conf, 0o755)
+    os.chmod(conf / "jupyter_server_config.py", 0o644)
+
+
+@root_only
+def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous_one(platform):
+    import pwd
+
+    a, b = "warmleaver", "warmrecorder"
+    homes = {u: platform.data_dir / "homes" / u for u in (a, b)}
+    write_jupyter_config(homes[a], LEAVE_CONFIG)
+    write_jupyter_config(homes[b], f"OTHER_HOME = {str(homes[a])!r}\n" + RECORD_CONFIG)
+    try:
+        platform.spawn(a, "gpu-1")
+        platform.stop_server(a)
+        platform.spawn(b, "gpu-1")
+        held = platform.held_by(b)
+        report = json.loads((homes[b] / "warm-report.json").read_text())
+        me = platform.api("GET", "/user", token=report["env"]["JUPYTERHUB_API_TOKEN"])  # while B's server runs
+    finally:
+        platform.stop_server(a)
+        platform.stop_server(b)
+    assert "trainhub.spawner.warmstart" in report["cmdline"], f"B's server did not start warm: {report['cmdline']}"
+    assert report["left"] is None and not report["left_module"] and "LEFT_BY" not in report["env"]
+    assert not any(name.startswith("left-by-") for name in report["tmp"]), report["tmp"]
+    assert os.path.samefile(report["cwd"], homes[b])
+    env = report["env"]
+    assert env["JUPYTERHUB_USER"] == b and os.path.samefile(env["HOME"], homes[b])
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, held)) and len(held) == 1
+    assert me.status_code == 200 and me.json()["name"] == b, me.text  # the token is B's
+    acct = pwd.getpwnam(f"th-{b}")
+    assert (report["uid"], report["gid"], report["groups"]) == (acct.pw_uid, acct.pw_gid, [])
+    if shutil.which("bwrap"):
+        assert not report["other_home"]  # A's home does not exist in B's sandbox
