@@ -23,6 +23,7 @@ import os
 import runpy
 import socket
 import sys
+import time
 
 _libc = ctypes.CDLL(None, use_errno=True)
 SYS_MOVE_MOUNT = 429  # the same number on every Linux architecture (the unified syscall table)
@@ -87,6 +88,7 @@ def apply_claim(spec: dict, fds: list[int]) -> str:
     os.umask(spec["umask"])
     os.environ.clear()
     os.environ.update(spec["env"])
+    time.tzset()  # the server's TZ, not the one the interpreter started with
     sys.argv = [spec["module"], *spec["args"]]
     sys.path[0] = os.getcwd()  # as `python -m` started in the working folder would have it
     if spec.get("uid") is not None:

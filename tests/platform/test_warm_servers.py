@@ -118,6 +118,27 @@ def test_startup_variables_that_differ_are_named():
     assert "PYTHON*" in STARTUP_VARS
 
 
+def test_a_failed_claim_discards_the_interpreter_and_says_why(tmp_path):
+    """The spawner starts the server cold on WarmUnavailable; the failed interpreter never serves anyone."""
+    from trainhub.spawner.warm import WarmUnavailable
+
+    iso = Isolation(sandbox="none", user_accounts=False)
+
+    async def scenario():
+        pool = WarmPool(lambda fd: iso.command(warm_argv(sys.executable, fd, ["json"]), account=None, cwd="/"),
+                        launch_env(["LANG"], {}, "/usr/bin:/bin"), 1, logging.getLogger("test-warm"))
+        pool.fill()
+        wp = await pool.take()
+        spec = claim_spec([sys.executable, "-m", "json.tool"], {"HOME": "/"}, str(tmp_path / "missing"), None, False)
+        with pytest.raises(WarmUnavailable, match="missing"):
+            await pool.claim(wp, spec, [], 30)
+        assert await asyncio.to_thread(wp.proc.wait, 30) != 0 and pool.claims == 0 and wp not in pool.waiting
+        for other in pool.waiting:
+            other.discard()
+
+    asyncio.run(scenario())
+
+
 @root_only
 def test_a_warm_server_is_its_user_as_a_cold_one_and_inherits_nothing_from_the_previous_user(tmp_path, iso):
     """A's warm server leaves module state, environment, a /tmp file and a changed folder; B's warm server, from
