@@ -28,7 +28,7 @@ from subprocess import Popen
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from jupyterhub.utils import random_port
-from traitlets import Bool, Callable, Instance, Integer, List, Type, Unicode, default
+from traitlets import Bool, Callable, Float, Instance, Integer, List, Type, Unicode, default
 
 from trainhub import procs
 from trainhub.accounts import Account, fs_identity, reach
@@ -46,6 +46,7 @@ from trainhub.storage import StorageConfig
 
 from .errors import spawn_refusal
 from .profile_form import render_form
+from .warm import DEFAULT_IMPORTS, WarmPool, WarmProcess, WarmUnavailable, claim_spec, launch_env, pool_for, startup_differences, warm_argv
 
 
 # holders whose server this hub is starting right now (allocated, no process recorded yet)
@@ -131,6 +132,35 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         help="Seconds a started server has to listen on its port. JupyterHub's start_timeout defaults to this plus "
         "max_queue_wait (set Spawner.start_timeout lower and queued spawns fail at that).",
     ).tag(config=True)
+
+    warm_start = Bool(
+        True,
+        help="Start servers from a small pool of warm interpreters that have imported the server's modules "
+        "(trainhub.spawner.warm; docs/isolation.md says why nothing passes between users): each is claimed by one "
+        "spawn, given the user's mounts, environment, token, devices, working folder and account, then runs "
+        "`python -m <module>` as a cold start would. A spawn starts cold when the pool is empty, the claim fails, "
+        "Spawner.cmd is not `<this interpreter> -m <module>`, popen_kwargs are set, a start-up variable (PYTHON*, "
+        "LD_*, locale) differs, or the sandbox runs without root. False: every server starts cold.",
+    ).tag(config=True)
+
+    warm_pool_size = Integer(
+        2,
+        help="Warm interpreters kept waiting (about 100 MB of memory each); one is started for each one claimed, "
+        "once the claimed server listens. 0 = none (as warm_start = False).",
+    ).tag(config=True)
+
+    warm_imports = List(
+        Unicode(), list(DEFAULT_IMPORTS),
+        help="Modules a warm interpreter imports while it waits (before any user's identity): the server's heavy "
+        "modules. Only modules whose import reads nothing of a user belong here.",
+    ).tag(config=True)
+
+    warm_claim_timeout = Float(
+        15.0,
+        help="Seconds a warm interpreter has to take on its server (mounts, identity) before the spawn starts cold.",
+    ).tag(config=True)
+
+    started_warm = Bool(False, help="The server started from a warm interpreter (state, for the log and tests).")
 
     devices = List(help="Device indices this server holds (state).")
     _queued: QueueView | None = None  # while this spawn waits in line
@@ -315,8 +345,9 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         finally:
             _starting.discard(self.holder)
         self.log.info(
-            "Started %s profile=%s devices=%s pid=%s as %s (%s)", self._log_name, profile.slug, devices, self.pid,
+            "Started %s profile=%s devices=%s pid=%s as %s (%s, %s)", self._log_name, profile.slug, devices, self.pid,
             self.account.name if self.account else "the hub's account", self.isolation.mode,
+            "warm" if self.started_warm else "cold",
         )
         return result
 
@@ -394,38 +425,113 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         yield {"progress": 60, "message": "Starting the server..."}
 
     async def _start_process(self, rw: list[str], ro: list[str]):
-        """Start the server (sandboxed and as the user's account, as configured) and wait until it listens."""
+        """Start the server (warm when it can, sandboxed and as the user's account, as configured) and wait until
+        it listens."""
         self.sandboxed = self.isolation.use_sandbox
-        for attempt in range(3):
-            if self.port == 0 or attempt:
-                self.port = random_port()
-            env = self.get_env()
-            cmd = list(self.cmd) + self.get_args()
-            argv = self.isolation.command(cmd, account=self.account, cwd=self.home_dir, rw=rw, ro=ro, devices=self.devices)
-            self.log.info("Spawning %s", " ".join(shlex.quote(a) for a in argv))
-            kwargs = dict(start_new_session=True)
-            kwargs.update(self.popen_kwargs)
-            kwargs["env"] = env
-            # without a sandbox (bwrap --chdir does it there) start in the home, as SimpleLocalProcessSpawner does
-            kwargs["preexec_fn"] = None if self.sandboxed else functools.partial(os.chdir, self.home_dir)
-            self.proc = Popen(argv, **kwargs)
-            self.pid = self.proc.pid
-            port = self.port
-            try:
-                await apoll(lambda: asyncio.to_thread(self._listening, port), what=f"the server of {self._log_name} to listen on port {port}",
-                            start=0.05, factor=1.5, cap=0.5, timeout=self.listen_timeout)
-                return (self.ip or "127.0.0.1", self.port)
-            except _ServerExited as e:
-                taken = await asyncio.to_thread(procs.listening_inodes, port)
-                self.proc, self.pid = None, 0
-                if taken and attempt < 2:  # another process took the port meanwhile: a new port, once more
-                    self.log.warning("%s: port %d was taken by another process; retrying on another port", self._log_name, port)
-                    continue
-                raise RuntimeError(f"the server of {self._log_name} exited with code {e.code} before listening on "
-                                   f"port {port}; see the hub's log") from None
-            except WaitTimeout:
-                raise RuntimeError(f"the server of {self._log_name} did not listen on port {port} within "
-                                   f"{self.listen_timeout} s") from None
+        pool = self._warm_pool()
+        try:
+            for attempt in range(3):
+                if self.port == 0 or attempt:
+                    self.port = random_port()
+                self.started_warm = pool is not None and attempt == 0 and await self._start_warm(pool, rw, ro)
+                if not self.started_warm:
+                    self._start_cold(rw, ro)
+                port = self.port
+                try:
+                    await apoll(lambda: asyncio.to_thread(self._listening, port), what=f"the server of {self._log_name} to listen on port {port}",
+                                start=0.05 if not self.started_warm else 0.02, factor=1.5, cap=0.5, timeout=self.listen_timeout)
+                    return (self.ip or "127.0.0.1", self.port)
+                except _ServerExited as e:
+                    taken = await asyncio.to_thread(procs.listening_inodes, port)
+                    self.proc, self.pid = None, 0
+                    if taken and attempt < 2:  # another process took the port meanwhile: a new port, once more
+                        self.log.warning("%s: port %d was taken by another process; retrying on another port", self._log_name, port)
+                        continue
+                    raise RuntimeError(f"the server of {self._log_name} exited with code {e.code} before listening on "
+                                       f"port {port}; see the hub's log") from None
+                except WaitTimeout:
+                    raise RuntimeError(f"the server of {self._log_name} did not listen on port {port} within "
+                                       f"{self.listen_timeout} s") from None
+        finally:
+            if pool is not None:
+                pool.fill()  # after the server is up (or failed): the next interpreter does not slow this one
+
+    def _start_cold(self, rw: list[str], ro: list[str]) -> None:
+        env = self.get_env()
+        cmd = list(self.cmd) + self.get_args()
+        argv = self.isolation.command(cmd, account=self.account, cwd=self.home_dir, rw=rw, ro=ro, devices=self.devices)
+        self.log.info("Spawning %s", " ".join(shlex.quote(a) for a in argv))
+        kwargs = dict(start_new_session=True)
+        kwargs.update(self.popen_kwargs)
+        kwargs["env"] = env
+        # without a sandbox (bwrap --chdir does it there) start in the home, as SimpleLocalProcessSpawner does
+        kwargs["preexec_fn"] = None if self.sandboxed else functools.partial(os.chdir, self.home_dir)
+        self.proc = Popen(argv, **kwargs)
+        self.pid = self.proc.pid
+
+    # -- warm starts (trainhub.spawner.warm) --------------------------------------------------------
+    def _warm_pool(self) -> WarmPool | None:
+        """The hub's pool for this spawner's launch, or None where warm starts cannot be as correct as cold ones."""
+        if not self.warm_start or self.warm_pool_size <= 0:
+            return None
+        if self.isolation.use_sandbox and os.geteuid() != 0:
+            return None  # an unprivileged sandbox cannot take on mounts made outside it
+        path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", os.defpath)
+        env = launch_env(self.env_keep, self.environment, path)
+        python, imports = sys.executable, list(self.warm_imports)
+
+        def argv_for(fd: int) -> list[str]:
+            return self.isolation.command(warm_argv(python, fd, imports), account=None, cwd="/")
+
+        return pool_for(argv_for, env, self.warm_pool_size, self.log)
+
+    def _warm_refusal(self, pool: WarmPool, cmd: list[str], env: dict) -> str:
+        """Why this server cannot start warm ("" when it can)."""
+        if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m":
+            return f"Spawner.cmd {cmd[:3]} is not '{sys.executable} -m <module>'"
+        if self.popen_kwargs:
+            return "popen_kwargs are set"
+        diff = startup_differences(env, pool.env)
+        if diff:
+            return f"start-up variables differ from the warm interpreters': {', '.join(diff)}"
+        return ""
+
+    async def _start_warm(self, pool: WarmPool, rw: list[str], ro: list[str]) -> bool:
+        """Claim a warm interpreter for this server; False (the caller starts it cold) when none can be."""
+        cmd = list(self.cmd) + self.get_args()
+        refusal = self._warm_refusal(pool, cmd, self.get_env())
+        if refusal:
+            self.log.info("%s starts cold: %s", self._log_name, refusal)
+            return False
+        wp = await pool.take()
+        if wp is None:
+            self.log.info("%s starts cold: no warm interpreter waiting", self._log_name)
+            return False
+        cold_token, self.spawn_token = self.spawn_token, wp.token  # the marker it was started with
+        try:
+            await self._claim(pool, wp, cmd, rw, ro)
+        except WarmUnavailable as e:
+            self.spawn_token = cold_token
+            self.log.warning("%s starts cold: the warm interpreter failed its claim (%s)", self._log_name, e)
+            return False
+        self.proc, self.pid = wp.proc, wp.pid
+        self.log.info("Spawning %s from warm interpreter %s (claim %d)", self._log_name, wp.pid, pool.claims)
+        return True
+
+    async def _claim(self, pool: WarmPool, wp: WarmProcess, cmd: list[str], rw: list[str], ro: list[str]) -> None:
+        env = self.get_env()
+        mounts: list[tuple[str, bool, bool]] = []
+        cwd = self.home_dir
+        if self.sandboxed:  # what a cold sandbox binds beyond the warm one's (Isolation.sandbox_argv), parents first
+            cwd = os.path.realpath(self.home_dir)
+            found = [(os.path.realpath(p), False) for p in rw] + [(os.path.realpath(p), True) for p in ro]
+            found += [(n, False) for n in self.isolation.device_nodes(self.devices)]
+            seen = set()
+            for path, read_only in sorted(found, key=lambda m: m[0].count("/")):
+                if path not in seen and os.path.exists(path):
+                    seen.add(path)
+                    mounts.append((path, read_only, os.path.isdir(path)))
+        await pool.claim(wp, claim_spec(cmd, env, cwd, self.account, self.sandboxed), mounts, self.warm_claim_timeout)
 
     def _listening(self, port: int) -> bool:
         code = self.proc.poll()
@@ -484,7 +590,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     def get_state(self):
         state = super().get_state()
         state.update(devices=list(self.devices), profile=self.profile_slug, spawn_token=self.spawn_token,
-                     sandboxed=self.sandboxed)
+                     sandboxed=self.sandboxed, started_warm=self.started_warm)
         return state
 
     def load_state(self, state):
@@ -493,6 +599,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         self.profile_slug = state.get("profile", "")
         self.spawn_token = state.get("spawn_token", "")
         self.sandboxed = bool(state.get("sandboxed", False))
+        self.started_warm = bool(state.get("started_warm", False))
 
     def clear_state(self):
         super().clear_state()

@@ -1,0 +1,244 @@
+"""Warm single-user servers: a small pool of interpreters that have imported the server's modules, each
+claimed once, by one spawn, and made that user's server (the hub's side; ``warmstart`` is the inside).
+
+A cold start spends most of its time importing jupyter_server, JupyterLab and their extensions. A warm
+interpreter has done that already, as the platform, with no user's data, token or identity; at claim it is
+given everything a cold start would get, in a cold start's order: the sandbox's per-user mounts (the home,
+storage area, ``datasets/`` and GPU device nodes, passed as ``open_tree`` descriptors and attached inside its
+own mount namespace), the environment (token, devices, storage), the arguments, the working folder, then the
+user's account. The sandbox it waits in is a cold sandbox minus those mounts (same bwrap arguments from
+``Isolation.command``), so its private /tmp, /dev/shm and pid namespace are new and its own.
+
+Why nothing leaks between users: a warm process serves one server and then dies with it (never returned to
+the pool once claimed), so no user's code ever runs in a process another user gets; before its claim it runs
+only platform code that reads nothing of any user. What cannot be changed after start-up (interpreter and
+loader variables such as ``PYTHON*``, ``LD_*``, the locale) is compared with the server's environment, and any
+difference, a custom command or ``popen_kwargs``, an empty pool or a failed claim starts the server cold.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import ctypes
+import fnmatch
+import json
+import os
+import socket
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+
+from trainhub.procs import HOLDER_VAR, INSTANCE_VAR, terminate
+
+_libc = ctypes.CDLL(None, use_errno=True)
+SYS_OPEN_TREE, SYS_MOUNT_SETATTR = 428, 442  # the unified syscall table: the same on every architecture
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_RECURSIVE, AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
+MOUNT_ATTR_RDONLY = 0x1
+
+# what a running interpreter cannot take on later: read by the interpreter, the loader or libc at start-up,
+# or by jupyterhub.singleuser when imported
+STARTUP_VARS = ("PYTHON*", "LD_*", "LANG", "LANGUAGE", "LC_*", "MALLOC_*", "GLIBC_TUNABLES", "JUPYTERHUB_SINGLEUSER_*")
+DEFAULT_IMPORTS = (
+    "jupyter_server.serverapp",
+    "jupyterlab.labapp",
+    "jupyter_lsp",
+    "jupyter_server_terminals",
+    "notebook_shim.shim",
+    "jupyterhub.services.auth",
+)
+
+
+class WarmUnavailable(Exception):
+    """This spawn starts cold (the message says why)."""
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def clone_mount(path: str, read_only: bool) -> int:
+    """A detached bind mount of ``path`` (recursive), read-only if asked: a descriptor another mount namespace
+    can attach (``move_mount``)."""
+    fd = _libc.syscall(SYS_OPEN_TREE, -100, os.fsencode(path), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"open_tree {path}: {os.strerror(err)}")
+    if read_only:
+        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+        if _libc.syscall(SYS_MOUNT_SETATTR, fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) < 0:
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(err, f"mount_setattr {path}: {os.strerror(err)}")
+    return fd
+
+
+def startup_differences(env: dict, launched: dict, patterns=STARTUP_VARS) -> list[str]:
+    """Start-up variables whose value in ``env`` differs from the one the warm interpreter started with."""
+    keys = {k for k in {*env, *launched} if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    return sorted(k for k in keys if env.get(k) != launched.get(k))
+
+
+@dataclass
+class WarmProcess:
+    proc: subprocess.Popen
+    sock: socket.socket
+    token: str  # its HOLDER_VAR marker, in its initial environment: the server's spawn token once claimed
+    ready: asyncio.Future = field(default=None)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def discard(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            if self.proc.poll() is None:
+                terminate([self.proc.pid], 1.0)
+
+
+class WarmPool:
+    """Up to ``size`` warm interpreters started with one launch command and environment (one pool per distinct
+    launch in the hub process: :func:`pool_for`)."""
+
+    def __init__(self, argv_for, env: dict, size: int, log, ready_timeout: float = 120.0):
+        self.argv_for, self.env, self.size, self.log = argv_for, env, size, log
+        self.ready_timeout = ready_timeout
+        self.waiting: list[WarmProcess] = []
+        self.claims = 0
+
+    def _launch(self) -> WarmProcess:
+        parent, child = socket.socketpair()
+        token = uuid.uuid4().hex
+        env = dict(self.env, **{HOLDER_VAR: token})
+        try:
+            proc = subprocess.Popen(self.argv_for(child.fileno()), env=env, pass_fds=[child.fileno()], cwd="/",
+                                    start_new_session=True, stdin=subprocess.DEVNULL)
+        finally:
+            child.close()
+        parent.setblocking(False)
+        wp = WarmProcess(proc, parent, token)
+        wp.ready = asyncio.ensure_future(self._wait_ready(wp))
+        return wp
+
+    async def _wait_ready(self, wp: WarmProcess) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            line = await asyncio.wait_for(loop.sock_recv(wp.sock, 64), self.ready_timeout)
+        except (asyncio.TimeoutError, OSError):
+            line = b""
+        if line != b"ready\n":
+            self.log.warning("A warm server interpreter (pid %s) did not become ready; discarded", wp.pid)
+            if wp in self.waiting:
+                self.waiting.remove(wp)
+            wp.discard()
+            return False
+        return True
+
+    def fill(self) -> None:
+        """Start interpreters until ``size`` wait (needs a running loop)."""
+        self.waiting = [wp for wp in self.waiting if wp.proc.poll() is None]
+        while len(self.waiting) < self.size:
+            try:
+                self.waiting.append(self._launch())
+            except OSError as e:
+                self.log.warning("Could not start a warm server interpreter: %s", e)
+                return
+
+    async def take(self) -> WarmProcess | None:
+        """A ready interpreter (the oldest), else one still importing (ahead of any cold start), else None."""
+        self.waiting = [wp for wp in self.waiting if wp.proc.poll() is None]
+        ready = [wp for wp in self.waiting if wp.ready.done() and wp.ready.result()]
+        pick = ready[0] if ready else next((wp for wp in self.waiting if not wp.ready.done()), None)
+        if pick is None:
+            return None
+        self.waiting.remove(pick)
+        if not await pick.ready:
+            return None
+        return pick
+
+    def put_back(self, wp: WarmProcess) -> None:
+        """An interpreter taken but not claimed (the spawn went cold before sending anything)."""
+        if wp.proc.poll() is None and len(self.waiting) < self.size:
+            self.waiting.insert(0, wp)
+        else:
+            wp.discard()
+
+    async def claim(self, wp: WarmProcess, spec: dict, mounts: list[tuple[str, bool, bool]], timeout: float) -> None:
+        """Hand ``wp`` its server: ``spec`` (see warmstart.apply_claim) and ``mounts`` as (path, read-only, is a
+        folder), attached at the same path inside its sandbox. Raises WarmUnavailable (``wp`` discarded) on failure."""
+        fds: list[int] = []
+        try:
+            try:
+                for path, ro, _is_dir in mounts:
+                    fds.append(await asyncio.to_thread(clone_mount, path, ro))
+                spec = dict(spec, mounts=[{"dest": path, "dir": is_dir} for path, _ro, is_dir in mounts])
+                data = json.dumps(spec).encode() + b"\n"
+                loop = asyncio.get_running_loop()
+                wp.sock.setblocking(True)
+                wp.sock.settimeout(timeout)
+                await asyncio.to_thread(wp.sock.sendmsg, [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+                wp.sock.setblocking(False)
+                answer = await asyncio.wait_for(loop.sock_recv(wp.sock, 4096), timeout)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            reply = json.loads(answer or b"{}")
+            if not reply.get("ok"):
+                raise WarmUnavailable(reply.get("error") or f"the warm interpreter exited (code {wp.proc.poll()})")
+        except WarmUnavailable:
+            wp.discard()
+            raise
+        except (OSError, ValueError, asyncio.TimeoutError) as e:
+            wp.discard()
+            raise WarmUnavailable(f"{type(e).__name__}: {e}") from None
+        except BaseException:
+            wp.discard()
+            raise
+        wp.sock.close()
+        self.claims += 1
+
+
+_pools: dict[str, WarmPool] = {}
+
+
+def pool_for(argv_for, env: dict, size: int, log) -> WarmPool:
+    """The hub's pool for this launch (command and environment), made on first use."""
+    key = json.dumps([argv_for(-1), sorted(env.items())])
+    pool = _pools.get(key)
+    if pool is None:
+        pool = _pools[key] = WarmPool(argv_for, env, size, log)
+    pool.size = size
+    return pool
+
+
+def launch_env(env_keep, environment: dict, path: str) -> dict:
+    """The environment a warm interpreter starts with: what every server of this hub gets alike (the hub's kept
+    variables, the PATH, the platform marker, the static start-up variables of ``Spawner.environment``); never
+    a token, a user or a device."""
+    env = {k: os.environ[k] for k in env_keep if k in os.environ}
+    env["PATH"] = path
+    for k, v in environment.items():
+        if isinstance(v, str) and any(fnmatch.fnmatchcase(k, p) for p in STARTUP_VARS):
+            env[k] = v
+    if os.environ.get(INSTANCE_VAR):
+        env[INSTANCE_VAR] = os.environ[INSTANCE_VAR]
+    return env
+
+
+def claim_spec(cmd: list[str], env: dict, cwd: str, account, sandboxed: bool) -> dict:
+    """What warmstart.apply_claim needs to become the server ``cmd`` (``python -m module args``) would start."""
+    env = dict(env)
+    if sandboxed:
+        env["PWD"] = cwd  # bwrap --chdir sets it in a cold sandbox
+    umask = os.umask(0)
+    os.umask(umask)
+    return {"module": cmd[2], "args": list(cmd[3:]), "env": env, "cwd": cwd, "umask": umask,
+            "uid": account.uid if account else None, "gid": account.gid if account else None}
+
+
+def warm_argv(python: str, fd: int, imports) -> list[str]:
+    return [python, "-m", "trainhub.spawner.warmstart", str(fd), *imports]
+

@@ -1,0 +1,140 @@
+"""The inside of a warm single-user server: an interpreter that imports the server's modules, waits, and is
+claimed once, for one server of one user (see trainhub.spawner.warm for the hub's side and docs/isolation.md).
+
+Run as ``python -m trainhub.spawner.warmstart FD MODULE...``, as the platform (root), in a sandbox of no user
+when sandboxes are on. It imports the MODULEs, says ``ready`` on the Unix socket FD and blocks. The claim is
+one message: a JSON spec and the mount descriptors (``open_tree`` clones of the user's home, storage area,
+datasets and device nodes, made by the hub). In this order it then mounts them at their paths, replaces the
+environment, the arguments and ``sys.path[0]``, enters the working folder, drops to the user's account (bounding
+set emptied, groups cleared, real/effective/saved ids set, no_new_privs, as ``setpriv`` does for a cold start),
+answers ``ok`` and runs the module as ``python -m`` would. Any failure answers the error and exits: the hub then
+starts the server cold. End of file on the socket before a claim (the hub went away) exits quietly.
+
+Nothing here reads a user's data before the claim, and a process is claimed at most once: what one user's
+server does can never reach another user's server through this path.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import json
+import os
+import runpy
+import socket
+import sys
+import time
+
+_libc = ctypes.CDLL(None, use_errno=True)
+SYS_MOVE_MOUNT = 429  # the same number on every Linux architecture (the unified syscall table)
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+AT_FDCWD = -100
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+MAX_FDS = 64
+
+
+def _check(ret: int, what: str) -> None:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(fd: int, dest: str, is_dir: bool) -> None:
+    """Attach the detached mount ``fd`` at ``dest``, making the mount point (and its parents, 0755, the
+    platform's) inside the sandbox as bwrap would have."""
+    parent = os.path.dirname(dest)
+    missing = []
+    while parent and not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for folder in reversed(missing):
+        os.mkdir(folder)
+        os.chmod(folder, 0o755)  # whatever the umask: the account must pass through
+    if is_dir:
+        if not os.path.isdir(dest):
+            os.mkdir(dest)
+            os.chmod(dest, 0o755)
+    elif not os.path.exists(dest):
+        os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o600))
+    _check(_libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, os.fsencode(dest), MOVE_MOUNT_F_EMPTY_PATH), f"move_mount {dest}")
+    os.close(fd)
+
+
+def _become(uid: int, gid: int) -> None:
+    """The user's account for good: no capability can come back (bounding set emptied, then the ids change
+    from root, which clears the others; no_new_privs keeps setuid binaries from giving any)."""
+    cap = 0
+    while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0 or ctypes.get_errno() != 22:  # EINVAL: past the last
+        cap += 1
+        if cap > 128:
+            break
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid or os.getgroups():
+        raise OSError("the account switch did not hold")
+
+
+def apply_claim(spec: dict, fds: list[int]) -> str:
+    """Make this process the server ``spec`` describes; returns the module to run."""
+    mounts = spec.get("mounts", [])
+    if len(mounts) != len(fds):
+        raise ValueError(f"{len(mounts)} mounts described, {len(fds)} descriptors received")
+    for m, fd in zip(mounts, fds):
+        _mount(fd, m["dest"], m["dir"])
+    os.chdir(spec["cwd"])
+    os.umask(spec["umask"])
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    time.tzset()  # the server's TZ, not the one the interpreter started with
+    sys.argv = [spec["module"], *spec["args"]]
+    sys.path[0] = os.getcwd()  # as `python -m` started in the working folder would have it
+    if spec.get("uid") is not None:
+        _become(spec["uid"], spec["gid"])
+    return spec["module"]
+
+
+def _receive(sock: socket.socket) -> tuple[dict, list[int]]:
+    data, fds = b"", []
+    while True:
+        msg, anc, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(MAX_FDS * 4))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(payload[: len(payload) - len(payload) % 4])
+                fds.extend(got)
+        if not msg:
+            if not data:
+                raise EOFError
+            break
+        data += msg
+        if data.endswith(b"\n"):
+            break
+    return json.loads(data), fds
+
+
+def main(argv: list[str]) -> None:
+    sock = socket.socket(fileno=int(argv[0]))
+    for name in argv[1:]:
+        __import__(name)
+    sock.sendall(b"ready\n")
+    try:
+        spec, fds = _receive(sock)
+    except (EOFError, ConnectionError):
+        os._exit(0)  # the hub went away or let this one go
+    try:
+        module = apply_claim(spec, fds)
+    except BaseException as e:  # the hub starts the server cold
+        try:
+            sock.sendall(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
+        finally:
+            os._exit(1)
+    sock.sendall(json.dumps({"ok": True, "pid": os.getpid(), "uid": os.getuid()}).encode() + b"\n")
+    sock.close()
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
