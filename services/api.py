@@ -31,6 +31,7 @@ from tornado import web
 from tornado.log import app_log
 
 from trainhub.exceptions import InvalidRequest, NotFound, TooLarge
+from trainhub.fmt import clip
 from trainhub.httpapi import MAX_REQUEST_BYTES, JSONErrors, dump_json, log_request, parse_json
 
 
@@ -178,6 +179,20 @@ class APIHandler(JSONErrors, HubOAuthenticated, web.RequestHandler):
         if not isinstance(body, dict):
             raise InvalidRequest("the request body must be a JSON object ({...})")
         return body
+
+    def check_body(self, body: dict, schema: str) -> None:
+        """Refuse what the published document's ``schema`` does not allow (``trainhub.services.contract``)."""
+        contract = getattr(self.service, "contract", None)
+        if contract is not None:
+            contract.check(body, schema)
+
+    def states_arg(self, allowed, what: str = "states") -> list[str]:
+        """``?state=a&state=b`` (or ``state=a,b``), each one of ``allowed``; an empty value is a 400 too."""
+        states = [s for v in self.get_arguments("state") for s in v.split(",")]
+        bad = [s for s in states if s not in allowed]
+        if bad:
+            raise InvalidRequest(f"unknown state(s) {[clip(b, 40) for b in bad[:5]]}; {what} are {list(allowed)}")
+        return states
 
     def page(self, default_limit: int = 50) -> tuple[int, int]:
         """``(limit, offset)`` from the query, checked (limit 1-500, offset >= 0)."""

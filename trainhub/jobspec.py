@@ -22,14 +22,17 @@ SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("median", "hyperband", "none")
 MODES = ("min", "max")
 
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s?)?\s*$")
+# the API document's time_limit pattern (services/jobs/openapi.json): bounded digits keep any text far from overflow
+_DURATION = re.compile(r"^ *(?:([0-9]{1,4}(?:\.[0-9]{1,6})?) *d)? *(?:([0-9]{1,6}(?:\.[0-9]{1,6})?) *h)? *"
+                       r"(?:([0-9]{1,7}(?:\.[0-9]{1,6})?) *m)? *(?:([0-9]{1,9}(?:\.[0-9]{1,6})?) *s?)? *$")
+MAX_DURATION_SECONDS = 1e9  # as a number (about 31 years)
 _NUMBER = re.compile(r"\d+(\.\d+)?")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def parse_duration(value, field_name: str = "time_limit") -> float | None:
     """Seconds from a number or text like "90s", "30m", "2h", "1h30m" (units in the order d, h, m, s);
-    None and "" stay None. :class:`~trainhub.exceptions.InvalidRequest` (a 400 in the API) names
+    None, "" and 0 (no limit) are None. :class:`~trainhub.exceptions.InvalidRequest` (a 400 in the API) names
     ``field_name`` and what would be accepted."""
     if value is None or value == "":
         return None
@@ -37,14 +40,16 @@ def parse_duration(value, field_name: str = "time_limit") -> float | None:
         raise InvalidRequest(f"{field_name} must be seconds or a duration like '30m', not {value!r}")
     if isinstance(value, (int, float)):
         seconds = float(value)
+        if not 0 <= seconds <= MAX_DURATION_SECONDS:
+            raise InvalidRequest(f"{field_name} must be 0 (no limit) to {MAX_DURATION_SECONDS:.0f} seconds, not {value!r}")
     else:
         m = _DURATION.match(str(value))
-        if not m or not any(m.groups()):
+        if not m:
             raise InvalidRequest(f"{field_name} {value!r} is not a duration: use seconds (3600) or text like '90s', '30m', '2h', '1h30m'")
         d, h, mi, s = (float(x) if x else 0.0 for x in m.groups())
         seconds = d * 86400 + h * 3600 + mi * 60 + s
-    if seconds <= 0:
-        raise InvalidRequest(f"{field_name} must be positive, not {value!r}")
+    if seconds == 0:
+        return None
     return seconds
 
 
@@ -96,7 +101,7 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], metavar="K=V", type=env_pair,
                    help="environment variable for the job (repeatable)")
     p.add_argument("--time-limit", metavar="T", type=time_limit,
-                   help="stop the job after T: seconds or 90s, 30m, 2h (default: no limit)")
+                   help="stop the job after T: seconds or 90s, 30m, 2h (default or 0: no limit)")
     p.add_argument("--retries", type=nonneg_int, metavar="R", help="re-run a failed job up to R times (default 0)")
 
 

@@ -17,7 +17,7 @@ from traitlets.config import Application, PyFileConfigLoader
 
 from trainhub import __version__
 from trainhub.config import load_platform_config
-from trainhub.exceptions import InvalidRequest
+from trainhub.exceptions import Conflict
 from trainhub.httpapi import MAX_SERVER_BODY_BYTES
 from trainhub.isolation import Isolation
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
@@ -25,6 +25,7 @@ from trainhub.loops import PeriodicLoop
 from trainhub.profiles import ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.services.api import make_application
+from trainhub.services.contract import BodySchemas
 from trainhub.states import SUBMITTED_REASON
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
@@ -65,14 +66,20 @@ def load_plugins(names=PLUGINS) -> list:
     return mods
 
 
-def merged_openapi(plugins) -> dict:
-    """The jobs document plus each plugin's fragment: what the service serves."""
+def merged_openapi(plugins, profiles=()) -> dict:
+    """The jobs document plus each plugin's fragment: what the service serves. ``profiles`` (the
+    catalog's slugs) become the enum of every spec's ``profile``, so the document names the ones that exist."""
     doc = json.loads(OPENAPI_FILE.read_text())
     for mod in plugins:
         frag = json.loads(Path(mod.OPENAPI).read_text())
         doc["paths"].update(frag.get("paths", {}))
         for kind, items in frag.get("components", {}).items():
             doc.setdefault("components", {}).setdefault(kind, {}).update(items)
+    if profiles:
+        for schema in doc["components"]["schemas"].values():
+            prop = schema.get("properties", {}).get("profile")
+            if prop is not None and "string" in prop.get("type", ()):
+                prop["enum"] = [*profiles, *([None] if "null" in prop["type"] else [])]
     return doc
 
 
@@ -167,7 +174,9 @@ class JobsService(Application):
                                 catalog=self.catalog, metrics_source=self._metrics_source(), groups_of=self.groups, parent=self,
                                 api_url=(public + self.api_prefix.rstrip("/")) if public else "")
         self.plugins = load_plugins()
-        self.openapi_text = json.dumps(merged_openapi(self.plugins), indent=2)
+        doc = merged_openapi(self.plugins, [p.slug for p in self.catalog.all()])
+        self.openapi_text = json.dumps(doc, indent=2)
+        self.contract = BodySchemas(doc)
 
     def _metrics_source(self):
         cls = self.metrics_source_class
@@ -201,8 +210,8 @@ class JobsService(Application):
         pool = self.allocator.devices()
         if profile and profile.gpu_model:
             pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
-        if demand.gpus > len(pool):
-            raise InvalidRequest(
+        if demand.gpus > len(pool):  # the request is well formed: the pool, which an admin may grow, is the conflict
+            raise Conflict(
                 f"{demand.what} needs {demand.gpus} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
                 "ask for fewer workers or GPUs per worker"
             )

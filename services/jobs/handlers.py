@@ -58,10 +58,7 @@ class OpenAPIHandler(APIHandler):
 
 class JobsHandler(JobAccessMixin, APIHandler):
     async def get(self):
-        states = [s for v in self.get_arguments("state") for s in v.split(",") if s]
-        bad = [s for s in states if s not in JOB_STATES]
-        if bad:
-            raise InvalidRequest(f"unknown state(s) {bad}; states are {list(JOB_STATES)}")
+        states = self.states_arg(JOB_STATES, "states")
         limit, offset = self.page()
         who = self.listing_owner(READ, "jobs")
         sweep = self.get_argument("sweep", None)
@@ -75,7 +72,11 @@ class JobsHandler(JobAccessMixin, APIHandler):
         caller = self.caller
         if not caller.may(WRITE, caller.name):
             raise web.HTTPError(403, f"missing scope {WRITE} to submit jobs")
-        spec = validate_spec(self.json_body())
+        body = self.json_body()
+        spec = validate_spec(body)
+        if spec.profile:  # an unknown one in the catalog's words, before the document's enum
+            self.service.catalog.get(spec.profile)
+        self.check_body(body, "JobSpec")
         job = await self.service.submit(caller, spec)
         self.write_json(self.job_json(job), status=201)
 

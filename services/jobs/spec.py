@@ -42,18 +42,20 @@ def _check_exec_limits(name: str, command: str | None, script: str | None, env: 
                              f"{MAX_EXEC_BYTES // 1024} KiB a job can be started with")
 
 
+MAX_COMMAND_CHARS = 32_000  # always under MAX_ARG_STRLEN, whatever the characters' UTF-8 length
+MAX_ENV_VARS, MAX_ENV_VALUE_CHARS = 100, 2048  # together with a command, always under MAX_EXEC_BYTES
 MAX_GPUS = 4096  # per worker; far above any node, so a too-large request hears about the pool instead
 
 
-def _int(spec, name, default, minimum, maximum=None):
+def whole_number(spec: dict, name: str, default, minimum: int, maximum: int | None = None):
+    """``spec[name]`` as an int within bounds (None or absent: ``default``); the sweeps spec shares it."""
     value = spec.get(name, default)
     if value is None:
         value = default
+    if isinstance(value, float) and value.is_integer():  # JSON has one number type: 2.0 is the integer 2
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
-        else:
-            raise InvalidRequest(f"{name} must be a whole number, not {value!r}")
+        raise InvalidRequest(f"{name} must be a whole number, not {value!r}")
     if value < minimum or (maximum is not None and value > maximum):
         bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
         raise InvalidRequest(f"{name} must be {bound}, not {value}")
@@ -94,37 +96,45 @@ def validate_spec(spec) -> JobSpec:
     for fname, value in (("command", command), ("script", script)):
         if value is not None and not isinstance(value, str):
             raise InvalidRequest(f"{fname} must be a string")
+    if command is not None and len(command) > MAX_COMMAND_CHARS:
+        raise InvalidRequest(f"command is longer than {MAX_COMMAND_CHARS:,} characters: put it in a script (script) "
+                             "or a file in storage")
     if script is not None and len(script) > 5_000_000:
         raise InvalidRequest("script is larger than 5 MB: put data in storage and pass its path instead")
     name = spec.get("name")
+    if name is not None and not isinstance(name, str):
+        raise InvalidRequest(f"name must be a string, not {name!r}")
     if not name:  # derive one from the command's program, keeping only name-safe characters
         first = (command.split() or ["job"])[0].rsplit("/", 1)[-1] if command else "script"
-        name = re.sub(r"[^A-Za-z0-9._-]", "", first).lstrip("._-") or "job"
-    name = str(name)[:128]
+        name = re.sub(r"[^A-Za-z0-9._-]", "", first).lstrip("._-")[:128] or "job"
     if not NAME_RE.match(name):
         raise InvalidRequest(f"name {name!r} may use letters, digits, '.', '_', '-' and spaces (max 128)")
     env = spec.get("env") or {}
     if not isinstance(env, dict):
         raise InvalidRequest('env must be an object like {"KEY": "value"}')
+    if len(env) > MAX_ENV_VARS:
+        raise InvalidRequest(f"env has {len(env)} variables; at most {MAX_ENV_VARS} (pass the rest through storage)")
     clean_env = {}
     for k, v in env.items():
         if not ENV_KEY.match(str(k)):
             raise InvalidRequest(f"env name {k!r} is not a valid environment variable name")
         if k in RESERVED_ENV:
             raise InvalidRequest(f"env {k} is set by trainhub for each worker and cannot be overridden")
-        if isinstance(v, (dict, list)) or v is None:
+        if isinstance(v, (dict, list, bool)) or v is None:
             raise InvalidRequest(f"env {k} must be a string or number")
+        if isinstance(v, str) and len(v) > MAX_ENV_VALUE_CHARS:
+            raise InvalidRequest(f"env {k} is longer than {MAX_ENV_VALUE_CHARS} characters: pass large values through storage")
         clean_env[str(k)] = str(v)
     _check_exec_limits(name, command, script, clean_env)
     gpus = spec.get("gpus")
     # only a bound on the number: the pool check (JobsService.check) names the real limit, the pool's size
-    gpus = None if gpus is None else _int(spec, "gpus", 0, 0, MAX_GPUS)
+    gpus = None if gpus is None else whole_number(spec, "gpus", 0, 0, MAX_GPUS)
     profile = spec.get("profile")
     if profile is not None and (not isinstance(profile, str) or len(profile) > 64):
         raise InvalidRequest("profile must be a profile slug such as 'gpu-1'")
     priority = spec.get("priority")
     if priority is not None:
-        priority = _int(spec, "priority", 0, -1000, 1000)
+        priority = whole_number(spec, "priority", 0, -1000, 1000)
     preemptible = spec.get("preemptible", False)
     if not isinstance(preemptible, bool):
         raise InvalidRequest("preemptible must be true or false")
@@ -137,8 +147,8 @@ def validate_spec(spec) -> JobSpec:
                              "may be ($TRAINHUB_PARAMS): pass large values through storage")
     return JobSpec(
         name=name, command=command, script=script, gpus=gpus,
-        workers=_int(spec, "workers", 1, 1, 64), env=clean_env,
-        time_limit=parse_duration(spec.get("time_limit")), retries=_int(spec, "retries", 0, 0, 20),
+        workers=whole_number(spec, "workers", 1, 1, 64), env=clean_env,
+        time_limit=parse_duration(spec.get("time_limit")), retries=whole_number(spec, "retries", 0, 0, 20),
         profile=profile or None, priority=priority, preemptible=preemptible,
         submit_key=(str(spec["submit_key"])[:255] if spec.get("submit_key") else None),
         sweep_id=spec.get("sweep_id"), params=params,

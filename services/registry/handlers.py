@@ -84,7 +84,8 @@ class DatasetsHandler(RegistryHandler):
         caller = self.writer()
         body = self.json_body()
         name = check_name(name or body.get("name"))
-        d = await self.registry.register_dataset(caller, name, body, wait=float(body.get("wait", 5)))
+        self.check_body(body, "DatasetRegistration")
+        d = await self.registry.register_dataset(caller, name, body, wait=5.0 if body.get("wait") is None else float(body["wait"]))
         self.write_json(d, 201 if d["status"] != PENDING else 202)
 
 
@@ -112,6 +113,7 @@ class DatasetVersionHandler(RegistryHandler):
                            "register a new version instead")
         if "deprecated" not in body:
             raise InvalidRequest("send {'deprecated': true|false, 'message': '...'}")
+        self.check_body(body, "DatasetVersionChange")
         ds, v = await self.db_write(self.registry.store.deprecate_dataset_version, name, version, caller.name,
                                     caller.may_all(WRITE), bool(body["deprecated"]),
                                     str(body.get("message") or body.get("deprecation_message") or ""))
@@ -142,6 +144,7 @@ class ModelsHandler(RegistryHandler):
         caller = self.writer()
         body = self.json_body()
         name = check_name(name or body.get("name"))
+        self.check_body(body, "ModelRegistration")
         d = await self.registry.register_model(caller, name, body)
         self.write_json(d, 201)
 
@@ -169,6 +172,7 @@ class ModelVersionHandler(RegistryHandler):
             raise Conflict(f"model versions are immutable: only 'stage' may change (not {', '.join(sorted(other))})")
         if "stage" not in body:
             raise InvalidRequest("send {'stage': 'none'|'staging'|'production'|'archived'}")
+        self.check_body(body, "ModelVersionChange")
         m, v = await self.db_write(self.registry.store.set_stage, name, version, str(body["stage"]), caller.name,
                                    caller.may_all(WRITE), str(body.get("comment") or ""), bool(body.get("exclusive", False)))
         self.log.info("model %s v%d moved to %s by %s", name, v.version, v.stage, caller.name)

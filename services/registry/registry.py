@@ -95,7 +95,7 @@ class Registry(LoggingConfigurable):
 
         page = await self.run(list_page, fs, self.storage.strip(url), 1)
         if not len(page):
-            raise InvalidRequest(f"nothing is stored under {url}; upload the data first")
+            raise NotFound(f"nothing is stored under {url}; upload the data first")
         meta = body.get("metadata") or {}
         if not isinstance(meta, dict):
             raise InvalidRequest("'metadata' must be a JSON object")
@@ -185,7 +185,7 @@ class Registry(LoggingConfigurable):
                                          fileops.manifest_for(d))
         except FileNotFoundError as e:
             await self.service.store.write(self.store.finish_model_copy, v.id, error=str(e))
-            raise InvalidRequest(f"nothing to register: no files under {src}") from None
+            raise NotFound(f"nothing to register: no files under {src}") from None
         except fileops.TooManyFiles as e:
             await self.service.store.write(self.store.finish_model_copy, v.id, error=str(e))
             raise InvalidRequest(str(e)) from None

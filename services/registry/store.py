@@ -195,14 +195,7 @@ class RegistryStore:
         """``version``: a number, ``latest``, or a stage name (the newest version in that stage)."""
         with self.session() as s:
             m = self._model(s, name)
-            vs = self._m_versions(s, m.id)
-            if isinstance(version, str) and version in STAGES[1:]:
-                staged = [v for v in vs if v.stage == version]
-                if not staged:
-                    raise NotFound(f"model {name} has no version in stage {version!r}")
-                v = staged[-1]
-            else:
-                v = _pick(vs, version, f"model {name}")
+            v = _pick_model(self._m_versions(s, m.id), version, name)
             history = list(s.scalars(select(StageEvent).where(StageEvent.version_id == v.id).order_by(StageEvent.id)))
             return m, v, history
 
@@ -239,7 +232,7 @@ class RegistryStore:
             if m.owner != caller and not may_all:
                 raise Forbidden(f"only the owner of model {name!r} ({m.owner}) or an admin may change its stages")
             vs = self._m_versions(s, m.id)
-            v = _pick(vs, version, f"model {name}")
+            v = _pick_model(vs, version, name)
             if v.status != READY:
                 raise Conflict(f"model {name} version {v.version} is {v.status}; only ready versions change stage")
             changed = []
@@ -276,6 +269,16 @@ def _pick(versions, version, what: str):
         if v.version == n:
             return v
     raise NotFound(f"{what} has no version {n}")
+
+
+def _pick_model(versions, version, name: str):
+    """``version``: a number, ``latest``, or a stage name (the newest version in that stage)."""
+    if isinstance(version, str) and version in STAGES[1:]:
+        staged = [v for v in versions if v.stage == version]
+        if not staged:
+            raise NotFound(f"model {name} has no version in stage {version!r}")
+        return staged[-1]
+    return _pick(versions, version, f"model {name}")
 
 
 def utc(dt: datetime) -> datetime:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tornado import web
 
-from trainhub.exceptions import InvalidRequest, NotFound
+from trainhub.exceptions import NotFound
 from trainhub.services.api import APIHandler
 from trainhub.services.jobs.handlers import READ, WRITE
 from trainhub.states import SWEEP_STATES, SWEEP_TERMINAL
@@ -51,10 +51,7 @@ class SweepAccessMixin:
 
 class SweepsHandler(SweepAccessMixin, APIHandler):
     async def get(self):
-        states = [s for v in self.get_arguments("state") for s in v.split(",") if s]
-        bad = [s for s in states if s not in SWEEP_STATES]
-        if bad:
-            raise InvalidRequest(f"unknown state(s) {bad}; sweep states are {list(SWEEP_STATES)}")
+        states = self.states_arg(SWEEP_STATES, "sweep states")
         limit, offset = self.page()
         who = self.listing_owner(READ, "sweeps")
         store = self.controller.store
@@ -69,7 +66,11 @@ class SweepsHandler(SweepAccessMixin, APIHandler):
         caller = self.caller
         if not caller.may(WRITE, caller.name):
             raise web.HTTPError(403, f"missing scope {WRITE} to start sweeps")
-        spec = validate_sweep(self.json_body())
+        body = self.json_body()
+        spec = validate_sweep(body)
+        if spec.job.profile:  # an unknown one in the catalog's words, before the document's enum
+            self.service.catalog.get(spec.job.profile)
+        self.check_body(body, "SweepSpec")
         self.service.check(caller, spec.job, kind="trial")
         sweep = await self.controller.create(caller, spec)
         self.write_json(await self.sweep_json(sweep), status=201)

@@ -12,9 +12,10 @@ import re
 from dataclasses import dataclass, field
 
 from trainhub.exceptions import InvalidRequest
+from trainhub.fmt import clip
 from trainhub.jobspec import MODES, PRUNERS, SAMPLERS
 from trainhub.searchspace import SpaceError, grid_count, parse_space, reports_metric
-from trainhub.services.jobs.spec import JobSpec, validate_spec
+from trainhub.services.jobs.spec import JobSpec, validate_spec, whole_number
 
 SWEEP_FIELDS = {"name", "trials", "parallel", "metric", "mode", "sampler", "pruner", "space", "seed",
                 "check_metric", "prune_after", "startup_trials"}
@@ -44,20 +45,6 @@ class SweepSpec:
                 "startup_trials": self.startup_trials, "prune_after": self.prune_after}
 
 
-def _whole(body: dict, key: str, default, lo: int, hi: int | None = None):
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, str) and v.strip().isdigit():
-            v = int(v)
-        else:
-            raise InvalidRequest(f"{key} must be a whole number, not {v!r}")
-    if v < lo or (hi is not None and v > hi):
-        raise InvalidRequest(f"{key} must be {'between ' + str(lo) + ' and ' + str(hi) if hi is not None else 'at least ' + str(lo)}, not {v}")
-    return v
-
-
 def validate_sweep(body) -> SweepSpec:
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object describing the sweep (see GET /openapi.json)")
@@ -77,19 +64,23 @@ def validate_sweep(body) -> SweepSpec:
     if mode not in MODES:
         raise InvalidRequest(f"mode must be 'min' or 'max', not {mode!r}")
     sampler = body.get("sampler") or "tpe"
+    if not isinstance(sampler, str):
+        raise InvalidRequest(f"sampler must be one of {', '.join(SAMPLERS)}")
     if sampler not in SAMPLERS:
         raise InvalidRequest(f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}")
     if sampler == "cmaes" and importlib.util.find_spec("cmaes") is None:
         raise InvalidRequest("the cmaes sampler needs the 'cmaes' package, which this platform does not have; "
                              "use --sampler tpe (or ask an admin to install cmaes)")
     pruner = body.get("pruner") or "median"
+    if not isinstance(pruner, str):
+        raise InvalidRequest(f"pruner must be one of {', '.join(PRUNERS)}")
     if pruner not in PRUNERS:
         raise InvalidRequest(f"unknown pruner {pruner!r}; use one of {', '.join(PRUNERS)}")
     trials = body.get("trials")
     if trials is None:
         raise InvalidRequest("trials is required: how many trials to run (e.g. --trials 20)")
-    trials = _whole(body, "trials", None, 1, MAX_TRIALS)
-    parallel = _whole(body, "parallel", 1, 1, 256)
+    trials = whole_number(body, "trials", None, 1, MAX_TRIALS)
+    parallel = whole_number(body, "parallel", 1, 1, 256)
     try:
         space = parse_space(body.get("space"))
     except SpaceError as e:
@@ -108,16 +99,17 @@ def validate_sweep(body) -> SweepSpec:
             raise InvalidRequest(f"the grid has {points} points but trials is {trials}; "
                                  f"use --trials {points} or fewer")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InvalidRequest(f"seed must be a whole number, not {seed!r}")
+    seed = None if seed is None else whole_number(body, "seed", None, 0, 2**32 - 1)  # numpy's seed range
     startup = body.get("startup_trials")
-    startup = None if startup is None else _whole(body, "startup_trials", None, 0, MAX_TRIALS)
-    prune_after = _whole(body, "prune_after", 0, 0, 1_000_000)
+    startup = None if startup is None else whole_number(body, "startup_trials", None, 0, MAX_TRIALS)
+    prune_after = whole_number(body, "prune_after", 0, 0, 1_000_000)
     check = body.get("check_metric", True)
     if not isinstance(check, bool):
         raise InvalidRequest("check_metric must be true or false")
     name = body.get("name") or "sweep"
-    job = validate_spec({**job_body, "name": f"{str(name)[:110]}-t0"})
+    if not isinstance(name, str) or len(name) > 110:
+        raise InvalidRequest(f"name must be a string of at most 110 characters (each trial is NAME-tN), not {clip(repr(name), 60)}")
+    job = validate_spec({**job_body, "name": f"{name}-t0"})
     job.name = job.name[:-3]
     if check and job.script is not None and reports_metric(job.script, metric) is False:
         raise InvalidRequest(f"metric {metric!r} is never reported by the trial code: call "

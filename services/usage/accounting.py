@@ -16,9 +16,12 @@ from __future__ import annotations
 import bisect
 import csv
 import io
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
+
+from trainhub.fmt import clip
 
 DAY = 86400.0
 BY = ("user", "group", "profile", "day", "kind", "holder")
@@ -159,15 +162,15 @@ def aggregate(rows, by: str) -> list[dict]:
 
 
 def parse_day(text: str | None, default: date | None = None) -> date | None:
-    """``YYYY-MM-DD`` (a longer ISO time is cut to its day); None = ``default``; anything else, "" too, a ValueError."""
+    """``YYYY-MM-DD`` (the document's ``format: date``); None = ``default``; anything else, "" too, a ValueError."""
     if text is None:
         return default
     try:
-        if len(text) < 10:
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
             raise ValueError(text)
-        return date.fromisoformat(text[:10])
+        return date.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"expected a date YYYY-MM-DD, got {text!r}") from None
+        raise ValueError(f"expected a date YYYY-MM-DD, got {clip(text, 40)!r}") from None
 
 
 def since_default(today: date, days: int = 30) -> date:

@@ -168,12 +168,14 @@ class UsageSampler(LoggingConfigurable):
                 st.value = max(st.value, now)
             s.commit()
 
-    def rows(self, since_day: str, until_day: str, user: str | None = None) -> list[UsageRow]:
-        """Stored rollup rows of [since_day, until_day] (blocking)."""
+    def rows(self, since_day: str, until_day: str, user: str | None = None, limit: int | None = None) -> list[UsageRow]:
+        """Stored rollup rows of [since_day, until_day], at most ``limit`` (blocking)."""
         with self._session() as s:
             q = select(UsageDaily).where(UsageDaily.day >= since_day, UsageDaily.day <= until_day)
             if user is not None:
                 q = q.where(UsageDaily.user == user)
+            if limit is not None:
+                q = q.limit(limit)
             return [UsageRow(r.day, r.user, r.kind, r.profile or None, r.holder, tuple(r.groups or ()),
                              r.allocated_s, r.used_s, r.measured_s) for r in s.scalars(q)]
 

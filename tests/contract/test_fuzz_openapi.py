@@ -7,11 +7,18 @@ openapi.json``, with cases schemathesis generates from that document: examples, 
 answer must be no server error, a documented status with the documented content type, headers and
 schema (errors included: ``{"status", "message"}``), and a 405 must carry ``Allow``.
 
-Bounded to stay near a minute on 2 cores: few examples per operation, derandomized (the same cases on
+A second test runs schemathesis's command line with every check (positive data accepted, negative data
+refused, stateful sequences) against the document the service serves, as an outside fuzzer would.
+
+Bounded to stay near a few minutes on 2 cores: few examples per operation, derandomized (the same cases on
 every run). Run alone: ``.venv/bin/python -m pytest tests/contract/test_fuzz_openapi.py -q``.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -47,10 +54,28 @@ schema = schemathesis.openapi.from_dict(merged_openapi(load_plugins()))
 
 
 def test_the_served_document_is_the_one_fuzzed(fuzzed):
+    """The file's document, with the platform's profiles as the enum of every spec's ``profile``."""
     p, _ = fuzzed
     r = requests.get(p.url + "/services/trainhub/api/openapi.json", timeout=30)
     assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
-    assert r.json() == schema.raw_schema
+    served = r.json()
+    profiles = served["components"]["schemas"]["JobSpec"]["properties"]["profile"]["enum"]
+    assert "gpu-1" in profiles and None in profiles
+    assert served == merged_openapi(load_plugins(), [x for x in profiles if x is not None])
+    assert merged_openapi(load_plugins()) == schema.raw_schema
+
+
+def test_every_check_passes_on_the_served_document(fuzzed, tmp_path):
+    """Schemathesis's own command line, every check (see schemathesis.toml for the two exceptions and why),
+    all phases (examples, coverage, fuzzing, stateful) against the served document: what an outside
+    fuzzer would run. Positive data must be accepted and negative data refused, so the document is exact."""
+    p, token = fuzzed
+    api = p.url + "/services/trainhub/api"
+    cmd = [str(Path(sys.executable).with_name("st")), "--config-file", str(Path(__file__).with_name("schemathesis.toml")),
+           "--no-color", "run", api + "/openapi.json", "--url", api, "-H", f"Authorization: token {token}",
+           "--checks", "all", "--max-examples", "8", "--seed", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
 
 
 @schema.parametrize()

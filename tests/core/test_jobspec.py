@@ -14,6 +14,7 @@ from trainhub.states import JOB_STATES
 @pytest.mark.parametrize("value, seconds", [
     (None, None), ("", None), (90, 90.0), (1.5, 1.5), ("90", 90.0), ("90s", 90.0), ("30m", 1800.0), ("2h", 7200.0),
     ("1h30m", 5400.0), ("1d", 86400.0), (" 1h 30m 5s ", 5405.0), ("0.5h", 1800.0),
+    (0, None), ("0s", None), ("  ", None), (1e9, 1e9), ("9999d", 9999 * 86400.0),  # 0 and blank: no limit
 ])
 def test_parse_duration(value, seconds):
     assert parse_duration(value) == seconds
@@ -22,7 +23,8 @@ def test_parse_duration(value, seconds):
 @pytest.mark.parametrize("value, message", [
     ("soon", "time_limit 'soon' is not a duration: use seconds (3600) or text like '90s'"),
     ("30m2h", "is not a duration"),  # units in the order d, h, m, s
-    (0, "time_limit must be positive, not 0"), ("0s", "must be positive"),
+    (-1, "time_limit must be 0 (no limit) to 1000000000 seconds, not -1"), (1e9 + 1, "to 1000000000 seconds"),
+    ("10000d", "is not a duration"), ("1.1234567s", "is not a duration"), ("٣s", "is not a duration"),
     (True, "time_limit must be seconds or a duration like '30m', not True"),
 ])
 def test_parse_duration_refuses_with_the_field_name(value, message):
@@ -46,7 +48,7 @@ def test_flags_make_the_spec_and_the_time_limit_is_sent_as_written():
     assert time_limit("90") == 90 and time_limit("2.5") == 2.5
 
 
-@pytest.mark.parametrize("argv", [["--time-limit", "soon"], ["--time-limit", "0"], ["--gpus", "-1"], ["--workers", "0"],
+@pytest.mark.parametrize("argv", [["--time-limit", "soon"], ["--time-limit", "10000d"], ["--gpus", "-1"], ["--workers", "0"],
                                   ["--env", "NOEQUALS"], ["--env", "1A=2"]])
 def test_bad_flags_are_argparse_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:

@@ -96,7 +96,7 @@ def test_scan_reports_progress_for_large_prefixes(registry):
     ("alice", "/etc", 403),
     ("alice", "models", 403),
     ("reader", "datasets/ok", 403),
-    ("alice", "datasets/empty-prefix", 400),
+    ("alice", "datasets/empty-prefix", 404),
     ("admin", "users/bob/data", 201),
 ])
 def test_who_may_register_what(registry, caller, path, status):

@@ -63,12 +63,12 @@ def test_a_folder_of_too_many_files_is_refused_before_copying(registry, monkeypa
     job = registry.finished_job("alice", files={f"shard-{i}.bin": b"s" for i in range(6)})
     r = register(registry, job)
     assert r.status_code == 400 and "holds more than 5 files" in r.json()["message"], r.text
-    assert register(registry, job, path="nothing-here").status_code == 400
+    assert register(registry, job, path="nothing-here").status_code == 404
     job = registry.finished_job("alice", files={f"shard-{i}.bin": b"s" for i in range(5)})
     assert register(registry, job, name="five").status_code == 201
 
 
-@pytest.mark.parametrize("case,status", [("other-users-job", 404), ("running", 409), ("no-files", 400), ("reader", 403)])
+@pytest.mark.parametrize("case,status", [("other-users-job", 404), ("running", 409), ("no-files", 404), ("reader", 403)])
 def test_register_refusals(registry, case, status):
     if case == "other-users-job":
         job, caller = registry.finished_job("bob"), "alice"

@@ -324,7 +324,7 @@ GOOD_SCRIPT = "import trainhub\ntrainhub.report(step=0, val_loss=trainhub.params
      "the grid has 2,000,000,000,000 points; at most 100,000 are allowed"),
     ({"space": {"opt": [f"v{i}" for i in range(5000)]}}, 400, "parameter 'opt': choice lists 5000 values; at most 1000"),
     ({"gpus": 3}, 403, "GPU quota exceeded: each trial needs 3 GPUs"),
-    ({"gpus": 1, "workers": 5}, 400, "each trial needs 5 GPUs (5 worker(s) × 1) but the pool has only 4"),
+    ({"gpus": 1, "workers": 5}, 409, "each trial needs 5 GPUs (5 worker(s) × 1) but the pool has only 4"),
     ({"bogus": 1}, 400, "unknown field(s) ['bogus']"),
 ])
 def test_bad_input_is_refused_before_anything_is_submitted(platform, change, status, message):

@@ -149,6 +149,7 @@ def test_input_bound_diagnosed_healthy_not_and_usage_accounted(plat):
 
     # usage: alice sees herself only, bob's figures are refused to her
     mine = alice.get("/usage", params={"by": "holder"}).json()
+    mine_by_day = alice.get("/usage", params={"by": "day"}).json()["items"]
     assert mine["scope"] == "user" and mine["user"] == "usage-alice"
     holders = {i["holder"]: i for i in mine["items"]}
     n = int(starved["id"].split("-")[1])
@@ -157,8 +158,11 @@ def test_input_bound_diagnosed_healthy_not_and_usage_accounted(plat):
     assert job_row["gpu_seconds_allocated"] >= 3
     assert job_row["gpu_seconds_used"] == pytest.approx(0.05 * job_row["gpu_seconds_measured"], rel=0.01)
     assert alice.get("/usage", params={"user": "usage-bob"}).status_code == 403
-    r = alice.get("/usage", params={"since": "2000-01-01", "until": "2026-11-24"})
-    assert r.status_code == 400 and "ask for at most 366" in r.json()["message"], r.text
+    # a long range costs only the days stored in it; a malformed day is refused
+    long = alice.get("/usage", params={"since": "2000-01-01", "by": "day"})
+    assert long.status_code == 200 and long.json()["items"] == mine_by_day, long.text
+    r = alice.get("/usage", params={"since": "2026-11-24T00:00"})
+    assert r.status_code == 400 and "expected a date YYYY-MM-DD" in r.json()["message"], r.text
     assert alice.get("/usage/metrics").status_code == 403
     assert {i["user"] for i in bob.get("/usage").json()["items"]} == {"usage-bob"}
 
