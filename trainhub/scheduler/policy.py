@@ -12,7 +12,10 @@ no randomness, and it never mutates its inputs. One pass walks the queue once, i
    (``started_at + time_limit``; unknown limits never end).
 4. FIFO stops there (head-of-line blocking). Trainhub may preempt lower-priority preemptible jobs for
    the head, then backfills (EASY): a later job starts now only if it fits now and either ends before
-   the reservation or uses GPUs the head does not need at that time.
+   the reservation or uses GPUs the head does not need at that time. With ``preemptible_backfill``
+   a preemptible job may also take GPUs held for the head: it *overtook* the head (started while
+   the head waited, at no higher priority), so the head preempts it when it needs those GPUs, and
+   the reservation counts its GPUs as free from now.
 
 A pass walks the queue in that order only as far as it can start something (the head, then at most
 ``backfill_depth`` jobs); the reasons of the jobs it never reaches are worked out on demand
@@ -303,6 +306,7 @@ class _Pass:
         self.started_ids: set[str] = set()
         self.waiting = _Reasons(self.explain, queue, self.started_ids)
         self.head: JobRequest | None = None  # set by _run when the first job does not fit
+        self.overtake = False  # preemptible jobs that overtook the head may be preempted for it (preemptible_backfill)
         self.slots_cache: dict[int, int] = {}
 
     # -- checks ------------------------------------------------------------------------------
@@ -400,8 +404,40 @@ class _Pass:
         return None, free
 
     # -- preemption --------------------------------------------------------------------------
-    def choose_victims(self, head: JobRequest) -> list[Allocation]:
-        """An irreducible set of lower-priority preemptible jobs whose GPUs let ``head`` fit now.
+    def overtakers(self, head: JobRequest) -> list[Allocation]:
+        """Running preemptible jobs that overtook ``head``: started after it was queued, at no higher base
+        priority and level, and queued behind it again once preempted (so it is no ping-pong); [] unless
+        ``overtake``. The head may preempt them whatever their priority, and its reservation counts their GPUs
+        as free from now."""
+        if not self.overtake:
+            return []
+        base, requeue_level, now = self.policy.base_priority, self.policy.requeue_level, self.now
+        hp, hl = base(head), self.level[head.id]
+        fair = getattr(self.policy, "fair_share", False)
+        out = []
+        for a in self.running:
+            if a.kind != "job" or not a.preemptible or a.gpus <= 0 or a.started_at <= head.submitted_at or base(a) > hp:
+                continue
+            lv = requeue_level(a, now)
+            if lv > hl:
+                continue
+            if lv == hl:  # equal level: it must come after the head in queue order once requeued
+                since = a.started_at if a.submitted_at is None else a.submitted_at
+                mine = (self._shares(a.user, a.groups, a.gpus) if fair else ()) + (since, a.id)
+                theirs = (self._shares(head.user, head.groups, 0) if fair else ()) + (head.submitted_at, head.id)
+                if mine <= theirs:
+                    continue
+            out.append(a)
+        return out
+
+    def _shares(self, user: str, groups, minus: int) -> tuple[int, int]:
+        """(group GPUs held, user GPUs held) as fair share orders them, less ``minus`` GPUs given back."""
+        g = max((self.group_held.get(x, 0) - minus for x in groups), default=0)
+        return g, self.user_held.get(user, 0) - minus
+
+    def choose_victims(self, head: JobRequest, overtakers: Sequence[Allocation] = ()) -> list[Allocation]:
+        """An irreducible set of lower-priority preemptible jobs (or ``overtakers`` of the head) whose GPUs
+        let ``head`` fit now.
 
         First the single smallest job that suffices; otherwise greedily add candidates (lowest
         priority, then fewest GPUs, then most recently started = least work lost) until the head
@@ -417,6 +453,8 @@ class _Pass:
             if a.kind == "job" and a.preemptible and a.gpus > 0 and base(a) < hp
             and requeue_level(a, now) < head_level
         ]
+        known = {a.id for a in cands}
+        cands += [a for a in overtakers if a.id not in known]
         if not cands:
             return []
         g, w = head.gpus_per_worker, head.workers
@@ -535,6 +573,16 @@ class TrainhubScheduler(Scheduler):
         help="""Preempt running jobs marked preemptible whose priority is lower than the head
         job's base priority when that makes room for it. Servers are never preempted.""",
     )
+    preemptible_backfill = Bool(
+        False,
+        config=True,
+        help="""Let preemptible jobs backfill GPUs held for the head's reservation (with or without a
+        time limit): the head preempts them when it needs those GPUs, as it does any preemptible job
+        that overtook it at no higher priority. Keeps GPUs busy while a large gang waits. Needs
+        ``backfill`` and ``preemption``. False: only jobs that end before the reservation or use GPUs
+        the head will not need may backfill (the default until the open issue in docs/scheduler.md is
+        settled).""",
+    )
 
     def base_priority(self, job):
         if job.priority or not self.group_priorities:
@@ -586,6 +634,7 @@ class TrainhubScheduler(Scheduler):
             preemption=self.preemption,
             backfill_depth=self.backfill_depth,
             reserve_after=self.reserve_after,
+            preemptible_backfill=self.preemptible_backfill and self.preemption and self.backfill,
         )
 
 
@@ -595,7 +644,8 @@ def as_queue(pending) -> PendingQueue:
 
 
 def _run(
-    p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0
+    p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0,
+    preemptible_backfill: bool = False,
 ) -> Plan:
     """Walk the GPU jobs in ``order``; see the module docstring."""
     free = p.free
@@ -611,6 +661,7 @@ def _run(
     scanned = 0
     level = p.level
     cap_total = p.cap_total
+    p.overtake = preemptible_backfill
 
     queue = iter(order)
     for job in queue:
@@ -629,9 +680,11 @@ def _run(
             head = p.head = job
             head_prio = p.policy.base_priority(job)
             head_level = level[job.id]
+            overtakers = p.overtakers(job)
             if preemption:
-                victims = p.choose_victims(job)
-            res_time, free_then = p.reservation(job, victims)
+                victims = p.choose_victims(job, overtakers)
+            chosen = {v.id for v in victims}
+            res_time, free_then = p.reservation(job, victims + [a for a in overtakers if a.id not in chosen])
             msg = f"waiting for {_gpus(need)}: {free.total} of {cap_total} free"
             hold_off = reserve_after - (now - job.submitted_at)
             estimate = None
@@ -676,6 +729,16 @@ def _run(
             continue
         # May run past the reservation: only on GPUs the head will not need then.
         nodes = long_free.place(job.workers, job.gpus_per_worker) if long_free is not None else None
+        if (nodes is None and preemptible_backfill and not victims and job.preemptible
+                and p.policy.base_priority(job) <= head_prio):
+            # It overtakes the head, which preempts it when it needs these GPUs (see _Pass.overtakers);
+            # not while the head is about to start (victims being preempted for it now).
+            nodes = free.place(job.workers, job.gpus_per_worker)
+            if long_free is not None:
+                for n in nodes:
+                    long_free.set(n, min(free.free[n], spare[n]))
+            p.start(job, nodes, backfill=True)
+            continue
         if nodes is None:
             if limit is None:
                 msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)}; a job without a time limit "
