@@ -6,6 +6,13 @@ read new metrics, ask the scheduler policy which queued jobs start, take their d
 from the shared GPU ledger (atomically with the quota check) and launch them as a gang.
 After a restart, running jobs are re-adopted from their launch state or marked lost.
 
+Scheduling is event-driven: a tick only watches what runs. A scheduling pass runs when something
+changed -- a submission, a cancel, a job ending or requeued, the GPU pool or its holdings, a
+notebook server's request -- and otherwise every ``schedule_interval`` seconds (aging, reservations
+and time estimates move with time). The queue is an in-memory copy kept in step with the database
+by deltas (``.queued``), and waiting jobs' reasons are worked out when asked for
+(:meth:`JobEngine.why`, the API's job views), never written per job per pass.
+
 When the platform itself stops (`trainhub up` records it in ``<data-dir>/platform-stop.json``
 before it ends anything), the engine stops deciding outcomes: the SIGTERMs of the stop are not
 the jobs' own failures. On the next start, a job that was running when its platform run stopped
@@ -46,8 +53,9 @@ from trainhub.states import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 from trainhub.storage import StorageConfig
 
 from .launcher import JobView, Launcher
-from .models import Job, parse_job_key
+from .models import Job, job_key, parse_job_key
 from .outputs import OutputSyncer
+from .queued import QueuedJobs
 from .store import JobStore
 
 NODE = "local"
@@ -92,6 +100,11 @@ class JobEngine(LoggingConfigurable):
         across a restart of the hub or of the jobs service alone are re-adopted whatever this says.""",
     ).tag(config=True)
 
+    schedule_interval = Float(10.0, help="""Seconds between scheduling passes when nothing has changed, e.g. 10 (aging,
+        reservations and the time estimates in waiting jobs' reasons move with time). Submissions, cancels, jobs that end
+        or are requeued, and changes of the GPU pool, its holdings or the notebook servers waiting in line trigger a pass
+        at once.""").tag(config=True)
+
     scheduler = Instance(Scheduler)
 
     def __init__(self, store: JobStore, allocator: GPUAllocator, launcher: Launcher, quota: QuotaPolicy,
@@ -106,7 +119,14 @@ class JobEngine(LoggingConfigurable):
             self.scheduler.max_cpu_jobs = max(4, 2 * (os.cpu_count() or 2))
         self._loop: PeriodicLoop | None = None
         self._stopping: dict[int, asyncio.Task] = {}  # job id -> terminate task
-        self._why: dict[int, object] = {}  # job id -> last WaitReason
+        self._plan = None  # the last pass's Plan: waiting jobs' reasons, worked out when asked for
+        self._queued = QueuedJobs(store.db_url)
+        self._dirty = True  # something changed since the last scheduling pass
+        self._next_pass = 0.0  # time.monotonic() of the next timed pass
+        self._signature = None  # (pool size, holdings, server requests) seen at the last pass
+        self.schedule_passes = 0
+        self._requeued = False  # a job went back to the queue: compare the queued ids at the next pass
+        self._server_names: set[str] = set()  # server requests in the queue
         self._metrics_size: dict[tuple, int] = {}  # (job id, attempt, rank) -> metrics file size last ingested
         self._last_gpu_sample = 0.0
         self.servers = ServerQueue(store.db_url)  # notebook servers waiting for GPUs: in the same passes as jobs
@@ -115,7 +135,7 @@ class JobEngine(LoggingConfigurable):
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
         await self.recover()
-        self._loop = PeriodicLoop("trainhub-job-engine", self.run_once, lambda: self.tick, self.log)
+        self._loop = PeriodicLoop("trainhub-job-engine", lambda: self.run_once(schedule=None), lambda: self.tick, self.log)
         self._loop.start()
 
     async def stop(self) -> None:
@@ -130,6 +150,8 @@ class JobEngine(LoggingConfigurable):
         await self.launcher.close()  # watch caches, HTTP sessions (Kubernetes launcher)
 
     def wake(self) -> None:
+        """Something changed (a submission, a cancel, a job ended): run a scheduling pass now."""
+        self._dirty = True
         if self._loop is not None:
             self._loop.wake()
 
@@ -184,27 +206,41 @@ class JobEngine(LoggingConfigurable):
         return True
 
     # -- one pass ---------------------------------------------------------------
-    async def run_once(self) -> None:
+    async def run_once(self, schedule: bool | None = True) -> None:
+        """One tick: watch what runs, then a scheduling pass (``schedule=None``: only when something
+        changed or ``schedule_interval`` has passed; see the module docstring)."""
         self.passes += 1
         if self.platform_stopping():
             return  # the stop's SIGTERMs are not the jobs' outcomes: the next start sorts them out
         running = await self.store.read(self.store.in_states, RUNNING)
-        await self._reconcile_ledger(running)
+        holdings = await self._reconcile_ledger(running)
         for job in running:
             try:
                 await self._watch(job)
             except Exception:
                 self.log.exception("job %s: watching failed", job.key)
-        await self._schedule()
+        servers = await self._server_requests()
+        signature = (len(self.allocator.devices()), frozenset((h.holder, h.device) for h in holdings),
+                     frozenset((r.holder, r.gpus) for r in servers))
+        timed = time.monotonic() >= self._next_pass
+        if schedule is None:
+            schedule = self._dirty or timed or signature != self._signature
+        if schedule:
+            self._dirty = False
+            self._signature = signature
+            self._next_pass = time.monotonic() + self.schedule_interval
+            await self._schedule(servers, full_sync=timed)
         if self.metrics_source is not None and time.monotonic() - self._last_gpu_sample >= self.gpu_sample_interval:
             self._last_gpu_sample = time.monotonic()
             await self._sample_gpus([j for j in running if j.devices])
 
-    async def _reconcile_ledger(self, running: list[Job]) -> None:
-        """Release the devices of job holdings whose job is not running (no launch is under way during a pass)."""
+    async def _reconcile_ledger(self, running: list[Job]) -> list:
+        """Release the devices of job holdings whose job is not running (no launch is under way during a pass);
+        returns the holdings read."""
         ids = {j.id for j in running}
         stale = set()
-        for h in await asyncio.to_thread(self.allocator.holdings):
+        holdings = await asyncio.to_thread(self.allocator.holdings)
+        for h in holdings:
             number = h.holder.split(":", 1)[1] if h.kind == "job" and ":" in h.holder else ""
             if number.isdigit() and int(number) not in ids:
                 stale.add(h.holder)
@@ -212,6 +248,7 @@ class JobEngine(LoggingConfigurable):
             released = await asyncio.to_thread(self.allocator.release, holder)
             if released:
                 self.log.warning("ledger: released devices %s of %s (its job is not running)", released, holder)
+        return holdings
 
     async def _watch(self, job: Job) -> None:
         v, state = view(job), job.launch_state or {}
@@ -314,6 +351,7 @@ class JobEngine(LoggingConfigurable):
         fields = dict(exit_codes=codes or [], cancel_requested=False if requeue else job.cancel_requested)
         if requeue:
             fields.update(state=QUEUED, reason=reason, devices=[], launch_state={})
+            self._requeued = True
         else:
             fields.update(state=state, reason=reason, finished=now_utc())
         await self.store.write(self.store.update, job.id, event=(state, reason), **fields)
@@ -346,12 +384,49 @@ class JobEngine(LoggingConfigurable):
                 self._metrics_size[key] = size  # caught up
 
     # -- scheduling ------------------------------------------------------------------
-    async def _schedule(self) -> None:
-        queued = [j for j in await self.store.read(self.store.in_states, QUEUED) if not j.cancel_requested]
-        servers = await self._server_requests()
-        if not queued and not servers:
-            self._why = {}
+    async def _schedule(self, servers: list | None = None, full_sync: bool = False) -> None:
+        """One scheduling pass over the in-memory queue (synced by deltas first); see the module docstring."""
+        self.schedule_passes += 1
+        if servers is None:
+            servers = await self._server_requests()
+        queued = self._queued
+        full_sync, self._requeued = full_sync or self._requeued, False
+        queued.apply(await self.store.read(queued.fetch, full_sync))
+        queue = queued.queue
+        # notebook servers waiting in line take part in the same pass, as requests named by their holder
+        by_holder_req = {r.name: r for r in servers}
+        for name in [n for n in self._server_names if n not in by_holder_req]:
+            queue.remove(name)
+        for r in servers:
+            req = JobRequest(id=r.name, user=r.user, groups=r.groups, workers=1, gpus_per_worker=r.gpus, submitted_at=r.created)
+            if queue.get(r.name) != req:
+                queue.add(req)
+        self._server_names = set(by_holder_req)
+        if not len(queue):
+            self._plan = None
             return
+        capacity, allocations, running_jobs = await self._cluster()
+        quotas = self.quota.quotas()  # the admission rule's limits: queue and 403s agree
+        plan = self.scheduler.schedule(time.time(), queue, allocations, capacity, quotas)
+        self._plan = plan  # reasons of waiting jobs: worked out when asked for (why(), the API's job views)
+        for start in plan.starts:
+            job_id = parse_job_key(start.job_id)
+            if start.job_id in by_holder_req:
+                await self._grant_server(by_holder_req[start.job_id])
+            elif job_id is not None and job_id in queued.keys:
+                try:
+                    job = await self.store.read(self.store.get, job_id)
+                except TrainhubError:  # deleted meanwhile
+                    queued.discard(job_id)
+                    continue
+                if job.state != QUEUED or job.cancel_requested or await self._launch(job):
+                    queued.discard(job_id)  # it left the queue (started, failed to launch, cancelled meanwhile)
+        for job_key_ in plan.preempt:
+            await self._preempt(running_jobs.get(parse_job_key(job_key_)), plan)
+        await self._tell_servers(plan, by_holder_req)
+
+    async def _cluster(self) -> tuple[dict, list[Allocation], dict]:
+        """``(capacity, allocations, running jobs by id)``: the GPU pool and what holds it now."""
         holdings = await asyncio.to_thread(self.allocator.holdings)
         running_jobs = {j.id: j for j in await self.store.read(self.store.in_states, RUNNING)}
         by_holder = defaultdict(list)
@@ -374,36 +449,7 @@ class JobEngine(LoggingConfigurable):
             if not job.gpus:
                 allocations.append(Allocation(id=job.key, user=job.user, groups=tuple(job.groups or ()),
                                               placement=tuple(("", 0) for _ in range(job.workers)), started_at=_ts(job.started)))
-        # scheduler ids are the job keys users see (j-000042), so its messages name jobs as the API does
-        pending = [JobRequest(id=j.key, user=j.user, groups=tuple(j.groups or ()), workers=j.workers, gpus_per_worker=j.gpus,
-                              priority=j.priority, submitted_at=_ts(j.created), time_limit=j.time_limit,
-                              preemptible=j.preemptible, restarts=max(j.attempt - 1, 0)) for j in queued]
-        pending += [JobRequest(id=r.name, user=r.user, groups=r.groups, workers=1, gpus_per_worker=r.gpus,
-                               submitted_at=r.created) for r in servers]
-        quotas = self.quota.quotas()  # the admission rule's limits: queue and 403s agree
-        capacity = {NODE: len(self.allocator.devices())}
-        plan = self.scheduler.schedule(time.time(), pending, allocations, capacity, quotas)
-        by_key = {j.key: j for j in queued}
-        by_holder_req = {r.name: r for r in servers}
-        for start in plan.starts:
-            job = by_key.get(start.job_id)
-            if job is not None:
-                await self._launch(job)
-            elif start.job_id in by_holder_req:
-                await self._grant_server(by_holder_req[start.job_id])
-        for job_key_ in plan.preempt:
-            await self._preempt(running_jobs.get(parse_job_key(job_key_)), plan)
-        # keep each waiting job's reason current (written only when it changes)
-        why_now, changed = {}, {}
-        for job_key_, why in plan.waiting.items():
-            job = by_key.get(job_key_)
-            why_now[parse_job_key(job_key_)] = why
-            if job is not None and job.reason != why.message:
-                changed[job.id] = why.message
-        if changed:  # one transaction for all, not one per job (a burst of submissions changes hundreds)
-            await self.store.write(_set_queued_reasons, self.store, changed)
-        self._why = why_now  # this pass's reasons only: started or cancelled jobs drop out
-        await self._tell_servers(plan, by_holder_req)
+        return {NODE: len(self.allocator.devices())}, allocations, running_jobs
 
     # -- notebook servers waiting in line (trainhub.serverqueue) ----------------------------------------
     async def _server_requests(self) -> list:
@@ -438,14 +484,23 @@ class JobEngine(LoggingConfigurable):
         its estimate, where it has one) and the reserved start time."""
         if not requests:
             return
-        order = [key for key, why in plan.waiting.items() if why.code not in ("quota-cpu", "cpu-limit")]
+        # position among the GPU requests waiting (CPU-only jobs do not wait for GPUs); counting keys
+        # does not work out the reasons of the jobs counted
+        queue = self._queued.queue
+        positions, waiting = {}, 0
+        for key in plan.waiting:
+            req = queue.get(key)
+            if req is not None and req.gpus_per_worker <= 0:
+                continue
+            waiting += 1
+            if key in requests:
+                positions[key] = waiting
         rows = {}
         for name, r in requests.items():
             why = plan.waiting.get(name)
             if why is None:
                 continue
-            position = order.index(name) + 1 if name in order else None
-            rows[r.holder] = (why.message, position, len(order), why.reserved_start or why.estimated_start)
+            rows[r.holder] = (why.message, positions.get(name), waiting, why.reserved_start or why.estimated_start)
         await asyncio.to_thread(self.servers.update_waiting, rows)
 
     async def _preempt(self, job: Job | None, plan) -> None:
@@ -456,9 +511,13 @@ class JobEngine(LoggingConfigurable):
                                event=("preempt", f"preempting: {reason}; SIGTERM with {fmt_duration(self.grace_period, 'units')} grace"))
 
     def why(self, job_id: int):
-        return self._why.get(job_id)
+        """The WaitReason of queued job ``job_id`` at the last pass (``None``: not seen by a pass yet), worked
+        out now if the pass did not reach it."""
+        plan = self._plan
+        return None if plan is None else plan.waiting.get(job_key(job_id))
 
-    async def _launch(self, job: Job) -> None:
+    async def _launch(self, job: Job) -> bool:
+        """Start ``job``; False when it stays queued (its GPUs were taken in the meantime)."""
         count = job.gpus * job.workers
         gpu_model = None
         if job.profile and self.catalog is not None:
@@ -475,7 +534,7 @@ class JobEngine(LoggingConfigurable):
         except TrainhubError as e:  # a server took the GPUs in the meantime: stay queued
             if job.reason != e.message:
                 await self.store.write(self.store.update, job.id, only_if_state=(QUEUED,), reason=e.message)
-            return
+            return False
         per_worker = [devices[i * job.gpus:(i + 1) * job.gpus] for i in range(job.workers)] if job.gpus else [[] for _ in range(job.workers)]
         attempt = job.attempt + 1
         job.attempt = attempt
@@ -494,7 +553,7 @@ class JobEngine(LoggingConfigurable):
         )
         if not claimed:  # cancelled in the meantime
             await asyncio.to_thread(self.allocator.release, job_holder(job.id))
-            return
+            return True
         if resume:
             env.update({RESUME_URL_VAR: resume.url, RESUME_STEP_VAR: str(resume.step)})
             await self.store.write(self.store.update, job.id, event=(
@@ -505,7 +564,7 @@ class JobEngine(LoggingConfigurable):
             self.log.exception("job %s: launch failed", job.key)
             job.launch_state = {}
             await self._end_attempt(job, FAILED, f"could not start its workers: {e}")
-            return
+            return True
         await self.store.write(self.store.update, job.id, launch_state=state)
         for w in state.get("workers", []):
             try:
@@ -513,6 +572,7 @@ class JobEngine(LoggingConfigurable):
                 break
             except Exception:
                 pass
+        return True
 
     def _base_env(self, job: Job) -> dict:
         """What every worker of this attempt gets from the engine (launchers add the per-worker part:
@@ -580,18 +640,6 @@ class JobEngine(LoggingConfigurable):
                                          memory_used_mb=float(s.memory_used_mb), simulated=bool(s.simulated)))
         if rows:
             await self.store.write(self.store.add_gpu_samples, rows)
-
-
-def _set_queued_reasons(store: JobStore, reasons: dict[int, str]) -> None:
-    """Set the ``reason`` of each job id that is still queued, in one write transaction."""
-    from sqlalchemy import update
-
-    from trainhub.db import write_session
-
-    with write_session(store.db_url) as s:
-        for job_id, reason in reasons.items():
-            s.execute(update(Job).where(Job.id == job_id, Job.state == QUEUED).values(reason=reason))
-        s.commit()
 
 
 def _ended_before(state: dict, when: float) -> bool:

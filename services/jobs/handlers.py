@@ -40,7 +40,12 @@ class JobAccessMixin:
         return job
 
     def job_json(self, job) -> dict:
-        return job_to_dict(job, self.service.api_prefix.rstrip("/"))
+        body = job_to_dict(job, self.service.api_prefix.rstrip("/"))
+        if job.state == QUEUED:  # a waiting job's reason is the scheduler's latest, worked out on demand
+            why = self.service.engine.why(job.id)
+            if why is not None:
+                body["reason"] = why.message
+        return body
 
 
 class RootHandler(APIHandler):
@@ -105,7 +110,7 @@ class JobWhyHandler(JobAccessMixin, APIHandler):
         why = self.service.engine.why(job.id) if job.state == QUEUED else None
         body = {"id": job.key, "state": job.state, "reason": job.reason}
         if why is not None:
-            body.update(code=why.code, message=why.message, blocking_job=(f"j-{int(why.blocking_job):06d}" if why.blocking_job and str(why.blocking_job).isdigit() else why.blocking_job),
+            body.update(reason=why.message, code=why.code, message=why.message, blocking_job=(f"j-{int(why.blocking_job):06d}" if why.blocking_job and str(why.blocking_job).isdigit() else why.blocking_job),
                         reserved_start=why.reserved_start, estimated_start=why.estimated_start)
         self.write_json(body)
 

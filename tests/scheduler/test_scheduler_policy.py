@@ -181,6 +181,45 @@ def test_long_job_backfills_onto_gpus_the_head_does_not_need():
     assert plan.waiting["big"].reserved_start == 100
 
 
+# -- preemptible backfill (EASY backfill with reclaimable jobs) ------------------------------------
+
+def test_preemptible_job_backfills_onto_reserved_gpus():
+    # big holds a reservation at t=100 on node a; a preemptible job without a limit may use a's 2 free
+    # GPUs (big preempts it when it needs them), a non-preemptible one may not
+    pending = [job("big", gpus=8, at=1), job("plain", gpus=2, at=2), job("pre", gpus=2, at=3, preemptible=True)]
+    plan = run("trainhub", pending, RUNNING, {"a": 8}, preemptible_backfill=True)
+    assert plan.starts == (Start("pre", (("a", 2),), backfill=True),)
+    assert plan.waiting["plain"].code == "reserved"
+    assert plan.waiting["big"].reserved_start == 100  # unchanged: pre's GPUs count as free
+    off = run("trainhub", pending, RUNNING, {"a": 8})  # off by default
+    assert off.starts == () and off.waiting["pre"].code == "reserved"
+    assert run("trainhub", pending, RUNNING, {"a": 8}, preemption=False, preemptible_backfill=True).starts == ()
+
+
+def test_the_head_preempts_a_preemptible_job_that_overtook_it():
+    # r ended; pre (same priority) started at t=5, after big was queued at t=1: big takes its GPUs back
+    pre = Allocation("pre", "bob", (), (("a", 2),), started_at=5, preemptible=True, submitted_at=3)
+    plan = run("trainhub", [job("big", gpus=8, at=1)], [pre], {"a": 8}, preemptible_backfill=True)
+    assert plan.preempt == ("pre",)
+    assert plan.waiting["big"].message.endswith("preempting pre to make room")
+    # one that started before big was queued did not overtake it: big waits (equal priority)
+    early = Allocation("pre", "bob", (), (("a", 2),), started_at=0.5, preemptible=True, submitted_at=0)
+    plan = run("trainhub", [job("big", gpus=8, at=1)], [early], {"a": 8}, preemptible_backfill=True)
+    assert plan.preempt == () and plan.waiting["big"].reserved_start is None
+    # nor one of higher priority
+    vip = Allocation("pre", "bob", (), (("a", 2),), priority=3, started_at=5, preemptible=True, submitted_at=3)
+    assert run("trainhub", [job("big", gpus=8, at=1)], [vip], {"a": 8}, preemptible_backfill=True).preempt == ()
+    assert run("trainhub", [job("big", gpus=8, at=1)], [pre], {"a": 8}).preempt == ()  # off by default
+
+
+def test_no_preemptible_backfill_onto_gpus_freed_for_the_head_now():
+    # big fits once pre is preempted: a later preemptible job must not take the GPUs big starts on
+    pre = Allocation("pre", "bob", (), (("a", 4),), started_at=5, preemptible=True, submitted_at=3)
+    plan = run("trainhub", [job("big", gpus=8, at=1), job("late", gpus=2, at=6, preemptible=True)], [pre], {"a": 8},
+               preemptible_backfill=True)
+    assert plan.preempt == ("pre",) and plan.starts == ()
+
+
 def test_fifo_has_no_backfill_and_trainhub_can_turn_it_off():
     pending = [job("big", gpus=8, at=1), job("small", gpus=1, at=2, limit=1)]
     for kind, config in [("fifo", {}), ("trainhub", {"backfill": False}), ("trainhub", {"backfill_depth": 0})]:

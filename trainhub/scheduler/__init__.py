@@ -6,12 +6,14 @@ See docs/scheduler.md. The policies are pure functions of their inputs (see
 
 from .model import WAIT_CODES, Allocation, JobRequest, Placement, Plan, Quotas, Start, WaitReason
 from .policy import FifoGangScheduler, Scheduler, TrainhubScheduler
+from .queue import PendingQueue
 
 __all__ = [
     "WAIT_CODES",
     "Allocation",
     "FifoGangScheduler",
     "JobRequest",
+    "PendingQueue",
     "Placement",
     "Plan",
     "Quotas",

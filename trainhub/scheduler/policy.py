@@ -12,7 +12,15 @@ no randomness, and it never mutates its inputs. One pass walks the queue once, i
    (``started_at + time_limit``; unknown limits never end).
 4. FIFO stops there (head-of-line blocking). Trainhub may preempt lower-priority preemptible jobs for
    the head, then backfills (EASY): a later job starts now only if it fits now and either ends before
-   the reservation or uses GPUs the head does not need at that time.
+   the reservation or uses GPUs the head does not need at that time. With ``preemptible_backfill``
+   a preemptible job may also take GPUs held for the head: it *overtook* the head (started while
+   the head waited, at no higher priority), so the head preempts it when it needs those GPUs, and
+   the reservation counts its GPUs as free from now.
+
+A pass walks the queue in that order only as far as it can start something (the head, then at most
+``backfill_depth`` jobs); the reasons of the jobs it never reaches are worked out on demand
+(``Plan.waiting``), and with a :class:`~trainhub.scheduler.queue.PendingQueue` the order itself is
+kept between passes: a pass costs what it examines, not the length of the queue.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from trainhub.fmt import fmt_duration
 
 from .model import Allocation, JobRequest, Plan, Quotas, Start, WaitReason
 from .placement import FreeIndex, free_gpus
+from .queue import PendingQueue
 
 
 class Scheduler(LoggingConfigurable):
@@ -53,12 +62,15 @@ class Scheduler(LoggingConfigurable):
     def schedule(
         self,
         now: float,
-        pending: Sequence[JobRequest],
+        pending: Sequence[JobRequest] | PendingQueue,
         running: Sequence[Allocation],
         capacity: Mapping[str, int],
         quotas: Quotas,
     ) -> Plan:
-        """One pass. ``capacity`` is total GPUs per node; free = capacity minus ``running``."""
+        """One pass. ``capacity`` is total GPUs per node; free = capacity minus ``running``.
+
+        ``pending`` may be a :class:`~trainhub.scheduler.queue.PendingQueue` kept across passes (then
+        a pass costs what it examines); any other sequence is indexed afresh (O(n log n))."""
         raise NotImplementedError
 
     def base_priority(self, job: JobRequest | Allocation) -> int:
@@ -98,123 +110,176 @@ def _fmt_delay(seconds: float) -> str:
 
 
 class _Reasons(Mapping):
-    """``Plan.waiting``: a read-only mapping job id -> WaitReason.
+    """``Plan.waiting``: a read-only mapping job id -> WaitReason for every pending job not started.
 
-    Once a pass can start no more GPU jobs, the remaining queue (often thousands of jobs) is only
-    recorded here; each job's reason is worked out on first access against the final state of the
-    pass, which no longer changes. Converting with ``dict(plan.waiting)`` materialises everything.
+    A pass records the reasons it works out on its way (the head, backfill candidates, quota
+    refusals). Once it can start no more GPU jobs it stops; every job it did not reach -- often
+    all but a few hundred of a long queue -- is explained on first access against the final state
+    of the pass, which no longer changes. Jobs queued after the pass are not in it. Converting with
+    ``dict(plan.waiting)`` materialises everything.
     """
 
-    __slots__ = ("_done", "_deferred", "_explain")
+    __slots__ = ("_done", "_explain", "_queue", "_version", "_started", "_rest", "_count")
 
-    def __init__(self, explain):
+    def __init__(self, explain, queue: PendingQueue, started: set):
         self._done: dict[str, WaitReason] = {}
-        self._deferred: dict[str, JobRequest] = {}
         self._explain = explain
+        self._queue = queue
+        self._version = queue.version
+        self._count = len(queue)
+        self._started = started
+        self._rest = False  # set when the pass stopped before reaching every job
 
     def __setitem__(self, job_id: str, reason: WaitReason) -> None:  # used by the pass only
         self._done[job_id] = reason
 
-    def defer(self, job: JobRequest) -> None:
-        self._deferred[job.id] = job
+    def rest_on_demand(self) -> None:
+        self._rest = True
+
+    def _unreached(self, job_id) -> JobRequest | None:
+        if not self._rest or job_id in self._started:
+            return None
+        added = self._queue.added_at(job_id)
+        if added is None or added > self._version:
+            return None
+        return self._queue.get(job_id)
 
     def __getitem__(self, job_id: str) -> WaitReason:
-        try:
-            return self._done[job_id]
-        except KeyError:
-            job = self._deferred.pop(job_id)  # KeyError if unknown, as a mapping should
+        reason = self._done.get(job_id)
+        if reason is None:
+            job = self._unreached(job_id)
+            if job is None:
+                raise KeyError(job_id)
             reason = self._done[job_id] = self._explain(job)
-            return reason
+        return reason
 
     def __iter__(self):
-        yield from list(self._done)
-        yield from list(self._deferred)
+        """Jobs the pass reached, in the order it did; then the others in the order they were queued."""
+        done = list(self._done)
+        yield from done
+        if self._rest:
+            seen = set(done)
+            for job_id in self._queue.ids():
+                if job_id not in seen and self._unreached(job_id) is not None:
+                    yield job_id
 
     def __len__(self) -> int:
-        return len(self._done) + len(self._deferred)
+        if not self._rest:
+            return len(self._done)
+        if self._queue.version == self._version:
+            return self._count - len(self._started)
+        return sum(1 for _ in self)
 
     def __contains__(self, job_id) -> bool:
-        return job_id in self._done or job_id in self._deferred
+        return job_id in self._done or self._unreached(job_id) is not None
 
     def __repr__(self) -> str:
         return f"{{{', '.join(f'{k!r}: {v!r}' for k, v in self.items())}}}"
 
 
-class _Order:
-    """Queue order as an iterator; ``frozen`` switches to a cheap order-agnostic drain.
+class _Levels(dict):
+    """Effective priority per job id, worked out when first asked (a pass asks for few of them)."""
 
-    With fair share on, users sit in a lazy min-heap keyed by
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn):
+        super().__init__()
+        self._fn = fn
+
+    def __missing__(self, job_id):
+        value = self[job_id] = self._fn(job_id)
+        return value
+
+
+class _Order:
+    """Queue order as an iterator over the queue's sorted lists (see :mod:`.queue`).
+
+    Each lane (a user with fair share on, else one lane for all) yields its jobs by
+    ``(-level, submitted_at, id)``: a merge of its priority-class lists, each already in that order.
+    With fair share on, lanes sit in a lazy min-heap keyed by
     ``(-level, group GPUs held, user GPUs held, submitted_at, id)`` of their next job. GPU holdings
     only grow during a pass, so a popped key that is stale is pushed back with its current value and
     the pop retried: the job yielded is always the true minimum under the *current* holdings.
     """
 
-    def __init__(self, jobs, level, user_held, group_held, fair_share: bool):
-        self.frozen = False
+    def __init__(self, queue: PendingQueue, level, user_held, group_held, fair_share: bool):
         self.level = level
         self.user_held = user_held
         self.group_held = group_held
         self.fair = fair_share
-        # Entries (-level, submitted_at, id, job): ids are unique, so jobs are never compared.
-        if fair_share:
-            per_user: dict[str, list] = {}
-            for job in jobs:
-                entry = (-level[job.id], job.submitted_at, job.id, job)
-                lst = per_user.get(job.user)
-                if lst is None:
-                    per_user[job.user] = [entry]
-                else:
-                    lst.append(entry)
-            for lst in per_user.values():
-                lst.sort()
-            self.per_user = {user: [e[3] for e in lst] for user, lst in per_user.items()}
-        else:
-            entries = [(-level[job.id], job.submitted_at, job.id, job) for job in jobs]
-            entries.sort()
-            self.static = [e[3] for e in entries]
+        self.lanes = queue.lanes(fair_share)
 
-    def _key(self, job):
-        groups = job.groups
-        if not groups:
-            gshare = 0
-        elif len(groups) == 1:
-            gshare = self.group_held.get(groups[0], 0)
+    def _lane(self, lists) -> list:
+        """A lane's cursor: a heap of ``(-level, submitted_at, id, list index, position)`` of its
+        lists' heads (levels do not change within a pass, so the heap never goes stale)."""
+        level = self.level
+        heap = []
+        for i, lst in enumerate(lists):
+            submitted, job_id, _job = lst[0]
+            heap.append((-level[job_id], submitted, job_id, i, 0))
+        heapq.heapify(heap)
+        return heap
+
+    def _next(self, lists, lane) -> JobRequest | None:
+        """Take the lane's next job (``None`` when the lane is empty)."""
+        if not lane:
+            return None
+        _l, _s, _id, i, k = lane[0]
+        lst = lists[i]
+        job = lst[k][2]
+        k += 1
+        if k < len(lst):
+            submitted, job_id, _job = lst[k]
+            heapq.heapreplace(lane, (-self.level[job_id], submitted, job_id, i, k))
         else:
-            gh = self.group_held
-            gshare = max(gh.get(g, 0) for g in groups)
-        return (-self.level[job.id], gshare, self.user_held.get(job.user, 0), job.submitted_at, job.id)
+            heapq.heappop(lane)
+        return job
 
     def __iter__(self) -> Iterator[JobRequest]:
         if not self.fair:
-            yield from self.static
+            for lists in self.lanes:
+                lane = self._lane(lists)
+                while (job := self._next(lists, lane)) is not None:
+                    yield job
             return
-        per_user = self.per_user
-        pos = dict.fromkeys(per_user, 0)
-        heap = [(self._key(lst[0]), user) for user, lst in per_user.items()]
+        # Entries (-level, group GPUs, user GPUs, submitted_at, id, lane, job): only the holdings
+        # part can go stale, so only that is recomputed when an entry reaches the top.
+        cursors = [self._lane(lists) for lists in self.lanes]
+        level, user_held, group_held = self.level, self.user_held, self.group_held
+
+        def entry(job, n):
+            groups = job.groups
+            if not groups:
+                gshare = 0
+            elif len(groups) == 1:
+                gshare = group_held.get(groups[0], 0)
+            else:
+                gshare = max(group_held.get(g, 0) for g in groups)
+            return (-level[job.id], gshare, user_held.get(job.user, 0), job.submitted_at, job.id, n, job)
+
+        heap = [entry(self._next(lists, cursors[n]), n) for n, lists in enumerate(self.lanes)]
         heapq.heapify(heap)
         while heap:
-            if self.frozen:
-                for key, user in heap:
-                    yield from per_user[user][pos[user]:]
-                return
-            key, user = heapq.heappop(heap)
-            lst = per_user[user]
-            job = lst[pos[user]]
-            current = self._key(job)
-            if current > key:
-                heapq.heappush(heap, (current, user))
+            top = heap[0]
+            job, n = top[6], top[5]
+            current = entry(job, n)
+            if current[1] > top[1] or current[2] > top[2]:
+                heapq.heapreplace(heap, current)
                 continue
             yield job
-            pos[user] += 1
-            if pos[user] < len(lst):
-                heapq.heappush(heap, (self._key(lst[pos[user]]), user))
+            job = self._next(self.lanes[n], cursors[n])
+            if job is not None:
+                heapq.heapreplace(heap, entry(job, n))
+            else:
+                heapq.heappop(heap)
 
 
 class _Pass:
     """State of one scheduling pass (built fresh per call: nothing survives between passes)."""
 
-    def __init__(self, policy: Scheduler, now, pending, running, capacity, quotas, level):
+    def __init__(self, policy: Scheduler, now, queue: PendingQueue, running, capacity, quotas, level):
         self.policy = policy
+        self.queue = queue
         self.now = now
         self.running = running
         self.capacity = capacity
@@ -238,8 +303,10 @@ class _Pass:
                 self.cpu_held[alloc.user] = self.cpu_held.get(alloc.user, 0) + len(alloc.placement)
         self.starts: list[Start] = []
         self.started_jobs: list[JobRequest] = []
-        self.waiting = _Reasons(self.explain)
+        self.started_ids: set[str] = set()
+        self.waiting = _Reasons(self.explain, queue, self.started_ids)
         self.head: JobRequest | None = None  # set by _run when the first job does not fit
+        self.overtake = False  # preemptible jobs that overtook the head may be preempted for it (preemptible_backfill)
         self.slots_cache: dict[int, int] = {}
 
     # -- checks ------------------------------------------------------------------------------
@@ -276,6 +343,7 @@ class _Pass:
         g = job.gpus_per_worker
         self.starts.append(Start(job.id, tuple((n, g) for n in nodes), backfill))
         self.started_jobs.append(job)
+        self.started_ids.add(job.id)
         need = job.workers * g
         self.user_held[job.user] = self.user_held.get(job.user, 0) + need
         for grp in job.groups:
@@ -283,7 +351,7 @@ class _Pass:
 
     def start_cpu_jobs(self, jobs: list[JobRequest]) -> None:
         limit = self.policy.max_cpu_jobs
-        jobs.sort(key=lambda j: (-self.level.get(j.id, 0), j.submitted_at, j.id))
+        jobs.sort(key=lambda j: (-self.level[j.id], j.submitted_at, j.id))
         for job in jobs:
             held = self.cpu_held.get(job.user, 0)
             refusal = self.quotas.cpu_refusal(job.user, job.workers, held)
@@ -300,6 +368,7 @@ class _Pass:
             self.cpu_held[job.user] = held + job.workers
             self.starts.append(Start(job.id, tuple(("", 0) for _ in range(job.workers))))
             self.started_jobs.append(job)
+            self.started_ids.add(job.id)
 
     # -- reservation -------------------------------------------------------------------------
     def releases(self, victims: Sequence[Allocation]) -> list[tuple[float, str, tuple]]:
@@ -335,8 +404,40 @@ class _Pass:
         return None, free
 
     # -- preemption --------------------------------------------------------------------------
-    def choose_victims(self, head: JobRequest) -> list[Allocation]:
-        """An irreducible set of lower-priority preemptible jobs whose GPUs let ``head`` fit now.
+    def overtakers(self, head: JobRequest) -> list[Allocation]:
+        """Running preemptible jobs that overtook ``head``: started after it was queued, at no higher base
+        priority and level, and queued behind it again once preempted (so it is no ping-pong); [] unless
+        ``overtake``. The head may preempt them whatever their priority, and its reservation counts their GPUs
+        as free from now."""
+        if not self.overtake:
+            return []
+        base, requeue_level, now = self.policy.base_priority, self.policy.requeue_level, self.now
+        hp, hl = base(head), self.level[head.id]
+        fair = getattr(self.policy, "fair_share", False)
+        out = []
+        for a in self.running:
+            if a.kind != "job" or not a.preemptible or a.gpus <= 0 or a.started_at <= head.submitted_at or base(a) > hp:
+                continue
+            lv = requeue_level(a, now)
+            if lv > hl:
+                continue
+            if lv == hl:  # equal level: it must come after the head in queue order once requeued
+                since = a.started_at if a.submitted_at is None else a.submitted_at
+                mine = (self._shares(a.user, a.groups, a.gpus) if fair else ()) + (since, a.id)
+                theirs = (self._shares(head.user, head.groups, 0) if fair else ()) + (head.submitted_at, head.id)
+                if mine <= theirs:
+                    continue
+            out.append(a)
+        return out
+
+    def _shares(self, user: str, groups, minus: int) -> tuple[int, int]:
+        """(group GPUs held, user GPUs held) as fair share orders them, less ``minus`` GPUs given back."""
+        g = max((self.group_held.get(x, 0) - minus for x in groups), default=0)
+        return g, self.user_held.get(user, 0) - minus
+
+    def choose_victims(self, head: JobRequest, overtakers: Sequence[Allocation] = ()) -> list[Allocation]:
+        """An irreducible set of lower-priority preemptible jobs (or ``overtakers`` of the head) whose GPUs
+        let ``head`` fit now.
 
         First the single smallest job that suffices; otherwise greedily add candidates (lowest
         priority, then fewest GPUs, then most recently started = least work lost) until the head
@@ -352,6 +453,8 @@ class _Pass:
             if a.kind == "job" and a.preemptible and a.gpus > 0 and base(a) < hp
             and requeue_level(a, now) < head_level
         ]
+        known = {a.id for a in cands}
+        cands += [a for a in overtakers if a.id not in known]
         if not cands:
             return []
         g, w = head.gpus_per_worker, head.workers
@@ -402,10 +505,11 @@ class FifoGangScheduler(Scheduler):
     """
 
     def schedule(self, now, pending, running, capacity, quotas):
-        level = dict.fromkeys((j.id for j in pending), 0)
-        p = _Pass(self, now, pending, running, capacity, quotas, level)
-        p.start_cpu_jobs([j for j in pending if j.gpus_per_worker <= 0])
-        order = _Order([j for j in pending if j.gpus_per_worker > 0], level, {}, {}, fair_share=False)
+        queue = as_queue(pending)
+        level = _Levels(lambda job_id: 0)
+        p = _Pass(self, now, queue, running, capacity, quotas, level)
+        p.start_cpu_jobs(queue.cpu_jobs())
+        order = _Order(queue, level, {}, {}, fair_share=False)
         return _run(p, order, backfill=False, preemption=False, backfill_depth=0)
 
 
@@ -469,6 +573,16 @@ class TrainhubScheduler(Scheduler):
         help="""Preempt running jobs marked preemptible whose priority is lower than the head
         job's base priority when that makes room for it. Servers are never preempted.""",
     )
+    preemptible_backfill = Bool(
+        False,
+        config=True,
+        help="""Let preemptible jobs backfill GPUs held for the head's reservation (with or without a
+        time limit): the head preempts them when it needs those GPUs, as it does any preemptible job
+        that overtook it at no higher priority. Keeps GPUs busy while a large gang waits. Needs
+        ``backfill`` and ``preemption``. False: only jobs that end before the reservation or use GPUs
+        the head will not need may backfill (the default until the open issue in docs/scheduler.md is
+        settled).""",
+    )
 
     def base_priority(self, job):
         if job.priority or not self.group_priorities:
@@ -496,31 +610,42 @@ class TrainhubScheduler(Scheduler):
         return self._aged(self.base_priority(alloc), now - since)
 
     def schedule(self, now, pending, running, capacity, quotas):
+        queue = as_queue(pending)
         interval, cap = self.aging_interval, self.aging_max
-        level = {}
         base = self.base_priority if self.group_priorities else None  # (traits are slow to read)
-        for job in pending:
+        get = queue.get
+
+        def level_of(job_id):
+            job = get(job_id)
             lv = job.priority if base is None else base(job)
             if interval > 0:
                 age = int((now - job.submitted_at) // interval)
                 if age > 0:
                     lv += age if cap is None else min(age, cap)
-            level[job.id] = lv
-        p = _Pass(self, now, pending, running, capacity, quotas, level)
-        p.start_cpu_jobs([j for j in pending if j.gpus_per_worker <= 0])
-        gpu_jobs = [j for j in pending if j.gpus_per_worker > 0]
-        order = _Order(gpu_jobs, level, p.user_held, p.group_held, self.fair_share)
+            return lv
+
+        level = _Levels(level_of)
+        p = _Pass(self, now, queue, running, capacity, quotas, level)
+        p.start_cpu_jobs(queue.cpu_jobs())
+        order = _Order(queue, level, p.user_held, p.group_held, self.fair_share)
         return _run(
             p, order,
             backfill=self.backfill and self.backfill_depth > 0,
             preemption=self.preemption,
             backfill_depth=self.backfill_depth,
             reserve_after=self.reserve_after,
+            preemptible_backfill=self.preemptible_backfill and self.preemption and self.backfill,
         )
 
 
+def as_queue(pending) -> PendingQueue:
+    """``pending`` as an indexed queue: as given when it is one, else indexed now (O(n log n))."""
+    return pending if isinstance(pending, PendingQueue) else PendingQueue(pending)
+
+
 def _run(
-    p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0
+    p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0,
+    preemptible_backfill: bool = False,
 ) -> Plan:
     """Walk the GPU jobs in ``order``; see the module docstring."""
     free = p.free
@@ -536,6 +661,7 @@ def _run(
     scanned = 0
     level = p.level
     cap_total = p.cap_total
+    p.overtake = preemptible_backfill
 
     queue = iter(order)
     for job in queue:
@@ -554,9 +680,11 @@ def _run(
             head = p.head = job
             head_prio = p.policy.base_priority(job)
             head_level = level[job.id]
+            overtakers = p.overtakers(job)
             if preemption:
-                victims = p.choose_victims(job)
-            res_time, free_then = p.reservation(job, victims)
+                victims = p.choose_victims(job, overtakers)
+            chosen = {v.id for v in victims}
+            res_time, free_then = p.reservation(job, victims + [a for a in overtakers if a.id not in chosen])
             msg = f"waiting for {_gpus(need)}: {free.total} of {cap_total} free"
             hold_off = reserve_after - (now - job.submitted_at)
             estimate = None
@@ -578,17 +706,13 @@ def _run(
                     held = _reserve_placement(free_then, free.free, job.workers, job.gpus_per_worker)
                     spare = {n: f - held.get(n, 0) for n, f in free_then.items()}
                     long_free = FreeIndex({n: min(f, spare[n]) for n, f in free.free.items()}, p.kmax)
-            else:
-                order.frozen = True
             continue
 
         # Behind the head.
         if not backfill or scanned >= backfill_depth or free.total == 0:
             # Nothing else can start: record the rest of the queue, explained on demand.
-            order.frozen = True
             waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
-            for rest in queue:
-                waiting.defer(rest)
+            waiting.rest_on_demand()
             break
         scanned += 1
         if not free.fits(job.workers, job.gpus_per_worker):
@@ -605,6 +729,16 @@ def _run(
             continue
         # May run past the reservation: only on GPUs the head will not need then.
         nodes = long_free.place(job.workers, job.gpus_per_worker) if long_free is not None else None
+        if (nodes is None and preemptible_backfill and not victims and job.preemptible
+                and p.policy.base_priority(job) <= head_prio):
+            # It overtakes the head, which preempts it when it needs these GPUs (see _Pass.overtakers);
+            # not while the head is about to start (victims being preempted for it now).
+            nodes = free.place(job.workers, job.gpus_per_worker)
+            if long_free is not None:
+                for n in nodes:
+                    long_free.set(n, min(free.free[n], spare[n]))
+            p.start(job, nodes, backfill=True)
+            continue
         if nodes is None:
             if limit is None:
                 msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)}; a job without a time limit "

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from .model import Allocation, JobRequest, Quotas
 from .policy import Scheduler
+from .queue import PendingQueue
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ def simulate(
         seq += 1
     heapq.heapify(events)
 
-    pending: dict[str, JobRequest] = {}
+    pending = PendingQueue()  # kept across passes, as the jobs service does
     running: dict[str, Allocation] = {}
     remaining: dict[str, float] = {j.id: j.duration for j in trace}
     run_started: dict[str, float] = {}
@@ -270,24 +271,24 @@ def simulate(
         now = events[0][0]
         dt = now - last_t
         busy += used * dt
-        if any(r.gpus_per_worker > 0 for r in pending.values()):
+        if pending.gpu_jobs:
             sat_busy += used * dt
             sat_cap += cap_total * dt
         last_t = now
         while events and events[0][0] == now:
             _, _, kind, job_id, ep = heapq.heappop(events)
             if kind == "arrive":
-                pending[job_id] = by_id[job_id].request()
+                pending.add(by_id[job_id].request())
             elif kind == "finish" and epoch.get(job_id, 0) == ep and job_id in running:
                 stop(job_id)
                 records[job_id].finish = now
         for _ in range(max_passes_per_event):
             if not pending:
                 break
-            plan = scheduler.schedule(now, list(pending.values()), list(running.values()), capacity, quotas)
+            plan = scheduler.schedule(now, pending, list(running.values()), capacity, quotas)
             passes += 1
             for start in plan.starts:
-                req = pending.pop(start.job_id)
+                req = pending.remove(start.job_id)
                 tj = by_id[req.id]
                 rec = records[req.id]
                 if rec.first_start is None:
@@ -315,7 +316,7 @@ def simulate(
                 rec.restarts += 1
                 elapsed = now - run_started[job_id]
                 remaining[job_id] = max(0.0, remaining[job_id] - elapsed)
-                pending[job_id] = by_id[job_id].request(restarts=rec.restarts)
+                pending.add(by_id[job_id].request(restarts=rec.restarts))
             if not plan.preempt:
                 break
     return SimResult(

@@ -1,0 +1,95 @@
+"""The engine's in-memory copy of the queued jobs, kept in step with the database by small deltas.
+
+Reading every queued job from the database on each scheduling pass costs O(queue) rows per pass
+(a second or more at 100,000 jobs). Instead the engine keeps the queue as a
+:class:`~trainhub.scheduler.queue.PendingQueue` and, per pass, asks only for what changed:
+
+- rows queued with an id above the largest seen (new submissions: ids only grow);
+- the number of queued rows. When it matches the copy plus the new rows, nothing else changed;
+  otherwise (a queued job cancelled, a job requeued) the queued ids are read and compared, and
+  only the rows not in the copy are read in full. ``full=True`` forces that comparison.
+
+Only the columns the scheduler needs are read (no JSON blobs, no ORM objects).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timezone
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from trainhub.db import get_engine
+from trainhub.scheduler import JobRequest, PendingQueue
+from trainhub.states import QUEUED
+
+from .models import Job, job_key
+
+_COLUMNS = (Job.id, Job.user, Job.groups, Job.workers, Job.gpus, Job.priority, Job.created, Job.time_limit,
+            Job.preemptible, Job.attempt)
+_QUEUED = (Job.state == QUEUED, Job.cancel_requested.is_(False))
+_CHUNK = 500  # ids per IN (...) query
+
+
+@dataclass
+class Delta:
+    rows: list = field(default_factory=list)  # rows to (re)queue
+    ids: set[int] | None = None  # when set: exactly the queued ids now (the others left the queue)
+
+
+def request(row) -> JobRequest:
+    """A queued row as the scheduler sees it (ids are the job keys users see: j-000042)."""
+    created = row.created
+    if created is None:
+        submitted = 0.0
+    else:
+        submitted = (created if created.tzinfo else created.replace(tzinfo=timezone.utc)).timestamp()
+    return JobRequest(id=job_key(row.id), user=row.user, groups=tuple(row.groups or ()), workers=row.workers,
+                      gpus_per_worker=row.gpus, priority=row.priority, submitted_at=submitted,
+                      time_limit=row.time_limit, preemptible=bool(row.preemptible), restarts=max(row.attempt - 1, 0))
+
+
+class QueuedJobs:
+    """The queued jobs as a :class:`PendingQueue` (``queue``), ids mapped to keys in ``keys``."""
+
+    def __init__(self, db_url: str):
+        self.db_url = db_url
+        self.queue = PendingQueue()
+        self.keys: dict[int, str] = {}  # job id -> key, for the jobs in ``queue``
+        self.max_id = 0
+        self.loaded = False
+
+    def fetch(self, full: bool = False) -> Delta:
+        """What changed since the last :meth:`apply` (blocking: run it in a thread)."""
+        with Session(get_engine(self.db_url)) as s:
+            if not self.loaded:
+                rows = list(s.execute(select(*_COLUMNS).where(*_QUEUED)))
+                return Delta(rows, {r.id for r in rows})
+            new = list(s.execute(select(*_COLUMNS).where(*_QUEUED, Job.id > self.max_id)))
+            if not full:
+                count = s.scalar(select(func.count()).select_from(Job).where(*_QUEUED))
+                if count == len(self.keys) + len(new):
+                    return Delta(new)
+            ids = set(s.scalars(select(Job.id).where(*_QUEUED)))
+            have = {r.id for r in new}
+            missing = sorted(i for i in ids if i not in self.keys and i not in have)
+            for k in range(0, len(missing), _CHUNK):
+                new += s.execute(select(*_COLUMNS).where(*_QUEUED, Job.id.in_(missing[k:k + _CHUNK])))
+            return Delta(new, ids)
+
+    def apply(self, delta: Delta) -> None:
+        if delta.ids is not None:
+            for job_id in [i for i in self.keys if i not in delta.ids]:
+                self.discard(job_id)
+        for row in delta.rows:
+            self.queue.add(request(row))
+            self.keys[row.id] = job_key(row.id)
+            self.max_id = max(self.max_id, row.id)
+        self.loaded = True
+
+    def discard(self, job_id: int) -> None:
+        """``job_id`` left the queue (started, cancelled)."""
+        key = self.keys.pop(job_id, None)
+        if key is not None:
+            self.queue.remove(key)
