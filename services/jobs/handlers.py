@@ -29,7 +29,7 @@ class JobAccessMixin:
         if job_id is None:
             raise NotFound(f"no job {key!r}")
         try:
-            job = await self.service.store.read(self.service.store.get, job_id)
+            job = await self.service.store.read(self.service.store.record, job_id)
         except NotFound:
             raise NotFound(f"job {key} not found") from None
         caller = self.caller
@@ -210,7 +210,7 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
                     self.write(b"".join(new))
                     await self.flush()
                     continue
-                current = await self.service.store.read(self.service.store.get, job.id)
+                current = await self.service.store.read(self.service.store.record, job.id)
                 if current.state in JOB_TERMINAL:
                     idle_after_end += 1
                     if idle_after_end >= 2:

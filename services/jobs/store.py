@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from trainhub.db import get_engine, init_db, write_session
@@ -101,6 +101,53 @@ def job_to_dict(job: Job, base: str = "") -> dict:
     }
 
 
+_JOBS = Job.__table__
+
+
+class JobRecord:
+    """A job as the API reads it: the row's columns as attributes (the names of :class:`Job`'s) and ``key``.
+
+    Read with SQLAlchemy Core rather than the ORM: no session, identity map or instrumented attributes,
+    which cost a GET of one job more CPU than the rest of the request together. A snapshot, never written back.
+    """
+
+    __slots__ = tuple(c.key for c in _JOBS.columns)
+
+    def __init__(self, row):
+        for name, value in zip(self.__slots__, row):
+            setattr(self, name, value)
+
+    @property
+    def key(self) -> str:
+        return job_key(self.id)
+
+
+_RECORD = select(*_JOBS.columns).where(_JOBS.c.id == bindparam("job_id"))
+_BY_SUBMIT_KEY = select(*_JOBS.columns).where(_JOBS.c.submit_key == bindparam("submit_key"))
+_CREATE = insert(_JOBS).returning(*_JOBS.columns)
+_EVENT = insert(JobEvent.__table__)
+_listings: dict[tuple[bool, bool, bool], tuple] = {}
+
+
+def _listing(user: bool, states: bool, sweep: bool) -> tuple:
+    """The (count, page) statements of a listing with these filters, built once: the same statement object
+    each time keeps SQLAlchemy's compiled-statement cache from recomputing its key."""
+    key = (user, states, sweep)
+    if key not in _listings:
+        where = []
+        if user:
+            where.append(_JOBS.c.user == bindparam("user"))
+        if states:
+            where.append(_JOBS.c.state.in_(bindparam("states", expanding=True)))
+        if sweep:
+            where.append(_JOBS.c.sweep_id == bindparam("sweep_id"))
+        count = select(func.count()).select_from(_JOBS).where(*where)
+        page = (select(*_JOBS.columns).where(*where).order_by(_JOBS.c.id.desc())
+                .limit(bindparam("limit")).offset(bindparam("offset")))
+        _listings[key] = (count, page)
+    return _listings[key]
+
+
 class JobStore:
     def __init__(self, db_url: str):
         self.db_url = db_url
@@ -121,19 +168,20 @@ class JobStore:
         return Session(self.engine, expire_on_commit=False)
 
     # -- jobs --------------------------------------------------------------
-    def create(self, **fields) -> Job:
+    def create(self, **fields) -> JobRecord:
+        """Queue a job (and its "submitted" event) in one write transaction; with a ``submit_key`` already used,
+        the job made then (an idempotent retry). Core inserts: a burst of submissions waits on this one writer."""
         with write_session(self.db_url) as s:
+            c = s.connection()
             key = fields.get("submit_key")
             if key:
-                existing = s.scalar(select(Job).where(Job.submit_key == key))
-                if existing is not None:
-                    return existing  # an idempotent retry of the same submission
-            job = Job(**fields)
-            s.add(job)
-            s.flush()
-            s.add(JobEvent(job_id=job.id, kind="submitted", message=f"submitted by {job.user}"))
+                row = c.execute(_BY_SUBMIT_KEY, {"submit_key": key}).first()
+                if row is not None:
+                    return JobRecord(row)  # an idempotent retry of the same submission
+            row = c.execute(_CREATE, fields).first()
+            c.execute(_EVENT, {"job_id": row.id, "kind": "submitted", "message": f"submitted by {row.user}"})
             s.commit()
-            return job
+            return JobRecord(row)
 
     def get(self, job_id: int) -> Job:
         with self.session() as s:
@@ -142,18 +190,23 @@ class JobStore:
                 raise NotFound(f"job {job_key(job_id)} not found")
             return job
 
-    def list(self, user: str | None, states: list[str] | None, limit: int, offset: int, sweep_id: int | None = None):
-        with self.session() as s:
-            q = select(Job)
-            if user is not None:
-                q = q.where(Job.user == user)
-            if states:
-                q = q.where(Job.state.in_(states))
-            if sweep_id is not None:
-                q = q.where(Job.sweep_id == sweep_id)
-            total = s.scalar(select(func.count()).select_from(q.subquery()))
-            items = s.scalars(q.order_by(Job.id.desc()).limit(limit).offset(offset)).all()
-            return list(items), total
+    def record(self, job_id: int) -> JobRecord:
+        """One job for the API (a read-only :class:`JobRecord`; the engine uses :meth:`get`)."""
+        with self.engine.connect() as c:
+            row = c.execute(_RECORD, {"job_id": job_id}).first()
+        if row is None:
+            raise NotFound(f"job {job_key(job_id)} not found")
+        return JobRecord(row)
+
+    def list(self, user: str | None, states: list[str] | None, limit: int, offset: int,
+             sweep_id: int | None = None) -> tuple[list[JobRecord], int]:
+        """A page of jobs, newest first, as :class:`JobRecord` s, and how many match (one read transaction)."""
+        count, page = _listing(user is not None, bool(states), sweep_id is not None)
+        params = {"user": user, "states": list(states or ()), "sweep_id": sweep_id}
+        with self.engine.connect() as c:
+            total = c.execute(count, params).scalar_one()
+            rows = c.execute(page, {**params, "limit": limit, "offset": offset}).all()
+        return [JobRecord(r) for r in rows], total
 
     def in_states(self, *states: str) -> list[Job]:
         with self.session() as s:
