@@ -77,3 +77,23 @@ def test_list_filters_pages_and_counts_like_the_query_says(store):
     assert items == [] and total == len(ann)
     for item in store.list(None, None, 100, 0)[0]:
         assert job_to_dict(item) == job_to_dict(store.get(item.id))
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_lookup_reads_on_the_loop_only_with_inline_reads(tmp_path, inline):
+    import asyncio
+    import threading
+
+    store = JobStore(f"sqlite:///{tmp_path}/platform.db", inline_reads=inline)
+    job = add(store, "ann")
+
+    def where(job_id):
+        return threading.current_thread().name, store.record(job_id).key
+
+    async def main():
+        return threading.current_thread().name, await store.lookup(where, job.id), await store.read(where, job.id)
+
+    loop_thread, (looked_up_in, key), (read_in, _) = asyncio.run(main())
+    assert key == job.key
+    assert (looked_up_in == loop_thread) is inline
+    assert read_in.startswith("trainhub-db-read")  # read() always uses a reader thread
