@@ -236,9 +236,10 @@ def fill_queue(platform, users: list[User], n: int) -> None:
     total = sum(u.total(u.session()) for u in users)
     print(f"{n:,} queued jobs written in {time.monotonic() - t0:.1f} s; the load users now list {total:,} jobs", flush=True)
     # written at once, they all get their first reason in one pass; through the API each would have had it as it came
-    last = f"j-{first[-1]:06d}"
+    last, owner = f"j-{first[-1]:06d}", users[(n - 1) % len(users)]
     t0 = time.monotonic()
-    poll(lambda: s.get(f"{boss.api}/jobs/{last}", timeout=60).json(), lambda j: j["reason"] != SUBMITTED_REASON,
+    reader = owner.session()
+    poll(lambda: reader.get(f"{owner.api}/jobs/{last}", timeout=60).json(), lambda j: j.get("reason") != SUBMITTED_REASON,
          what="the engine to take in the queue", start=0.5, factor=1.0, timeout=300)
     print(f"the engine took them in (each has its reason) {time.monotonic() - t0:.1f} s later", flush=True)
 
