@@ -110,10 +110,12 @@ _JOBS = Job.__table__
 
 
 class JobRecord:
-    """A job as the API reads it: the row's columns as attributes (the names of :class:`Job`'s) and ``key``.
+    """A job as the API and the engine's passes read it: the row's columns as attributes (the names of
+    :class:`Job`'s) and ``key``.
 
     Read with SQLAlchemy Core rather than the ORM: no session, identity map or instrumented attributes,
-    which cost a GET of one job more CPU than the rest of the request together. A snapshot, never written back.
+    which cost a GET of one job more CPU than the rest of the request together. A snapshot: setting an
+    attribute changes this copy only (writes go through :meth:`JobStore.update`).
     """
 
     __slots__ = tuple(c.key for c in _JOBS.columns)
