@@ -12,7 +12,7 @@ from pathlib import Path
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import httpclient, web
-from traitlets import Integer, Type, Unicode, default
+from traitlets import Bool, Integer, Type, Unicode, default
 from traitlets.config import Application, PyFileConfigLoader
 
 from trainhub import __version__
@@ -135,6 +135,10 @@ class JobsService(Application):
     allocator_class = Type(LocalGPUAllocator, klass=GPUAllocator, help="GPU ledger implementation.").tag(config=True)
     launcher_class = Type(LocalLauncher, klass=Launcher, help="Job launcher (local processes or Kubernetes Jobs).").tag(config=True)
     metrics_source_class = Type(None, allow_none=True, help="GPU metrics source (default: NVML for real devices, the scripted source for simulated ones).").tag(config=True)
+    inline_reads = Bool(True, help="""Answer the API's small reads (one job, a page of the listing) on the event loop when the
+        platform database is SQLite (WAL: a reader never waits for a writer): 0.1-0.4 ms each, cheaper than the two
+        thread switches of a reader thread, which on a loaded machine are each a wait for a core. False, or another
+        database: every read on a reader thread.""").tag(config=True)
     config_file = Unicode("", help="Extra traitlets Python config file, loaded over the platform config (the Helm chart passes "
                           "its services_config.py, which applies trainhub.app.chart_config to trainhub.json). Empty = none.").tag(config=True)
 
@@ -158,7 +162,7 @@ class JobsService(Application):
             self.update_config(PyFileConfigLoader(path.name, str(path.parent)).load_config())
         self.log.setLevel(self.log_level)
         self.db_url = self.db_url or self.config.LocalGPUAllocator.get("db_url") or self.dd.platform_db_url
-        self.store = JobStore(self.db_url)
+        self.store = JobStore(self.db_url, inline_reads=self.inline_reads)
         self.allocator = self.allocator_class(parent=self)
         self.quota = QuotaPolicy(parent=self)
         self.catalog = ProfileCatalog(parent=self)

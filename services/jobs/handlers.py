@@ -29,7 +29,7 @@ class JobAccessMixin:
         if job_id is None:
             raise NotFound(f"no job {key!r}")
         try:
-            job = await self.service.store.read(self.service.store.get, job_id)
+            job = await self.service.store.lookup(self.service.store.record, job_id)
         except NotFound:
             raise NotFound(f"job {key} not found") from None
         caller = self.caller
@@ -70,7 +70,7 @@ class JobsHandler(JobAccessMixin, APIHandler):
         sweep_id = parse_id(sweep) if sweep is not None else None
         if sweep is not None and sweep_id is None:
             raise InvalidRequest(f"sweep must be a sweep's number, not {sweep[:40]!r}")
-        items, total = await self.service.store.read(self.service.store.list, who, states or None, limit, offset, sweep_id)
+        items, total = await self.service.store.lookup(self.service.store.list, who, states or None, limit, offset, sweep_id)
         self.write_json({"items": [self.job_json(j) for j in items], "total": total, "limit": limit, "offset": offset})
 
     async def post(self):
@@ -216,7 +216,7 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
                     self.write(b"".join(new))
                     await self.flush()
                     continue
-                current = await self.service.store.read(self.service.store.get, job.id)
+                current = await self.service.store.read(self.service.store.record, job.id)
                 if current.state in JOB_TERMINAL:
                     idle_after_end += 1
                     if idle_after_end >= 2:
