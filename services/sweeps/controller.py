@@ -1,7 +1,9 @@
 """The sweep controller: Optuna asks, jobs run, metrics come back, Optuna prunes and learns.
 
-One loop in the jobs service, woken when a sweep is created or cancelled and otherwise every
-``tick`` seconds. Per running sweep (each in its own try/except, so one broken sweep never stops
+One loop in the jobs service, woken when a sweep is created or cancelled, when the engine records
+the end of one of its trials' jobs (``JobEngine.on_job_end``: a freed slot is refilled at once,
+not on the next tick) and otherwise every ``tick`` seconds (which bounds how late new metrics reach
+Optuna's pruner). Per running sweep (each in its own try/except, so one broken sweep never stops
 the others):
 
 1. every trial whose job is unfinished: new values of the sweep's metric (from the job metrics
@@ -162,8 +164,8 @@ class SweepCaller:
 
 
 class SweepController(LoggingConfigurable):
-    tick = Float(0.5, help="Seconds between controller passes when nothing wakes it (creates and cancels wake it at once); "
-                 "also the delay before a finished trial's slot is refilled, at most.").tag(config=True)
+    tick = Float(0.5, help="Seconds between controller passes when nothing wakes it (creates, cancels and the end of a "
+                 "trial's job wake it at once); also how late new metrics are reported to Optuna (and pruned), at most.").tag(config=True)
     fail_fast = Integer(3, help="Stop a sweep when its first N finished trials all failed (broken trial code). 0 = never.").tag(config=True)
     importance_min_trials = Integer(5, help="Completed trials needed before parameter importance is computed "
                                     "(optuna.importance, PED-ANOVA). 0 = never compute it.").tag(config=True)
@@ -266,6 +268,12 @@ class SweepController(LoggingConfigurable):
             self.log.exception("sweeps: Optuna storage on %s not ready; retrying in the loop", self.service.db_url)
         self._loop = PeriodicLoop("trainhub-sweep-controller", self.run_once, lambda: self.tick, self.log)
         self._loop.start()
+        self.service.engine.on_job_end(self._job_ended)
+
+    def _job_ended(self, job) -> None:
+        """A job's attempt ended (engine callback): a trial's job wakes the loop, which records it and refills its slot."""
+        if job.sweep_id is not None:
+            self.wake()
 
     async def stop(self) -> None:
         if self._loop is not None:
@@ -307,9 +315,10 @@ class SweepController(LoggingConfigurable):
         jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
         unfinished = [t for t in trials if t.state not in TRIAL_FINAL
                       or (t.job_id and jobs.get(t.job_id) is not None and jobs[t.job_id].state not in JOB_TERMINAL)]
-        if sum(t.state == COMPLETE for t in trials) != completed_before:
-            await self._update_importance(sweep, trials)
+        completed = sum(t.state == COMPLETE for t in trials) != completed_before
         if sweep.cancel_requested:
+            if completed:
+                await self._update_importance(sweep, trials)
             await self._wind_down(sweep, trials, jobs, unfinished)
             return
         stop = failing_fast(trials, min(self.fail_fast, sweep.n_trials))
@@ -319,11 +328,16 @@ class SweepController(LoggingConfigurable):
             await self._wind_down(sweep, trials, jobs, unfinished, final_state=FAILED, final_reason=stop)
             return
         if len(trials) >= sweep.n_trials and not unfinished:
+            if completed:
+                await self._update_importance(sweep, trials)
             await self._finish(sweep, trials)
             return
+        # the freed slots first: the importance (a PED-ANOVA fit) is not on the way to the next trial's start
         for _ in range(trials_to_start(sweep.n_trials, sweep.parallel, len(trials), len(unfinished))):
             if not await self._start_trial(sweep):
                 break
+        if completed:
+            await self._update_importance(sweep, trials)
 
     async def _follow(self, sweep: Sweep, t: SweepTrial, job) -> None:
         """Bring one trial up to date with its job."""
