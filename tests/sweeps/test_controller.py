@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from waiting import await_for
 
-from trainhub.db import write_session
+from trainhub.db import get_engine, write_session
 from trainhub.services.jobs.models import JobMetric
 from trainhub.services.jobs.store import JobStore
 from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, trial_outcome,
@@ -272,3 +272,15 @@ async def test_the_end_of_a_trials_job_wakes_the_controller_at_once(env):
         assert (trials[0].state, trials[0].value) == ("complete", 0.5)
     finally:
         await c.stop()
+
+
+async def test_optuna_commits_without_an_fsync_of_its_own_and_the_platform_keeps_full_sync(env):
+    service, _caller = env
+    c = SweepController(service)
+    storage = await c.optuna(c.storage)
+    with storage.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    with get_engine(service.db_url).connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL: the trial rows make Optuna's durable
+    await c.stop()
