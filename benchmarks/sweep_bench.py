@@ -16,8 +16,10 @@ Prints a table: wall time of each sweep, the speed-up (serial / parallel) agains
 and the platform overhead per trial: a serial trial's wall time (serial sweep wall / N) minus
 the trial's own run time (measured by the trial script itself, from its first line to its last
 report, median over the serial trials), split into the job's run overhead (started -> finished
-minus its own run time: process start, exit, metric ingestion) and the gap between one trial's
-job ending and the next one starting (controller + scheduler). PASS when the speed-up is at
+minus its own run time: the start, job started -> the trial's first line, and the end, the trial's
+last report -> job finished: process start and exit, exit detection, metric ingestion) and the gap
+between one trial's job ending and the next one starting (controller + scheduler); what is left is
+the sweep's own start and end. PASS when the speed-up is at
 least ``--target`` x P and the overhead per trial is at most ``--overhead-target`` seconds.
 Exit status 0 on PASS, 1 on FAIL.
 
@@ -87,20 +89,24 @@ def run_sweep(api: str, headers: dict, *, trials: int, parallel: int, work: floa
     items = requests.get(f"{api}/sweeps/{sid}/trials", headers=headers, timeout=30).json()["items"]
     jobs = [requests.get(f"{api}/jobs/{t['job_id']}", headers=headers, timeout=30).json() for t in items]
     jobs.sort(key=lambda j: ts(j["started"]))
-    own = [own_seconds(api, headers, j["id"]) for j in jobs]
+    own, last = zip(*[own_seconds(api, headers, j["id"]) for j in jobs])
     run_over = [ts(j["finished"]) - ts(j["started"]) - o for j, o in zip(jobs, own)]
+    start = [t - o - ts(j["started"]) for j, o, t in zip(jobs, own, last)]
+    end = [ts(j["finished"]) - t for j, t in zip(jobs, last)]
     gaps = [ts(b["started"]) - ts(a["finished"]) for a, b in zip(jobs, jobs[1:])]
     return {"id": sid, "wall": wall, "peak": peak, "run_overhead": statistics.median(run_over),
+            "start": statistics.median(start), "end": statistics.median(end),
             "gap": statistics.median(gaps) if gaps else 0.0, "own": statistics.median(own)}
 
 
-def own_seconds(api: str, headers: dict, job_id: str) -> float:
-    """The trial's own run time, as the trial script reported it (metric ``own_seconds``)."""
+def own_seconds(api: str, headers: dict, job_id: str) -> tuple[float, float]:
+    """The trial's own run time, as the trial script reported it (metric ``own_seconds``), and the time of that
+    last report (the record's time stamp, taken by the trial's process on this machine's clock)."""
     metrics = requests.get(f"{api}/jobs/{job_id}/metrics", headers=headers, timeout=30).json()["metrics"]
-    values = [m["values"]["own_seconds"] for m in metrics if "own_seconds" in m.get("values", {})]
-    if not values:
+    found = [m for m in metrics if "own_seconds" in m.get("values", {})]
+    if not found:
         raise SystemExit(f"job {job_id} reported no own_seconds metric: {metrics[-3:]}")
-    return float(values[-1])
+    return float(found[-1]["values"]["own_seconds"]), ts(found[-1]["time"])
 
 
 def main(argv=None) -> int:
@@ -154,6 +160,8 @@ def main(argv=None) -> int:
     print(f"trial's own run time (script's first line -> last report, median; work {w:.2f} s): {serial['own']:.2f} s")
     print(f"platform overhead per trial (serial wall / N - own run time): {overhead:.2f} s")
     print(f"  job run overhead (started -> finished - own run time, median): {serial['run_overhead']:.2f} s")
+    print(f"    start (job started -> trial's first line, median): {serial['start']:.2f} s")
+    print(f"    end (trial's last report -> job finished, median): {serial['end']:.2f} s")
     print(f"  between trials (previous job end -> next job start, median): {serial['gap']:.2f} s")
     ok_speed = speedup >= args.target * p and par["peak"] <= p
     ok_overhead = overhead <= args.overhead_target

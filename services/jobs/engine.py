@@ -1,6 +1,7 @@
 """The job engine: queue → scheduler → ledger → launcher, and watching what runs.
 
-One loop, woken on every submission or cancel and otherwise every ``tick`` seconds:
+One loop, woken on every submission or cancel, on a worker's exit (where the launcher can tell,
+``Launcher.watch_exits``) and otherwise every ``tick`` seconds:
 finish or retry jobs whose workers ended, stop cancelled / overdue / preempted jobs,
 read new metrics, ask the scheduler policy which queued jobs start, take their devices
 from the shared GPU ledger (atomically with the quota check) and launch them as a gang.
@@ -131,10 +132,18 @@ class JobEngine(LoggingConfigurable):
         self._last_gpu_sample = 0.0
         self.servers = ServerQueue(store.db_url)  # notebook servers waiting for GPUs: in the same passes as jobs
         self.passes = 0
+        self._end_listeners: list = []  # on_job_end callbacks
+
+    def on_job_end(self, callback) -> None:
+        """Call ``callback(job)`` (on the loop; it must not block) each time an attempt of a job ends and its
+        outcome is recorded (terminal or requeued; ``job`` is the row as it was before): the sweep controller
+        refills a trial's slot at once instead of on its next tick."""
+        self._end_listeners.append(callback)
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
         await self.recover()
+        self.launcher.watch_exits(self.wake)  # a worker's end wakes a pass at once (where the back end can tell)
         self._loop = PeriodicLoop("trainhub-job-engine", lambda: self.run_once(schedule=None), lambda: self.tick, self.log)
         self._loop.start()
 
@@ -358,6 +367,11 @@ class JobEngine(LoggingConfigurable):
         for key in [k for k in self._metrics_size if k[0] == job.id]:
             del self._metrics_size[key]
         self.log.info("job %s (%s): %s — %s", job.key, job.user, state, reason)
+        for callback in self._end_listeners:
+            try:
+                callback(job)
+            except Exception:
+                self.log.exception("job %s: an end listener failed", job.key)
         self.wake()
 
     async def _ingest(self, job: Job, final: bool = False) -> None:

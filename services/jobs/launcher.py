@@ -117,6 +117,11 @@ class Launcher(LoggingConfigurable):
     async def cleanup(self, job: JobView, state: dict) -> None:
         """Drop back-end objects once the job is terminal (files are kept). Default: nothing to drop."""
 
+    def watch_exits(self, callback) -> None:
+        """From now on call ``callback()`` on the event loop as soon as a worker of a running job may have ended, so
+        the engine learns of an end without waiting for its next periodic pass. Spurious calls are allowed (the engine
+        polls and finds nothing new); a missed one costs only latency. Default: no events (the periodic pass)."""
+
     async def close(self) -> None:
         """Release watch caches and sessions when the service stops (running jobs keep running). Default: nothing."""
 

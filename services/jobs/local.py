@@ -99,6 +99,9 @@ class LocalLauncher(Launcher):
         self._forkserver_lock = threading.Lock()
         self._warm_retry_at = 0.0
         self._said_cold = False
+        self._on_exit = None  # watch_exits' callback
+        self._exit_fds: dict[int, int] = {}  # wrapper pid -> its pidfd, watched on the loop
+        self._watched: set[int] = set()  # wrapper pids ever watched (each is watched once: no wake loops)
 
     def home_dir(self, user: str) -> str:
         return self.home_dir_template.format(username=user) if self.home_dir_template else ""
@@ -150,7 +153,49 @@ class LocalLauncher(Launcher):
         return rw, ro, cwd
 
     async def launch(self, job, devices, env):
-        return await asyncio.to_thread(self._launch, job, devices, env)
+        state = await asyncio.to_thread(self._launch, job, devices, env)
+        self._watch(state)
+        return state
+
+    # -- exit events: a pidfd per wrapper, readable once the wrapper (which writes the exit file first) has ended ----
+    def watch_exits(self, callback) -> None:
+        self._on_exit = callback
+
+    def _watch(self, state: dict, running=None) -> None:
+        """Watch the exit of each worker's wrapper (``running``: only these ranks) on the event loop. A wrapper that
+        has already ended calls back at once. Without pidfds (old kernels) nothing is watched: the periodic pass."""
+        if self._on_exit is None or not hasattr(os, "pidfd_open"):
+            return
+        loop = asyncio.get_running_loop()
+        for w in state.get("workers", []):
+            pid = w["pid"]
+            if pid in self._watched or (running is not None and w["rank"] not in running):
+                continue
+            self._watched.add(pid)
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:  # ended (and reaped) already
+                loop.call_soon(self._on_exit)
+                continue
+            except OSError as e:  # ENOSYS, EMFILE...: this one is found by the periodic pass
+                self.log.debug("cannot watch worker %s: %s", pid, e)
+                continue
+            self._exit_fds[pid] = fd
+            loop.add_reader(fd, self._exited, pid)
+
+    def _exited(self, pid: int) -> None:
+        self._unwatch([pid])
+        if self._on_exit is not None:
+            self._on_exit()
+
+    def _unwatch(self, pids) -> None:
+        for pid in pids:
+            fd = self._exit_fds.pop(pid, None)
+            if fd is not None:
+                try:
+                    asyncio.get_running_loop().remove_reader(fd)
+                finally:
+                    os.close(fd)
 
     def _launch(self, job: JobView, devices: list[list[int]], env: dict) -> dict:
         jdir = Path(self.job_dir(job))
@@ -280,11 +325,14 @@ class LocalLauncher(Launcher):
 
     async def close(self) -> None:
         """Stop the fork server (running workers are not its to stop: they keep running)."""
+        self._unwatch(list(self._exit_fds))
         if self._forkserver is not None:
             await asyncio.to_thread(self._forkserver.stop)
 
     async def poll(self, job, state):
-        return await asyncio.to_thread(self._poll, state)
+        statuses = await asyncio.to_thread(self._poll, state)
+        self._watch(state, {s.rank for s in statuses if s.running})  # re-adopted workers, or a launch watched before
+        return statuses
 
     def _poll(self, state: dict) -> list[WorkerStatus]:
         out = []
@@ -337,6 +385,9 @@ class LocalLauncher(Launcher):
     async def cleanup(self, job, state):
         """The attempt has ended: nothing of it may keep running (a daemon it left, a worker of a gang that
         vanished) or keep holding its devices."""
+        ended = [w["pid"] for w in state.get("workers", [])]
+        self._unwatch(ended)
+        self._watched.difference_update(ended)
         pids = _live_wrappers(state)
         if pids:
             await asyncio.to_thread(_signal_trees, pids, signal.SIGKILL, True)

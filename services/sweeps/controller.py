@@ -1,7 +1,9 @@
 """The sweep controller: Optuna asks, jobs run, metrics come back, Optuna prunes and learns.
 
-One loop in the jobs service, woken when a sweep is created or cancelled and otherwise every
-``tick`` seconds. Per running sweep (each in its own try/except, so one broken sweep never stops
+One loop in the jobs service, woken when a sweep is created or cancelled, when the engine records
+the end of one of its trials' jobs (``JobEngine.on_job_end``: a freed slot is refilled at once,
+not on the next tick) and otherwise every ``tick`` seconds (which bounds how late new metrics reach
+Optuna's pruner). Per running sweep (each in its own try/except, so one broken sweep never stops
 the others):
 
 1. every trial whose job is unfinished: new values of the sweep's metric (from the job metrics
@@ -134,6 +136,24 @@ def make_pruner(settings: dict, n_trials: int):
                                        n_warmup_steps=warmup)
 
 
+def no_fsync_of_its_own(engine) -> None:
+    """Optuna's SQLite connections commit without waiting for an fsync (``synchronous=NORMAL``; the platform
+    database is in WAL mode): an ask or a tell is 3-4 commits, each an fsync of several ms on a busy disk, all on
+    the way from one trial's end to the next one's start. Nothing is at risk: a commit is atomic either way, and
+    every Optuna write is followed by the controller's own write of the trial row (a full-sync commit of the same
+    WAL, which makes the Optuna frames before it durable too); a power cut between the two is the crash the
+    controller already reconciles after a restart."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _normal_sync(dbapi_conn, _record):
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    engine.dispose()  # connections opened while the storage set itself up get the setting when opened again
+
+
 class BrokenSweep(Exception):
     """A stored sweep whose definition cannot be rebuilt (a row written before today's limits, or
     edited by hand): it is failed with this reason instead of being retried on every pass."""
@@ -162,8 +182,8 @@ class SweepCaller:
 
 
 class SweepController(LoggingConfigurable):
-    tick = Float(0.5, help="Seconds between controller passes when nothing wakes it (creates and cancels wake it at once); "
-                 "also the delay before a finished trial's slot is refilled, at most.").tag(config=True)
+    tick = Float(0.5, help="Seconds between controller passes when nothing wakes it (creates, cancels and the end of a "
+                 "trial's job wake it at once); also how late new metrics are reported to Optuna (and pruned), at most.").tag(config=True)
     fail_fast = Integer(3, help="Stop a sweep when its first N finished trials all failed (broken trial code). 0 = never.").tag(config=True)
     importance_min_trials = Integer(5, help="Completed trials needed before parameter importance is computed "
                                     "(optuna.importance, PED-ANOVA). 0 = never compute it.").tag(config=True)
@@ -196,8 +216,12 @@ class SweepController(LoggingConfigurable):
             import optuna
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-            kwargs = {"connect_args": {"timeout": 30}} if self.service.db_url.startswith("sqlite") else {"pool_pre_ping": True}
-            self._storage = optuna.storages.RDBStorage(self.service.db_url, engine_kwargs=kwargs)
+            sqlite = self.service.db_url.startswith("sqlite")
+            kwargs = {"connect_args": {"timeout": 30}} if sqlite else {"pool_pre_ping": True}
+            storage = optuna.storages.RDBStorage(self.service.db_url, engine_kwargs=kwargs)
+            if sqlite:
+                no_fsync_of_its_own(storage.engine)
+            self._storage = storage
         return self._storage
 
     def _create_study(self, sweep: Sweep):
@@ -266,6 +290,12 @@ class SweepController(LoggingConfigurable):
             self.log.exception("sweeps: Optuna storage on %s not ready; retrying in the loop", self.service.db_url)
         self._loop = PeriodicLoop("trainhub-sweep-controller", self.run_once, lambda: self.tick, self.log)
         self._loop.start()
+        self.service.engine.on_job_end(self._job_ended)
+
+    def _job_ended(self, job) -> None:
+        """A job's attempt ended (engine callback): a trial's job wakes the loop, which records it and refills its slot."""
+        if job.sweep_id is not None:
+            self.wake()
 
     async def stop(self) -> None:
         if self._loop is not None:
@@ -307,9 +337,10 @@ class SweepController(LoggingConfigurable):
         jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
         unfinished = [t for t in trials if t.state not in TRIAL_FINAL
                       or (t.job_id and jobs.get(t.job_id) is not None and jobs[t.job_id].state not in JOB_TERMINAL)]
-        if sum(t.state == COMPLETE for t in trials) != completed_before:
-            await self._update_importance(sweep, trials)
+        completed = sum(t.state == COMPLETE for t in trials) != completed_before
         if sweep.cancel_requested:
+            if completed:
+                await self._update_importance(sweep, trials)
             await self._wind_down(sweep, trials, jobs, unfinished)
             return
         stop = failing_fast(trials, min(self.fail_fast, sweep.n_trials))
@@ -319,11 +350,16 @@ class SweepController(LoggingConfigurable):
             await self._wind_down(sweep, trials, jobs, unfinished, final_state=FAILED, final_reason=stop)
             return
         if len(trials) >= sweep.n_trials and not unfinished:
+            if completed:
+                await self._update_importance(sweep, trials)
             await self._finish(sweep, trials)
             return
+        # the freed slots first: the importance (a PED-ANOVA fit) is not on the way to the next trial's start
         for _ in range(trials_to_start(sweep.n_trials, sweep.parallel, len(trials), len(unfinished))):
             if not await self._start_trial(sweep):
                 break
+        if completed:
+            await self._update_importance(sweep, trials)
 
     async def _follow(self, sweep: Sweep, t: SweepTrial, job) -> None:
         """Bring one trial up to date with its job."""

@@ -7,10 +7,12 @@ timestamped log and the exit file.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -357,3 +359,44 @@ def test_a_server_older_than_the_installed_packages_is_replaced(server, tmp_path
         os.utime(d, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert run.wait() == 0 and "fresh" in run.text()
     assert server.pid != first and state_of(first) is None
+
+
+async def test_the_launcher_tells_of_each_workers_end_without_being_polled(tmp_path):
+    """Exit events (watch_exits, pidfds): the engine learns of an end at once, not on its next periodic pass; one call
+    per worker, none again for a worker already seen, none left watched after cleanup."""
+    launcher = LocalLauncher(jobs_dir=str(tmp_path / "jobs"))
+    calls = []
+    ended = asyncio.Event()
+
+    def on_exit():
+        calls.append(time.monotonic())
+        ended.set()
+
+    launcher.watch_exits(on_exit)
+    try:
+        for job, started in ((job_view("j-000001", script="import time\ntime.sleep(0.3)\n"), "warm"),
+                             (job_view("j-000002", command="sleep 0.3"), "cold")):
+            calls.clear()
+            ended.clear()
+            state = await launcher.launch(job, [[]], base_env())
+            assert state["workers"][0]["start"] == started and not calls
+            await asyncio.wait_for(ended.wait(), 20)  # nobody polls meanwhile
+            assert Path(state["workers"][0]["exit_file"]).exists()  # the wrapper recorded the exit before it ended
+            assert [s.exit_code for s in await launcher.poll(job, state)] == [0]
+            await asyncio.sleep(0.1)
+            assert len(calls) == 1  # a poll of an ended worker watches nothing again
+            await launcher.cleanup(job, state)
+            assert launcher._exit_fds == {} and launcher._watched == set()
+        # a re-adopted running worker (a new launcher after a restart) is watched from its first poll
+        job = job_view("j-000003", script="import time\ntime.sleep(0.5)\n")
+        state = await launcher.launch(job, [[]], base_env())
+        adopter = LocalLauncher(jobs_dir=str(tmp_path / "jobs"))
+        seen = asyncio.Event()
+        adopter.watch_exits(seen.set)
+        assert [s.running for s in await adopter.poll(job, state)] == [True]
+        await asyncio.wait_for(seen.wait(), 20)
+        assert [s.exit_code for s in await adopter.poll(job, state)] == [0]
+        await adopter.cleanup(job, state)
+        await launcher.cleanup(job, state)
+    finally:
+        await launcher.close()

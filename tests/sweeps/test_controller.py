@@ -4,12 +4,14 @@ tests finish by hand (state + reported metrics), as the engine would."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 
 import pytest
+from waiting import await_for
 
-from trainhub.db import write_session
+from trainhub.db import get_engine, write_session
 from trainhub.services.jobs.models import JobMetric
 from trainhub.services.jobs.store import JobStore
 from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, trial_outcome,
@@ -244,3 +246,41 @@ async def test_a_stored_sweep_that_cannot_be_rebuilt_fails_alone_with_its_reason
     await c2.run_once()  # a failed sweep is not looked at again
     assert c2.store.get(broken.id).state == "failed"
     await c2.stop()
+
+
+async def test_the_end_of_a_trials_job_wakes_the_controller_at_once(env):
+    """With a tick far longer than the test, only the engine's end callback can refill the freed slot."""
+    service, caller = env
+    listeners = []
+    service.engine = SimpleNamespace(wake=lambda: None, on_job_end=listeners.append)
+    c = SweepController(service, tick=600.0)
+    await c.start()
+    try:
+        assert listeners == [c._job_ended]
+        sweep = await c.create(caller, spec(trials=2, parallel=1))
+        first = await await_for(lambda: c.read(c.store.trials, sweep.id), lambda ts: len(ts) == 1 and ts[0].job_id,
+                                what="the first trial's job", timeout=30)
+        job = service.store.get(first[0].job_id)
+        finish(service, job.id, values=[(0, 0.5)])
+        passes = c.passes
+        listeners[0](SimpleNamespace(id=999, sweep_id=None))  # not a trial's job: no pass
+        await asyncio.sleep(0.3)
+        assert c.passes == passes and len(c.store.trials(sweep.id)) == 1
+        listeners[0](job)
+        trials = await await_for(lambda: c.read(c.store.trials, sweep.id), lambda ts: len(ts) == 2 and ts[1].job_id,
+                                 what="the second trial, started on the callback", timeout=30)
+        assert (trials[0].state, trials[0].value) == ("complete", 0.5)
+    finally:
+        await c.stop()
+
+
+async def test_optuna_commits_without_an_fsync_of_its_own_and_the_platform_keeps_full_sync(env):
+    service, _caller = env
+    c = SweepController(service)
+    storage = await c.optuna(c.storage)
+    with storage.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    with get_engine(service.db_url).connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL: the trial rows make Optuna's durable
+    await c.stop()
