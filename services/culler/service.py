@@ -857,7 +857,6 @@ class GPUCuller(Application):
             self._regain_tasks.pop(holder, None)
             self._regain_wake.pop(holder, None)
             state.pop("cancel", None)
-            state["finished_at"] = self.policy.utcnow().isoformat()
         waited = round(asyncio.get_running_loop().time() - started, 1)
         reason = (f"the user asked for a GPU again: restarted on {state['profile']} after {waited:g} s"
                   if error is None else f"the user asked for a GPU again: {error}")
@@ -875,6 +874,7 @@ class GPUCuller(Application):
             except Exception:
                 self.prom.errors.labels("audit").inc()
                 self.log.exception("cannot write the get-a-GPU-again of %s to the audit trail (it is in this log)", holder)
+        state["finished_at"] = self.policy.utcnow().isoformat()  # last: everything about it is recorded
 
     def warnings_for(self, user: str) -> list[dict]:
         return [w for w in self.warnings.values() if w["user"] == user]
