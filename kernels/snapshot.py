@@ -1,7 +1,7 @@
 """Keep a kernel's variables across a release: save the user namespace, load it back in the next kernel.
 
 Before a server is restarted on another profile (the culler's ``release``, the user's "give my GPU
-back"), the server extension runs :func:`save` in each notebook's kernel. When a kernel is next
+back", and the reverse move, "get a GPU again"), the server extension runs :func:`save` in each notebook's kernel. When a kernel is next
 started for the same notebook (``$JPY_SESSION_NAME``, set by jupyter-server), the IPython startup
 file loads this module as an extension and :func:`restore_at_start` loads the variables back once;
 the first cell run then prints a short note of what was restored and what could not be kept.
@@ -10,7 +10,8 @@ What is kept: every value cloudpickle can pickle (lambdas, closures and classes 
 notebook included; importable modules are imported again). torch tensors (and so models and
 optimizers) are copied to the CPU while pickling (the running kernel's own objects are not moved),
 and values that share objects (a model and its optimizer) are pickled together, so they still share
-them. What is not: open files, generators, locks, sockets, CUDA streams and anything else pickle
+them. The snapshot does not record a tensor's device, so after a move onto GPUs tensors are restored on
+the CPU too; the note names them (``.to('cuda')`` moves them). What is not: open files, generators, locks, sockets, CUDA streams and anything else pickle
 refuses, each listed with the reason.
 """
 
@@ -138,13 +139,14 @@ def save(shell, data_path: str | os.PathLike, manifest_path: str | os.PathLike, 
         if tmp.exists():
             tmp.unlink()
     torch = sys.modules.get("torch")
-    moved = []
+    moved, tensors = [], []
     if torch is not None:
         moved = sorted(n for n, v in variables.items() if _on_device(torch, v))
+        tensors = sorted(n for n, v in variables.items() if isinstance(v, (torch.Tensor, torch.nn.Module)))
     manifest = {
         "notebook": notebook, "saved_at": time.time(), "kept": sorted(variables), "not_kept": not_kept,
-        "moved_to_cpu": moved, "bytes": data_path.stat().st_size, "seconds": round(time.monotonic() - started, 3),
-        "pid": os.getpid(),
+        "moved_to_cpu": moved, "tensors": tensors, "bytes": data_path.stat().st_size,
+        "seconds": round(time.monotonic() - started, 3), "pid": os.getpid(),
     }
     snapshots.write_manifest(manifest_path, manifest)
     return manifest
@@ -178,15 +180,29 @@ def save_for_session(shell, environ=os.environ) -> str:
                            notebook), default=str)
 
 
-def note(manifest: dict, restored: list[str], failed: str | None = None) -> str:
-    """The text shown in the notebook after a restore."""
+def has_gpus(environ=os.environ) -> bool:
+    """The kernel was given GPUs (``$CUDA_VISIBLE_DEVICES`` names some: a GPU profile's server)."""
+    visible = (environ.get("CUDA_VISIBLE_DEVICES") or "").strip()
+    return bool(visible) and visible not in ("-1", "none", "void", "NoDevFiles")
+
+
+def note(manifest: dict, restored: list[str], failed: str | None = None, gpus: bool = False) -> str:
+    """The text shown in the notebook after a restore (``gpus``: the restoring kernel has GPUs).
+
+    Tensors are restored on the CPU whichever way the server moved: the snapshot pickles CPU copies and
+    does not record the device a tensor was on. On a GPU server the note names them, to move back.
+    """
     lines = []
     if failed:
         lines.append(f"trainhub: your variables could not be restored after the server restarted ({failed}).")
     else:
         names = ", ".join(restored) if restored else "(none)"
         lines.append(f"trainhub: the server restarted on another profile; your variables were restored: {names}.")
-        if manifest.get("moved_to_cpu"):
+        if gpus:
+            on_cpu = [n for n in manifest.get("tensors") or manifest.get("moved_to_cpu") or [] if n in restored]
+            if on_cpu:
+                lines.append(f"  on the CPU (move them to the GPU with .to('cuda')): {', '.join(on_cpu)}")
+        elif manifest.get("moved_to_cpu"):
             lines.append(f"  now on the CPU: {', '.join(manifest['moved_to_cpu'])}")
     for name, why in sorted((manifest.get("not_kept") or {}).items()):
         lines.append(f"  not kept: {name} ({why})")
@@ -233,7 +249,7 @@ def restore_at_start(shell, environ=os.environ) -> str | None:
     manifest, names, error = restore(shell, snapshots.data_path(folder, notebook), snapshots.manifest_path(folder, notebook))
     if not manifest and not names and not error:
         return None
-    text = note(manifest, names, error)
+    text = note(manifest, names, error, gpus=has_gpus(environ))
     shell.user_ns["_trainhub_restored"] = {"note": text, "restored": names, "not_kept": manifest.get("not_kept", {}),
                                            "error": error}
     _show_once(shell, text)

@@ -53,6 +53,8 @@ from .warm import DEFAULT_IMPORTS, WarmPool, WarmProcess, WarmUnavailable, claim
 _starting: set[str] = set()
 # one ledger reconciler per allocator class in the hub process (see LocalGPUSpawner._ensure_reconciler)
 _reconcilers: dict[str, PeriodicLoop] = {}
+# the server queue of each ledger database, for the reconciler's look at granted requests
+_queues: dict[str, ServerQueue] = {}
 
 
 def server_alive(h: Holding) -> bool:
@@ -65,6 +67,18 @@ def server_alive(h: Holding) -> bool:
     return h.holder in _starting
 
 
+def reserved_holders(allocator: GPUAllocator) -> set[str]:
+    """Servers whose GPUs were granted in the queue and wait, with no process yet, for the server's restart
+    on a GPU profile (the culler's "get a GPU again"): not gone, whatever their ledger rows say."""
+    db_url = getattr(allocator, "db_url", "")
+    if not db_url:
+        return set()
+    queue = _queues.get(db_url)
+    if queue is None:
+        queue = _queues[db_url] = ServerQueue(db_url)  # creates the table once, under the write lock
+    return queue.granted_holders()
+
+
 def start_ledger_reconciler(allocator: GPUAllocator, interval, log) -> PeriodicLoop:
     """The hub's loop that frees, every ``interval()`` seconds, the devices of servers that are gone (a release
     that failed on a locked database, a crash); one per allocator class in the hub process. Needs a running loop."""
@@ -72,7 +86,8 @@ def start_ledger_reconciler(allocator: GPUAllocator, interval, log) -> PeriodicL
     loop = _reconcilers.get(key)
     if loop is None:
         async def reconcile():
-            await asyncio.to_thread(allocator.reconcile, server_alive)
+            reserved = await asyncio.to_thread(reserved_holders, allocator)
+            await asyncio.to_thread(allocator.reconcile, lambda h: server_alive(h) or h.holder in reserved)
 
         loop = _reconcilers[key] = PeriodicLoop("trainhub-ledger-reconcile", reconcile, interval, log)
         loop.start()
@@ -579,7 +594,12 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         if token:
             await asyncio.to_thread(terminate_tagged, HOLDER_VAR, token, 3.0)
         try:
-            released = await asyncio.to_thread(self.allocator.release, self.holder)
+            if not self.devices and self.holder in await asyncio.to_thread(reserved_holders, self.allocator):
+                # a CPU server stopping for its restart on GPUs granted in the queue: those are the next start's
+                self.log.info("Leaving the GPUs reserved for the restart of %s in the ledger", self._log_name)
+                released = []
+            else:
+                released = await asyncio.to_thread(self.allocator.release, self.holder)
         except Exception as e:  # a locked database: the hub's ledger reconciler frees them within one poll
             self.log.warning("Could not release the devices of %s now (%s); the ledger reconciler will", self._log_name, e)
             released = []

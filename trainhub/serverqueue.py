@@ -10,6 +10,13 @@ limits and the head's reservation), which the spawner shows as JupyterHub progre
 
 A request whose spawner stopped looking (a cancelled spawn, a restarted hub) is dropped after
 :data:`STALE_AFTER` seconds without a heartbeat, and what it was granted goes back to the pool.
+
+The culler's "get a GPU again" waits here too, for a server that runs on the CPU meanwhile: the
+culler heartbeats the request instead of a spawner, and once it is granted the devices are held
+in the ledger under the server's holder, with no process, until the server restarts on the GPU
+profile and its spawner takes them over (its allocation for the same holder replaces them). Until
+then :meth:`ServerQueue.granted_holders` tells the hub's ledger reconciler and the stopping CPU
+server's spawner to leave them alone.
 """
 
 from __future__ import annotations
@@ -109,6 +116,18 @@ class ServerQueue:
         with write_session(self.db_url) as s:
             s.execute(delete(ServerRequest).where(ServerRequest.holder == holder))
             s.commit()
+
+    def get(self, holder: str) -> QueuedServer | None:
+        with self._session() as s:
+            row = s.get(ServerRequest, holder)
+            return None if row is None else _value(row)
+
+    def granted_holders(self) -> set[str]:
+        """Holders whose request was granted and is still looked after (its devices wait for the server's start)."""
+        now = time.time()
+        with self._session() as s:
+            return {r.holder for r in s.scalars(select(ServerRequest).where(ServerRequest.state == GRANTED))
+                    if now - r.seen <= STALE_AFTER}
 
     def all(self) -> list[QueuedServer]:
         with self._session() as s:

@@ -18,6 +18,7 @@ Routes (under the server's base URL; JSON errors ``{"status", "message"}``):
 - ``GET  trainhub/culler/warnings``, ``POST trainhub/culler/keep`` forwarded to ``$TRAINHUB_CULLER_URL``
 - ``GET  trainhub/gpu/status``                               this server's GPUs and idle clock (the culler's api/gpus)
 - ``POST trainhub/culler/release``                           "give my GPU back" (the culler's api/release)
+- ``GET|POST|DELETE trainhub/culler/regain``                 "get a GPU again" (the culler's api/regain)
 - ``POST trainhub/snapshot``                                 every kernel saves its variables before a release
   (:mod:`.snapshot`; the culler calls it)
 """

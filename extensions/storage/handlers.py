@@ -519,6 +519,45 @@ class CullerReleaseHandler(CullerProxyHandler):
         await self._call("POST", "api/release", {"server": self.browser.server_name})
 
 
+class CullerRegainHandler(CullerProxyHandler):
+    """"Get a GPU again" for this server: ``POST $TRAINHUB_CULLER_URL/api/regain`` with ``{"server":
+    $JUPYTERHUB_SERVER_NAME, "profile": <the body's profile>}`` (the request waits in line while this server
+    runs on; once the GPUs are granted the culler snapshots the kernels and restarts it on them), ``GET`` the
+    request's state and the GPU profiles one may ask for, ``DELETE`` to withdraw it while it waits."""
+
+    def _query(self) -> str:
+        return "api/regain?" + urlencode({"server": self.browser.server_name})
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        if not self.browser.culler_url:
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"request": None, "profiles": [], "culler": False}))
+            return
+        await self._call("GET", self._query())
+
+    @web.authenticated
+    @authorized
+    async def post(self):
+        body = self.request.body.strip()
+        try:
+            data = json.loads(body) if body else {}
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("profile", ""), (str, type(None))):
+            raise InvalidRequest('the body must be {"profile": "<GPU profile slug>"} or empty')
+        forward = {"server": self.browser.server_name}
+        if data.get("profile"):
+            forward["profile"] = data["profile"]
+        await self._call("POST", "api/regain", forward)
+
+    @web.authenticated
+    @authorized
+    async def delete(self):
+        await self._call("DELETE", self._query())
+
+
 class NoRouteHandler(StorageHandler):
     """Any other path under ``trainhub/``: a JSON 404 like every other error here (not jupyter-server's page)."""
 
@@ -539,6 +578,7 @@ def default_handlers(base_url: str, browser: StorageBrowser) -> list:
         (url_path_join(base_url, "trainhub", "culler", "keep"), CullerKeepHandler),
         (url_path_join(base_url, "trainhub", "gpu", "status"), GPUStatusHandler),
         (url_path_join(base_url, "trainhub", "culler", "release"), CullerReleaseHandler),
+        (url_path_join(base_url, "trainhub", "culler", "regain"), CullerRegainHandler),
         (url_path_join(base_url, "trainhub", "snapshot"), SnapshotHandler),
         (url_path_join(base_url, "trainhub") + r"(?:/.*)?", NoRouteHandler),
     ]

@@ -2,7 +2,7 @@
 
 - :mod:`.policy` — pure, time-seamed decision logic (also replayed by benchmarks/culler_bench.py)
 - :mod:`.service` — the JupyterHub-managed service process (``python -m trainhub.services.culler``)
-- :mod:`.handlers` — its small HTTP API (metrics, decisions, keep, warnings, gpus)
+- :mod:`.handlers` — its small HTTP API (metrics, decisions, keep, release, regain, warnings, gpus)
 - :mod:`.models` — the ``culler_events`` audit-trail table
 
 See docs/culler.md.
@@ -13,6 +13,7 @@ See docs/culler.md.
 HUB_SCOPES = (
     "list:users",  # GET /hub/api/users?state=active
     "read:servers",  # the server models in that list (url, ready, pending, started)
+    "read:users:groups",  # "get a GPU again": the profiles and group shares the user's groups allow
     "delete:servers",  # stop: DELETE /hub/api/users/<name>/server(s/<server>)
     "start:servers",  # release: POST /hub/api/users/<name>/server(s/<server>) {"profile": <cpu>}
     "access:servers",  # GET /user/<name>/<server>/api/kernels through the proxy

@@ -6,6 +6,11 @@ GET  {prefix}api/decisions  audit trail, newest first: ?user=&limit=&before=&act
 POST {prefix}api/keep       {"server": ""}: "keep my GPU", restarts the caller's own idle clock (keep_scope!user=<self>)
 POST {prefix}api/release    {"server": ""}: "give my GPU back" now: the kernels save their variables, the caller's own
                             server restarts on the CPU profile (keep_scope!user=<self>); 202, done in the background
+POST {prefix}api/regain     {"server": "", "profile": "gpu-1"}: "get a GPU again": the request waits in the jobs
+                            queue while the server runs on the CPU; once the GPUs are granted the kernels save their
+                            variables and the server restarts on the profile (keep_scope!user=<self>); 202
+GET  {prefix}api/regain     ?server=: that request's state (position, reason, estimate) and the GPU profiles one may ask for
+DELETE {prefix}api/regain   ?server=: withdraw a request still waiting
 GET  {prefix}api/warnings   the caller's standing warnings (for the JupyterLab notification)
 GET  {prefix}api/gpus       ?server=<name>[&user=]: one server's devices (utilisation, memory, simulated) and
                             idle clock, for the JupyterLab status bar (decisions_scope!user=<owner>; another
@@ -131,6 +136,55 @@ class ReleaseHandler(CullerHandler):
         self.write_json(answer, status=202)
 
 
+class RegainHandler(CullerHandler):
+    """"Get a GPU again": one's own CPU server, moved to a GPU profile once the queue grants the GPUs
+    (see GPUCuller.regain). POST asks (202), GET follows the request and lists the GPU profiles one may
+    ask for, DELETE withdraws a request still in line."""
+
+    def _own(self, body: dict | None = None) -> tuple[str, str]:
+        model = self.current_user
+        if model.get("kind", "user") != "user":
+            raise Forbidden("only users move their own servers to GPUs")
+        body = body or {}
+        owner = body.get("user", self.get_argument("user", model["name"]))
+        if owner != model["name"]:
+            raise Forbidden("you may only move your own server to GPUs")
+        if not self.has_scope(self.culler.keep_scope, model["name"]):
+            raise Forbidden(f"missing scope {self.culler.keep_scope}")
+        server = body.get("server", self.get_argument("server", ""))
+        if not isinstance(server, str):
+            raise InvalidRequest('"server" must be a server name ("" for the default server)')
+        return model["name"], server
+
+    @web.authenticated
+    async def post(self):
+        body = self.body_json()
+        user, server = self._own(body)
+        profile = body.get("profile")
+        if profile is not None and (not isinstance(profile, str) or not profile):
+            raise InvalidRequest('"profile" must be a GPU profile\'s slug (or left out for the smallest one open to you)')
+        answer = await self.culler.regain(user, server, profile, admin=bool(self.current_user.get("admin")))
+        self.write_json(answer, status=202)
+
+    @web.authenticated
+    async def get(self):
+        user, server = self._own()
+        try:
+            model = await self.culler.client.user_model(user)
+            _, _, profiles = await self.culler._user_profiles(
+                {**model, "admin": model.get("admin") or self.current_user.get("admin")})
+        except Exception as e:  # the request's state is still worth answering
+            self.log.warning("cannot list the GPU profiles of %s: %s", user, e)
+            profiles = []
+        self.write_json({"request": self.culler.regain_status(user, server),
+                         "profiles": [{"slug": p.slug, "display_name": p.display_name, "gpus": p.gpus} for p in profiles]})
+
+    @web.authenticated
+    async def delete(self):
+        user, server = self._own()
+        self.write_json(self.culler.cancel_regain(user, server))
+
+
 class WarningsHandler(CullerHandler):
     @web.authenticated
     async def get(self):
@@ -173,6 +227,7 @@ def default_handlers(prefix: str) -> list[tuple]:
         (prefix + "api/decisions", DecisionsHandler),
         (prefix + "api/keep", KeepHandler),
         (prefix + "api/release", ReleaseHandler),
+        (prefix + "api/regain", RegainHandler),
         (prefix + "api/warnings", WarningsHandler),
         (prefix + "api/gpus", GPUStatusHandler),
     ]

@@ -107,14 +107,29 @@ class HubClient(LoggingConfigurable):
         resp = await self._fetch(self.hub_api_url + self._server_path(user, server_name), method="DELETE")
         return resp.code != 202
 
-    async def server_model(self, user: str, server_name: str) -> dict | None:
+    async def user_model(self, user: str) -> dict:
+        """The hub's model of ``user``: name, groups (read:users:groups) and servers (read:servers)."""
         resp = await self._fetch(f"{self.hub_api_url}/users/{quote(user, safe='')}")
-        return (json.loads(resp.body).get("servers") or {}).get(server_name)
+        return json.loads(resp.body)
+
+    async def server_model(self, user: str, server_name: str) -> dict | None:
+        return ((await self.user_model(user)).get("servers") or {}).get(server_name)
 
     async def wait_stopped(self, user: str, server_name: str, timeout: float) -> None:
         await apoll(lambda: self.server_model(user, server_name),
                     lambda model: not model or (not model.get("ready") and not model.get("pending")),
                     what=f"server {user}/{server_name} to stop", describe=lambda model: f"still {model.get('pending') or 'running'}",
+                    start=1.0, factor=1.0, timeout=timeout)
+
+    async def wait_started(self, user: str, server_name: str, timeout: float) -> None:
+        """Until the server is ready; raises when it is gone again (its start failed) or on the timeout."""
+        def ready(model) -> bool:
+            if not model:
+                raise RuntimeError(f"the server {user}/{server_name} did not start (its start failed; see the hub log)")
+            return bool(model.get("ready"))
+
+        await apoll(lambda: self.server_model(user, server_name), ready, what=f"server {user}/{server_name} to start",
+                    describe=lambda model: f"still {(model or {}).get('pending') or 'not ready'}",
                     start=1.0, factor=1.0, timeout=timeout)
 
     async def start_server(self, user: str, server_name: str, profile: str) -> None:

@@ -448,7 +448,7 @@ def test_culler_role_is_least_privilege(fleet):
     assert me["kind"] == "service" and me["name"] == "trainhub-culler"
     # what the token really holds: the role's scopes and the user names they imply, nothing else
     assert set(me["scopes"]) == {
-        "list:users", "read:servers", "delete:servers", "start:servers", "access:servers",
+        "list:users", "read:servers", "read:users:groups", "delete:servers", "start:servers", "access:servers",
         "access:services!service=trainhub", "custom:trainhub:jobs:read", "read:users:name",
     }, me["scopes"]
     assert p.api("POST", "/users/cull-intruder", token).status_code == 403

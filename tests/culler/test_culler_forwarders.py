@@ -1,6 +1,6 @@
 """The storage extension's forwarders for the JupyterLab idle-GPU notification
-(``trainhub/culler/warnings`` and ``trainhub/culler/keep``) and the status bar's GPU line
-(``trainhub/gpu/status``), against a stand-in culler that
+(``trainhub/culler/warnings`` and ``trainhub/culler/keep``), the status bar's GPU line
+(``trainhub/gpu/status``) and "get a GPU again" (``trainhub/culler/regain``), against a stand-in culler that
 records what it receives. The real culler is exercised by tests/culler/test_culler_notification.py."""
 
 from __future__ import annotations
@@ -53,12 +53,20 @@ class FakeCuller:
                     self._reply(200, {"items": outer.warnings})
                 elif self.path.startswith("/services/trainhub-culler/api/gpus?"):
                     self._reply(200, outer.gpus)
+                elif self.path.startswith("/services/trainhub-culler/api/regain?"):
+                    self._reply(200, {"request": None, "profiles": [{"slug": "gpu-1", "display_name": "1 GPU", "gpus": 1}]})
                 else:
                     self._reply(404, {"status": 404, "message": "nope"})
 
+            def do_DELETE(self):
+                self._record()
+                self._reply(200, {"message": "Request withdrawn: the server stays on the CPU."})
+
             def do_POST(self):
                 self._record()
-                if outer.keep_status != 200:
+                if self.path.endswith("/api/regain"):
+                    self._reply(202, {"state": "waiting", "profile": "gpu-2"})
+                elif outer.keep_status != 200:
                     self._reply(outer.keep_status, {"status": outer.keep_status, "message": "you may only keep your own server"})
                 else:
                     self._reply(200, {"user": "alice", "server": "gpu", "kept_at": "2026-11-21T20:01:00+00:00",
@@ -137,6 +145,26 @@ def test_gpu_status_asks_for_this_server_only(server, culler):
                              "auth": f"token {SERVER_TOKEN}", "body": b""}]
 
 
+def test_get_a_gpu_again_is_for_this_server_only(server, culler):
+    culler.calls.clear()
+    r = server.request("POST", "culler/regain", data=json.dumps({"profile": "gpu-2", "server": "other", "user": "bob"}).encode())
+    assert r.status_code == 202 and r.json()["state"] == "waiting", r.text
+    r = server.get("culler/regain", server="other")
+    assert r.status_code == 200 and r.json()["profiles"][0]["slug"] == "gpu-1", r.text
+    r = server.request("DELETE", "culler/regain")
+    assert r.status_code == 200 and "stays on the CPU" in r.json()["message"], r.text
+    post, get, delete = culler.calls
+    assert (post["method"], post["path"], json.loads(post["body"])) == (
+        "POST", "/services/trainhub-culler/api/regain", {"server": "gpu", "profile": "gpu-2"})
+    assert (get["method"], get["path"]) == ("GET", "/services/trainhub-culler/api/regain?server=gpu")
+    assert (delete["method"], delete["path"]) == ("DELETE", "/services/trainhub-culler/api/regain?server=gpu")
+    assert {c["auth"] for c in culler.calls} == {f"token {SERVER_TOKEN}"}
+    culler.calls.clear()
+    r = server.request("POST", "culler/regain", data=b'{"profile": 3}')
+    assert r.status_code == 400 and "GPU profile slug" in r.json()["message"], r.text
+    assert culler.calls == []
+
+
 def test_culler_errors_come_back_as_json(server, culler):
     culler.keep_status = 403
     try:
@@ -163,6 +191,10 @@ def test_no_culler_configured(tmp_path):
         r = s.get("gpu/status")
         assert r.status_code == 200 and r.json() == {"devices": [], "clock": None, "can_keep": False, "culler": False}
         r = s.request("POST", "culler/keep", data=b"")
+        assert r.status_code == 503 and "TRAINHUB_CULLER_URL" in r.json()["message"]
+        r = s.get("culler/regain")
+        assert r.status_code == 200 and r.json() == {"request": None, "profiles": [], "culler": False}
+        r = s.request("POST", "culler/regain", data=b"")
         assert r.status_code == 503 and "TRAINHUB_CULLER_URL" in r.json()["message"]
     finally:
         _stop(s)

@@ -126,3 +126,33 @@ def test_expired_snapshots_are_deleted_when_a_kernel_looks(shell, tmp_path):
 
 def test_a_kernel_of_no_notebook_is_skipped(shell):
     assert json.loads(snapshot.save_for_session(shell, {})) == {"skipped": "the kernel belongs to no notebook"}
+
+
+def test_moving_onto_gpus_restores_tensors_on_the_cpu_and_says_so(shell, tmp_path):
+    """The reverse move (CPU server -> GPU server): the snapshot does not record devices, so tensors come
+    back on the CPU, and a kernel with GPUs names them in the note."""
+    torch = pytest.importorskip("torch")
+    env = env_for(tmp_path)
+    shell.user_ns.update(model=torch.nn.Linear(2, 2), t=torch.zeros(3), n=1)
+    manifest = json.loads(snapshot.save_for_session(shell, env))
+    assert manifest["tensors"] == ["model", "t"] and manifest["moved_to_cpu"] == []
+    shell.reset(new_session=True)
+    text = snapshot.restore_at_start(shell, {**env, "CUDA_VISIBLE_DEVICES": "1"})
+    assert "on the CPU (move them to the GPU with .to('cuda')): model, t" in text, text
+    assert shell.user_ns["t"].device.type == "cpu"
+
+
+def test_the_note_names_tensors_on_the_cpu_only_in_a_kernel_with_gpus():
+    manifest = {"tensors": ["model", "t"], "moved_to_cpu": ["model"], "not_kept": {}}
+    on_gpu = snapshot.note(manifest, ["model", "n", "t"], gpus=True)
+    assert "on the CPU (move them to the GPU with .to('cuda')): model, t" in on_gpu and "now on the CPU" not in on_gpu
+    on_cpu = snapshot.note(manifest, ["model", "n", "t"], gpus=False)
+    assert "now on the CPU: model" in on_cpu and "move them to the GPU" not in on_cpu
+    # a snapshot from before "tensors" was recorded: the names moved to the CPU
+    assert "): model" in snapshot.note({"moved_to_cpu": ["model"]}, ["model"], gpus=True)
+    # nothing restored, nothing to move
+    assert "move them" not in snapshot.note(manifest, ["n"], gpus=True)
+    assert snapshot.has_gpus({"CUDA_VISIBLE_DEVICES": "0,1"})
+    for visible in ("", "-1", "void", " "):
+        assert not snapshot.has_gpus({"CUDA_VISIBLE_DEVICES": visible})
+    assert not snapshot.has_gpus({})

@@ -6,7 +6,10 @@
  * (`PageConfig.getOption('hubServerName')`, "" for the default server) and shows it once per
  * `warned_at` as a JupyterLab warning notification with "Keep my GPU", "Give my GPU back" (a release now:
  * the kernels' variables are kept, see docs/culler.md) and "Save all" buttons. The command
- * `trainhub:give-gpu-back` does the same from the command palette.
+ * `trainhub:give-gpu-back` does the same from the command palette, and `trainhub:get-gpu-again` ("Get a GPU
+ * again", next to it in the palette) moves a CPU server back onto GPUs: the request waits in the platform's queue
+ * (a notification shows its place in line, with Cancel) while the server runs on, then the server restarts on the
+ * GPU profile and each notebook gets its variables back.
  * `docmanager:save-all` runs once automatically when a warning first appears. The notification
  * is dismissed when the user keeps the GPU or when the warning disappears from the culler.
  *
@@ -15,7 +18,7 @@
  * (milliseconds; localStorage wins).
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { Notification } from '@jupyterlab/apputils';
+import { ICommandPalette, InputDialog, Notification } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { Poll } from '@lumino/polling';
@@ -63,6 +66,37 @@ export function describe(w: ICullerWarning): string {
   const summary = `${gpus} idle: ${when} ${what} unless you keep it.`;
   const full = `${summary} ${w.message}`;
   return full.length <= 140 ? full : summary;
+}
+
+export interface IRegainRequest {
+  user: string;
+  server: string;
+  profile: string;
+  gpus: number;
+  state: 'waiting' | 'granted' | 'restarting' | 'done' | 'cancelled' | 'failed';
+  position: number | null;
+  waiting: number | null;
+  reason: string;
+  eta: string | null;
+  devices: number[];
+  message: string;
+}
+
+export interface IRegainInfo {
+  request: IRegainRequest | null;
+  profiles: { slug: string; display_name: string; gpus: number }[];
+}
+
+/** "In line for gpu-1: number 2 of 3 (about 14:05). All 4 GPUs are held." (at most 140 characters) */
+export function describeRegain(q: IRegainRequest): string {
+  if (q.state !== 'waiting') {
+    return `GPUs ${q.devices.join(', ')} are yours: this server restarts on ${q.profile} now (variables kept).`;
+  }
+  const at = q.eta ? new Date(q.eta) : null;
+  const eta = at && !Number.isNaN(at.getTime()) ? ` (about ${at.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })})` : '';
+  const place = q.position ? `: number ${q.position} of ${q.waiting ?? q.position}` : '';
+  const full = `In line for ${q.profile}${place}${eta}. ${q.reason}`;
+  return full.length <= 140 ? full : full.slice(0, 137) + '...';
 }
 
 /** Watches this server's warnings and drives the notification. */
@@ -155,6 +189,84 @@ export class CullerWatcher {
     }
   }
 
+  /**
+   * "Get a GPU again": pick a GPU profile, save the documents, and ask the culler (through this server) to move
+   * this CPU server onto GPUs. The request waits in the platform's queue while the server keeps running here; its
+   * position and reason are shown, and once the GPUs are granted the server restarts on them (each notebook
+   * gets its variables back).
+   */
+  async getGpuAgain(): Promise<void> {
+    let info: IRegainInfo | undefined;
+    try {
+      info = await request<IRegainInfo>(this.settings, 'trainhub/culler/regain');
+    } catch (error) {
+      Notification.error(`Could not ask for a GPU: ${(error as Error).message}`, { autoClose: false });
+      return;
+    }
+    const profiles = info?.profiles ?? [];
+    if (!profiles.length) {
+      Notification.error('No GPU profile is open to you on this platform.', { autoClose: false });
+      return;
+    }
+    const labels = profiles.map(p => `${p.display_name} (${p.slug})`);
+    const choice = await InputDialog.getItem({
+      title: 'Get a GPU again',
+      label: 'This server restarts on the profile once its GPUs are yours; it runs on the CPU until then.',
+      items: labels,
+      current: 0,
+      okLabel: 'Ask'
+    });
+    if (!choice.button.accept || choice.value === null) {
+      return;
+    }
+    const profile = profiles[Math.max(0, labels.indexOf(choice.value))];
+    await this.saveAll();
+    try {
+      const r = await request<IRegainRequest>(this.settings, 'trainhub/culler/regain', {
+        method: 'POST',
+        body: JSON.stringify({ profile: profile.slug })
+      });
+      this.followRegain(r?.message || `In line for ${profile.display_name}.`);
+    } catch (error) {
+      Notification.error(`Could not ask for a GPU: ${(error as Error).message}`, { autoClose: false });
+    }
+  }
+
+  /** Show the request's place in line until the server restarts (the page then loses this server). */
+  private followRegain(first: string): void {
+    const id = Notification.info(first, {
+      autoClose: false,
+      actions: [
+        {
+          label: 'Cancel',
+          caption: 'Withdraw the request: the server stays on the CPU',
+          callback: () => {
+            void request(this.settings, 'trainhub/culler/regain', { method: 'DELETE' }).catch(error =>
+              Notification.error(`Could not cancel: ${(error as Error).message}`, { autoClose: false })
+            );
+          }
+        }
+      ]
+    });
+    const timer = window.setInterval(async () => {
+      let q: IRegainRequest | null = null;
+      try {
+        q = (await request<IRegainInfo>(this.settings, 'trainhub/culler/regain'))?.request ?? null;
+      } catch {
+        return; // the server is restarting: nothing to show until the page is reloaded
+      }
+      if (!q || q.state === 'done' || q.state === 'cancelled' || q.state === 'failed') {
+        window.clearInterval(timer);
+        Notification.dismiss(id);
+        if (q?.state === 'failed') {
+          Notification.error(q.message, { autoClose: false });
+        }
+        return;
+      }
+      Notification.update({ id, message: describeRegain(q), type: 'info', autoClose: false });
+    }, 5000);
+  }
+
   private async saveAll(): Promise<void> {
     try {
       if (this.app.commands.hasCommand('docmanager:save-all')) {
@@ -177,12 +289,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'trainhub:culler-notification',
   description: 'Warns before the idle-GPU culler releases this server, with a "Keep my GPU" button.',
   autoStart: true,
-  activate: (app: JupyterFrontEnd) => {
+  optional: [ICommandPalette],
+  activate: (app: JupyterFrontEnd, palette: ICommandPalette | null) => {
     const watcher = new CullerWatcher(app, app.serviceManager.serverSettings, PageConfig.getOption('hubServerName') || '');
     app.commands.addCommand('trainhub:give-gpu-back', {
       label: 'Give my GPU back (restart on CPU, keep variables)',
       execute: () => watcher.giveBack()
     });
+    app.commands.addCommand('trainhub:get-gpu-again', {
+      label: 'Get a GPU again (wait in line, restart on GPUs, keep variables)',
+      execute: () => watcher.getGpuAgain()
+    });
+    for (const command of ['trainhub:give-gpu-back', 'trainhub:get-gpu-again']) {
+      palette?.addItem({ command, category: 'trainhub' });
+    }
     const interval = pollInterval();
     const poll = new Poll({
       auto: false,
