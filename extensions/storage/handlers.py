@@ -580,5 +580,6 @@ def default_handlers(base_url: str, browser: StorageBrowser) -> list:
         (url_path_join(base_url, "trainhub", "culler", "release"), CullerReleaseHandler),
         (url_path_join(base_url, "trainhub", "culler", "regain"), CullerRegainHandler),
         (url_path_join(base_url, "trainhub", "snapshot"), SnapshotHandler),
-        (url_path_join(base_url, "trainhub") + r"(?:/.*)?", NoRouteHandler),
+        # the rest of trainhub/ is a JSON 404, except what the sibling tensorboard extension serves
+        (url_path_join(base_url, "trainhub") + r"(?:/(?!tensorboard(?:/|$)).*)?", NoRouteHandler),
     ]
