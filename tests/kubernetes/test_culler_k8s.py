@@ -92,6 +92,7 @@ def make_culler(kube, prom, clock) -> GPUCuller:
     c.PodDCGMSource.url = prom.url
     c.CullPolicy.default_timeout = 600.0
     c.CullPolicy.warning_period = 300.0
+    c.CullPolicy.release_timeout = 0  # this clock's warning, then release (the 5-min release clock: tests/culler)
     c.CullPolicy.utcnow = clock
     return GPUCuller(config=c, client=FakeHub({"alice": ["gpu"], "bob": ["gpu"]}))
 
