@@ -27,6 +27,7 @@ from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, Enum, Instance, Integer, List, Unicode, default
 
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
+from trainhub.kube import kueue
 from trainhub.kube.pods import shm_parts
 from trainhub.kube.reflector import GPUPodReflector, NodeReflector
 from trainhub.profiles import Profile, ProfileCatalog
@@ -183,6 +184,15 @@ class GPUKubeSpawner(KubeSpawner):
         help="Resources of each fuse-sidecar container.",
     ).tag(config=True)
 
+    kueue_max_queue_wait = Integer(
+        6 * 3600,
+        help="""Seconds a notebook pod may wait gated by Kueue (the kueue.x-k8s.io/admission scheduling gate, Kueue's
+        pod integration) before the spawn fails with Kueue's reason. Time spent gated does not count against
+        start_timeout, which still bounds the rest (creating the pod, pulling, starting). Applies when notebook pods
+        carry Kueue's queue label (kueue.x-k8s.io/queue-name in extra_labels, as the Helm chart's
+        kueue.manageNotebooks sets); 0 turns the Kueue wait off (gated time counts against start_timeout).""",
+    ).tag(config=True)
+
     storage_uid = Integer(1000, allow_none=True, help="Owner uid of the mounted files (None = driver default).").tag(config=True)
     storage_gid = Integer(100, allow_none=True, help="Owner gid of the mounted files (None = driver default).").tag(config=True)
 
@@ -292,12 +302,135 @@ class GPUKubeSpawner(KubeSpawner):
             m.reservation_pod(self.namespace, self.pod_name, self.user.name, profile.gpu_resource, profile.gpus),
         )
 
+    # ---- Kueue: a gated pod is queued, not late --------------------------------------------------
+
+    def kueue_managed(self) -> bool:
+        """Whether Kueue may gate this server's pod (its queue label is configured) and the wait is on."""
+        return self.kueue_max_queue_wait > 0 and kueue.QUEUE_LABEL in (self.extra_labels or {})
+
+    def start(self):
+        future = super().start()
+        self._kueue_queued = None  # Kueue's reason while the pod is gated, for progress()
+        if self.kueue_managed():
+            # JupyterHub reads start_timeout right after start() returns and cancels the spawn after it: give it
+            # the queue wait too; _kueue_guard enforces both limits separately and _start restores the value.
+            self._pod_start_timeout = self.start_timeout
+            self.start_timeout = self._pod_start_timeout + self.kueue_max_queue_wait
+        return future
+
     async def _start(self):
         try:
-            return await super()._start()
+            if getattr(self, "_pod_start_timeout", None) is None:
+                return await super()._start()
+            return await self._start_guarded(self._pod_start_timeout)
         except BaseException:
             GPUKubeSpawner._reservations.pop(self._own_key(), None)
             raise
+        finally:
+            if getattr(self, "_pod_start_timeout", None) is not None:
+                self.start_timeout, self._pod_start_timeout = self._pod_start_timeout, None
+            self._kueue_queued = None
+
+    async def _start_guarded(self, pod_timeout: float):
+        """KubeSpawner's start next to a guard that times gated and other time apart; the first to end wins."""
+        start = asyncio.ensure_future(super()._start())
+        guard = asyncio.ensure_future(self._kueue_guard(pod_timeout, self.kueue_max_queue_wait))
+        try:
+            await asyncio.wait({start, guard}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (start, guard):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(start, guard, return_exceptions=True)
+        if start.done() and not start.cancelled() and start.exception() is None:
+            return start.result()
+        if start.done() and not start.cancelled():
+            raise start.exception()
+        raise guard.exception()
+
+    async def _kueue_guard(self, pod_timeout: float, max_wait: float) -> None:
+        """Raise TimeoutError when the pod was gated longer than max_wait, or otherwise pending past pod_timeout."""
+        loop = asyncio.get_running_loop()
+        key = self._own_key()
+        last = loop.time()
+        active = queued = 0.0
+        next_lookup = 0.0
+        while True:
+            await asyncio.sleep(min(kueue.POLL_SECONDS, max(pod_timeout, 0.1)))
+            now = loop.time()
+            reflector = self.pod_reflector
+            pod = reflector.pods.get(key) if reflector is not None else None
+            if pod is not None and kueue.gated(pod):
+                queued += now - last
+                if self._kueue_queued is None or now >= next_lookup:
+                    self._kueue_queued = await self.kueue_reason(pod)
+                    next_lookup = now + kueue.LOOKUP_SECONDS
+                if queued > max_wait:
+                    raise TimeoutError(f"pod {key} still queued by Kueue after {kueue.duration(max_wait)}: {self._kueue_queued}")
+            else:
+                active += now - last
+                self._kueue_queued = None
+                if active > pod_timeout:
+                    raise TimeoutError(f"pod {key} did not start in {pod_timeout} seconds!")
+            last = now
+
+    async def kueue_reason(self, pod: dict) -> str:
+        """Kueue's reason for holding ``pod``, from its Workload's conditions; a generic line when none is readable."""
+        from kubespawner.clients import shared_client
+
+        api = shared_client("CustomObjectsApi")
+        meta = pod.get("metadata") or {}
+        try:
+            resp = await asyncio.wait_for(api.list_namespaced_custom_object(
+                kueue.GROUP, kueue.VERSION, meta.get("namespace") or self.namespace, kueue.WORKLOADS,
+            ), self.k8s_api_request_timeout)
+        except (ApiException, asyncio.TimeoutError) as e:
+            self.log.debug("trainhub: reading Kueue workloads for %s failed: %s", self._own_key(), e)
+            return kueue.NO_REASON
+        workload = kueue.workload_of(pod, resp.get("items") or [])
+        return kueue.reason(workload)
+
+    def kueue_message(self) -> str | None:
+        """The progress line while the pod is queued by Kueue, else None."""
+        reason = getattr(self, "_kueue_queued", None)
+        return f"Queued by Kueue: {reason}" if reason else None
+
+    async def progress(self):
+        """KubeSpawner's events, plus "Queued by Kueue: <reason>" each time Kueue's reason changes."""
+        if not self.kueue_managed():
+            async for event in super().progress():
+                yield event
+            return
+        events: asyncio.Queue = asyncio.Queue()
+
+        async def pump(inner):
+            try:
+                async for event in inner:
+                    await events.put(event)
+            finally:
+                events.put_nowait(None)
+
+        task = asyncio.ensure_future(pump(super().progress()))
+        shown, inner_done = None, False
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(events.get(), kueue.POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    event = False
+                if event is None:
+                    inner_done = True
+                elif event:
+                    yield event
+                message = self.kueue_message()
+                if message and message != shown:
+                    yield {"message": message}
+                shown = message
+                future = self._start_future
+                if inner_done and (future is None or future.done()):
+                    return
+        finally:
+            task.cancel()
 
     async def stop(self, now=False):
         GPUKubeSpawner._reservations.pop(self._own_key(), None)

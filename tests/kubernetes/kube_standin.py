@@ -29,7 +29,8 @@ it does, as the apiserver does (``standin_semantics.py`` has the body rules):
   finalizers, dangling dependents);
 * **controllers**: node lifecycle taints (``not-ready``, ``unschedulable``), the PV binder
   (pre-bound claims), pvc/pv protection, a **scheduler** (extended resources, cpu, memory,
-  pods, ``nodeSelector``, taints and tolerations, bound claims) and a **kubelet** (admission
+  pods, ``nodeSelector``, taints and tolerations, bound claims; a pod with ``schedulingGates`` stays
+  Pending, ``PodScheduled`` False ``SchedulingGated``, until they are removed) and a **kubelet** (admission
   ``OutOf<resource>``, Running/Ready with ``podIP`` and container statuses, graceful
   termination: exit 143 on SIGTERM, or 137 when ``kubelet.trainhub.io/on-sigterm: ignore``
   and the grace period runs out), and a **Job controller** that follows the current upstream
@@ -38,7 +39,10 @@ it does, as the apiserver does (``standin_semantics.py`` has the body rules):
   exponential re-creation delay (``job_backoff``, 10 s doubling, capped at 6 min),
   ``podReplacementPolicy`` (replacements only once the old pod is Failed when it is
   ``Failed``), ``suspend`` (Kueue), the ``FailureTarget`` / ``SuccessCriteriaMet`` condition
-  first and ``Failed`` / ``Complete`` only after every pod has ended, pods deleted gracefully.
+  first and ``Failed`` / ``Complete`` only after every pod has ended, pods deleted gracefully;
+* **Kueue's Workload** (``kueue.x-k8s.io/v1beta1`` ``workloads``, namespaced, with ``status``), as a CRD
+  is served: stored as sent, no schema; tests play Kueue (gate a pod, write the Workload's conditions,
+  remove the gate).
 
 Not modelled: ServiceAccounts and their token volumes, resource quotas, limit ranges, RBAC
 (every request is allowed), Pod Security admission, the job-tracking finalizer,
@@ -98,6 +102,8 @@ PVS = kmock.resource(group="", version="v1", plural="persistentvolumes")
 SERVICES = kmock.resource(group="", version="v1", plural="services")
 CONFIGMAPS = kmock.resource(group="", version="v1", plural="configmaps")
 JOBS = kmock.resource(group="batch", version="v1", plural="jobs")
+# Kueue's Workload (a CRD: served only as stored, no schema checks), for its pod integration
+WORKLOADS = kmock.resource(group="kueue.x-k8s.io", version="v1beta1", plural="workloads")
 
 SIGTERM_ANNOTATION = "kubelet.trainhub.io/on-sigterm"
 _RESTART = object()
@@ -184,6 +190,9 @@ class KubeStandin(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.resources.load_bundled()
+        self.resources[WORKLOADS] = {"kind": "Workload", "namespaced": True, "singular": "workload",
+                                     "verbs": ["create", "delete", "deletecollection", "get", "list", "patch",
+                                               "update", "watch"], "subresources": ["status"]}
         for ns in BUILTIN_NAMESPACES:
             self.add_namespace(ns)
 
@@ -970,6 +979,9 @@ class KubeStandin(kmock.KubernetesEmulator):
         if phase in TERMINAL:
             return
         if not spec.get("nodeName"):
+            if spec.get("schedulingGates"):  # 1.27+: the scheduler leaves a gated pod alone
+                self._gated(pod)
+                return
             self._schedule(pod)
             return
         if phase == "Pending" and not state.get("started"):
@@ -1044,6 +1056,15 @@ class KubeStandin(kmock.KubernetesEmulator):
             reasons[why] = reasons.get(why, 0) + 1
         detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
         self._unschedulable(pod, f"0/{len(nodes)} nodes are available: {detail}.")
+
+    def _gated(self, pod: dict) -> None:
+        conds = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+        if conds and conds[0].get("reason") == "SchedulingGated":
+            return
+        self._set_status(pod, {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates", "lastProbeTime": None,
+            "lastTransitionTime": _now()}]})
 
     def _unschedulable(self, pod: dict, message: str) -> None:
         conds = (pod.get("status") or {}).get("conditions") or []

@@ -238,8 +238,12 @@ def test_launcher_role_is_least_privilege():
 
 
 def test_hub_extra_rbac_rules():
-    rules = _static_rules(CHART / "templates" / "hub-rbac.yaml", r"(gpuWatchAllNamespaces|csi)")
+    rules = _static_rules(CHART / "templates" / "hub-rbac.yaml", r"(gpuWatchAllNamespaces|csi|manageNotebooks)")
     assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    # with Kueue managing notebooks, the hub reads Workloads for Kueue's reason (spawn progress)
+    text = (CHART / "templates" / "hub-rbac.yaml").read_text()
+    kueue = re.search(r"\{\{- if [^}]*manageNotebooks[^}]*\}\}(.*?)\{\{- end \}\}", text, flags=re.S)[1]
+    assert yaml.safe_load(kueue) == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list"]}]
 
 
 # ---------------------------------------------------------------------------------------------
