@@ -93,7 +93,32 @@ def apply_claim(spec: dict, fds: list[int]) -> str:
     sys.path[0] = os.getcwd()  # as `python -m` started in the working folder would have it
     if spec.get("uid") is not None:
         _become(spec["uid"], spec["gid"])
+    _recompute_import_time_defaults()
     return spec["module"]
+
+
+def _recompute_import_time_defaults() -> None:
+    """Defaults a warm import computed from the environment it had then (no user yet): computed again now.
+
+    JupyterLab's ``LabApp.workspaces_dir`` and ``user_settings_dir`` are computed at class definition,
+    i.e. under the interpreter's own $HOME; left alone, a user's workspaces and settings would go there (or
+    fail). tests/platform/test_warm_servers.py scans every class the warm imports define for such defaults.
+    """
+    labapp = sys.modules.get("jupyterlab.labapp")
+    if labapp is not None:
+        _set_static_default(labapp.LabApp, "workspaces_dir", labapp.get_workspaces_dir())
+        _set_static_default(labapp.LabApp, "user_settings_dir", labapp.get_user_settings_dir())
+
+
+def _set_static_default(cls, name: str, value) -> None:
+    """A static trait default, on ``cls`` and its subclasses (traitlets copies it per class at definition)."""
+    cls.class_traits()[name].default_value = value
+    todo = [cls]
+    while todo:
+        c = todo.pop()
+        if name in getattr(c, "_static_immutable_initial_values", {}):
+            c._static_immutable_initial_values[name] = value
+        todo.extend(c.__subclasses__())
 
 
 def _receive(sock: socket.socket) -> tuple[dict, list[int]]:

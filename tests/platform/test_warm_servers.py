@@ -263,3 +263,37 @@ def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous
     assert (report["uid"], report["gid"], report["groups"]) == (acct.pw_uid, acct.pw_gid, [])
     if shutil.which("bwrap"):
         assert not report["other_home"]  # A's home does not exist in B's sandbox
+
+
+SCAN_DEFAULTS = r"""
+import os, sys, json
+from trainhub.spawner.warm import DEFAULT_IMPORTS
+for name in DEFAULT_IMPORTS:
+    __import__(name)
+import jupyterlab.labapp  # the lab application, which the warm server imports when it starts
+from traitlets import HasTraits
+from trainhub.spawner.warmstart import _recompute_import_time_defaults
+os.environ["HOME"] = sys.argv[2]
+_recompute_import_time_defaults()
+stale, todo = [], [HasTraits]
+while todo:
+    c = todo.pop()
+    todo.extend(c.__subclasses__())
+    for name, value in getattr(c, "_static_immutable_initial_values", {}).items():
+        if isinstance(value, str) and sys.argv[1] in value:
+            stale.append(f"{c.__module__}.{c.__name__}.{name} = {value}")
+print(json.dumps(sorted(set(stale))))
+"""
+
+
+def test_no_default_keeps_the_home_the_warm_interpreter_imported_under(tmp_path):
+    """A warm interpreter imports the server's modules before it knows its user: no trait default of any
+    class they define may still point under the $HOME it had then once the claim set the user's."""
+    before, after = tmp_path / "before-claim-home", tmp_path / "users-home"
+    env = {**os.environ, "HOME": str(before)}
+    for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTERLAB_WORKSPACES_DIR", "JUPYTERLAB_SETTINGS_DIR"):
+        env.pop(var, None)
+    r = subprocess.run([sys.executable, "-c", SCAN_DEFAULTS, str(before), str(after)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == []
