@@ -14,6 +14,7 @@ from trainhub.services.api import APIHandler
 from trainhub.states import PENDING, READY
 
 from .models import STAGES
+from .registry import require_source
 from .store import dataset_dict, dataset_version_dict, model_dict, model_version_dict
 
 READ, WRITE = "custom:trainhub:registry:read", "custom:trainhub:registry:write"
@@ -144,6 +145,7 @@ class ModelsHandler(RegistryHandler):
         caller = self.writer()
         body = self.json_body()
         name = check_name(name or body.get("name"))
+        require_source(body)
         self.check_body(body, "ModelRegistration")
         d = await self.registry.register_model(caller, name, body)
         self.write_json(d, 201)

@@ -153,8 +153,7 @@ class Registry(LoggingConfigurable):
         elif body.get("path"):
             src = self.resolve_prefix(caller, str(body["path"]))
         else:
-            raise InvalidRequest("give 'job' (a job id such as j-000042, optionally with 'path' inside its outputs) "
-                                 "or 'path' (a storage path in your area)")
+            require_source(body)
         datasets = []
         for ref in body.get("datasets") or []:
             if isinstance(ref, str):
@@ -291,3 +290,10 @@ class Registry(LoggingConfigurable):
 
 def _aware(dt):
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def require_source(body: dict) -> None:
+    """A model registration names what to copy: a job (with an optional path inside its outputs) or a path."""
+    if not body.get("job") and not body.get("path"):
+        raise InvalidRequest("give 'job' (a job id such as j-000042, optionally with 'path' inside its outputs) "
+                             "or 'path' (a storage path in your area)")

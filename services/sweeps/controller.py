@@ -139,9 +139,10 @@ def make_pruner(settings: dict, n_trials: int):
 def no_fsync_of_its_own(engine) -> None:
     """Optuna's SQLite connections commit without waiting for an fsync (``synchronous=NORMAL``; the platform
     database is in WAL mode): an ask or a tell is 3-4 commits, each an fsync of several ms on a busy disk, all on
-    the way from one trial's end to the next one's start. Nothing is at risk: a commit is atomic either way, and
-    every Optuna write is followed by the controller's own write of the trial row (a full-sync commit of the same
-    WAL, which makes the Optuna frames before it durable too); a power cut between the two is the crash the
+    the way from one trial's end to the next one's start. Nothing is at risk beyond the platform database's own
+    setting (trainhub.db.sync_mode): a commit is atomic either way, and every Optuna write is followed by the
+    controller's own write of the trial row (with ``$TRAINHUB_DB_SYNC=full`` a full-sync commit of the same WAL,
+    which makes the Optuna frames before it durable too); a power cut between the two is the crash the
     controller already reconciles after a restart."""
     from sqlalchemy import event
 
