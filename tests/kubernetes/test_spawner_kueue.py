@@ -21,6 +21,9 @@ QUOTA = ("couldn't assign flavors to pod set main: insufficient unused quota for
          "default-flavor, 1 more needed")
 
 
+START = 8  # s: the pod must not be given up after it; room for a loaded machine to create and gate the pod
+
+
 def _config(start_timeout: float, max_wait: int):
     return spawner_config(
         KubeSpawner__start_timeout=start_timeout,
@@ -74,13 +77,13 @@ async def _collect(spawner, into: list) -> None:
 
 async def test_gated_pod_is_queued_with_kueues_reason_and_does_not_time_out(make_spawner, cluster):
     kube = cluster.kube
-    spawner = make_spawner("kq-wait", options={"profile": "gpu-1"}, config=_config(start_timeout=2, max_wait=120))
+    spawner = make_spawner("kq-wait", options={"profile": "gpu-1"}, config=_config(start_timeout=START, max_wait=120))
     loop = asyncio.get_running_loop()
     began = loop.time()
     started = spawner.start()
     # JupyterHub reads start_timeout right after start() and cancels the spawn after it (User.spawn)
     hub_limit = spawner.start_timeout
-    assert hub_limit == 2 + 120
+    assert hub_limit == START + 120
     spawn = asyncio.ensure_future(asyncio.wait_for(started, hub_limit))
     messages: list = []
     progress = asyncio.ensure_future(_collect(spawner, messages))
@@ -93,7 +96,7 @@ async def test_gated_pod_is_queued_with_kueues_reason_and_does_not_time_out(make
     workload = await _queue_workload(kube, pod)
     await _until(lambda: f"Queued by Kueue: {QUOTA}" in messages or spawn.done())
     assert not spawn.done(), spawn.exception()
-    await asyncio.sleep(max(0.0, began + 2 * 2 + 1 - loop.time()))  # well past start_timeout (2 s)
+    await asyncio.sleep(max(0.0, began + 2 * START + 1 - loop.time()))  # well past start_timeout
     assert not spawn.done(), spawn.exception() if spawn.done() else None
     live = kube.get(PODS, NAMESPACE, spawner.pod_name)
     assert live["status"]["phase"] == "Pending" and not live["spec"].get("nodeName")
@@ -109,7 +112,7 @@ async def test_gated_pod_is_queued_with_kueues_reason_and_does_not_time_out(make
     url = await asyncio.wait_for(spawn, 20)
     assert url.startswith("http://")
     assert kube.get(PODS, NAMESPACE, spawner.pod_name)["status"]["phase"] == "Running"
-    assert spawner.start_timeout == 2  # the configured value again
+    assert spawner.start_timeout == START  # the configured value again
     await asyncio.wait_for(progress, 10)  # progress ends with the spawn
     assert messages.count(f"Queued by Kueue: {QUOTA}") == 1  # shown when it changes, not every poll
 
