@@ -18,7 +18,7 @@ from sqlalchemy import delete, select
 from traitlets import Instance, List, Unicode
 from traitlets.config import LoggingConfigurable
 
-from trainhub.db import init_db, session_factory, write_session
+from trainhub.db import get_engine, init_db, session_factory, write_session
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs
 from trainhub.gpus import GPUDevice
 from trainhub.models import GPUAllocation, GPUAllocationRecord, utcnow
@@ -77,6 +77,10 @@ class GPUAllocator(LoggingConfigurable):
     process that allocates (hub, jobs service), never hand a device to two holders,
     and make ``release`` idempotent.
     """
+
+    #: :meth:`holdings` is a small read that never waits (a local SQLite database in WAL mode): the jobs
+    #: engine may make it on its event loop instead of a trip to a worker thread
+    inline_reads = False
 
     def devices(self) -> list[GPUDevice]:
         """All devices in the pool."""
@@ -146,6 +150,10 @@ def _model_ok(device: GPUDevice, gpu_model: str | None) -> bool:
     return not gpu_model or gpu_model.lower() in device.name.lower()
 
 
+_HOLDINGS = select(GPUAllocation.device, GPUAllocation.holder, GPUAllocation.kind, GPUAllocation.user, GPUAllocation.profile,
+                   GPUAllocation.since, GPUAllocation.pid, GPUAllocation.pid_started).order_by(GPUAllocation.device)
+
+
 class LocalGPUAllocator(GPUAllocator):
     """The ledger in the platform database (SQLite in the data dir by default)."""
 
@@ -159,6 +167,7 @@ class LocalGPUAllocator(GPUAllocator):
             raise ValueError("LocalGPUAllocator.db_url is required")
         init_db(self.db_url)
         self._session = session_factory(self.db_url)
+        self.inline_reads = self.db_url.startswith("sqlite")
 
     def devices(self) -> list[GPUDevice]:
         if self._devices is None:
@@ -213,12 +222,9 @@ class LocalGPUAllocator(GPUAllocator):
         return devices
 
     def holdings(self):
-        with self._session() as s:
-            rows = s.scalars(select(GPUAllocation).order_by(GPUAllocation.device)).all()
-            return [
-                Holding(r.device, r.holder, r.kind, r.user, r.profile, r.since, r.pid, r.pid_started)
-                for r in rows
-            ]
+        # Core rows, not ORM instances: every scheduling pass of the jobs engine reads this
+        with get_engine(self.db_url).connect() as c:
+            return [Holding(*r) for r in c.execute(_HOLDINGS)]
 
     def set_pid(self, holder, pid):
         started = process_start_time(pid)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from sqlalchemy import JSON, Float, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from trainhub.db import Base, init_db, session_factory, write_session
+from trainhub.db import Base, get_engine, init_db, session_factory, write_session
 
 WAITING, GRANTED = "waiting", "granted"
 STALE_AFTER = 60.0  # seconds without the spawner's heartbeat
@@ -77,10 +77,14 @@ class QueuedServer:
         return f"{self.user}'s server {server}" if server else f"{self.user}'s notebook server"
 
 
-def _value(r: ServerRequest) -> QueuedServer:
+def _value(r) -> QueuedServer:
+    """A row (ORM instance or Core row) as the value callers get."""
     return QueuedServer(r.holder, r.user, tuple(r.groups or ()), r.gpus, r.profile, r.gpu_model, r.created, r.seen,
                         r.state, r.reason or "", r.position, r.waiting, r.eta,
                         tuple(r.devices or ()))
+
+
+_ALL = select(*ServerRequest.__table__.columns).order_by(ServerRequest.created)
 
 
 class ServerQueue:
@@ -130,8 +134,9 @@ class ServerQueue:
                     if now - r.seen <= STALE_AFTER}
 
     def all(self) -> list[QueuedServer]:
-        with self._session() as s:
-            return [_value(r) for r in s.scalars(select(ServerRequest).order_by(ServerRequest.created))]
+        # Core rows (the same attribute names as the ORM's): every scheduling pass of the jobs engine reads this
+        with get_engine(self.db_url).connect() as c:
+            return [_value(r) for r in c.execute(_ALL)]
 
     def grant(self, holder: str, devices: list[int]) -> bool:
         with write_session(self.db_url) as s:

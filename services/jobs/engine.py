@@ -221,14 +221,15 @@ class JobEngine(LoggingConfigurable):
         self.passes += 1
         if self.platform_stopping():
             return  # the stop's SIGTERMs are not the jobs' outcomes: the next start sorts them out
-        running = await self.store.read(self.store.in_states, RUNNING)
-        holdings = await self._reconcile_ledger(running)
+        # what runs, what holds devices and which servers wait, in one read (see _read)
+        running, holdings, server_rows = await self._read(self._read_state)
+        holdings = await self._reconcile_ledger(running, holdings)
         for job in running:
             try:
                 await self._watch(job)
             except Exception:
                 self.log.exception("job %s: watching failed", job.key)
-        servers = await self._server_requests()
+        servers = await self._server_requests(server_rows)
         signature = (len(self.allocator.devices()), frozenset((h.holder, h.device) for h in holdings),
                      frozenset((r.holder, r.gpus) for r in servers))
         timed = time.monotonic() >= self._next_pass
@@ -243,12 +244,24 @@ class JobEngine(LoggingConfigurable):
             self._last_gpu_sample = time.monotonic()
             await self._sample_gpus([j for j in running if j.devices])
 
-    async def _reconcile_ledger(self, running: list[Job]) -> list:
+    async def _read(self, fn, inline: bool = True):
+        """``fn()``, a read of the databases the pass needs: on the event loop where each is a local SQLite
+        database in WAL mode (a reader never waits there, and a small read costs less than a trip to a
+        worker thread, which is a wait for a core on a loaded machine: a submission waits for the pass),
+        else on a worker thread."""
+        if inline and self.store.inline_reads and self.allocator.inline_reads:
+            return fn()
+        return await asyncio.to_thread(fn)
+
+    def _read_state(self) -> tuple[list, list, list]:
+        """``(running jobs, ledger holdings, server requests)`` (blocking: see _read)."""
+        return self.store.in_states(RUNNING), self.allocator.holdings(), self.servers.all()
+
+    async def _reconcile_ledger(self, running: list[Job], holdings: list) -> list:
         """Release the devices of job holdings whose job is not running (no launch is under way during a pass);
-        returns the holdings read."""
+        returns the holdings left."""
         ids = {j.id for j in running}
         stale = set()
-        holdings = await asyncio.to_thread(self.allocator.holdings)
         for h in holdings:
             number = h.holder.split(":", 1)[1] if h.kind == "job" and ":" in h.holder else ""
             if number.isdigit() and int(number) not in ids:
@@ -257,7 +270,7 @@ class JobEngine(LoggingConfigurable):
             released = await asyncio.to_thread(self.allocator.release, holder)
             if released:
                 self.log.warning("ledger: released devices %s of %s (its job is not running)", released, holder)
-        return holdings
+        return [h for h in holdings if h.holder not in stale]
 
     async def _watch(self, job: Job) -> None:
         v, state = view(job), job.launch_state or {}
@@ -405,7 +418,11 @@ class JobEngine(LoggingConfigurable):
             servers = await self._server_requests()
         queued = self._queued
         full_sync, self._requeued = full_sync or self._requeued, False
-        queued.apply(await self.store.read(queued.fetch, full_sync))
+        # the queue's changes and the pool's state in one read (a full sync of a long queue on a thread)
+        delta, holdings, running = await self._read(
+            lambda: (queued.fetch(full_sync), self.allocator.holdings(), self.store.in_states(RUNNING)),
+            inline=queued.loaded and not full_sync)
+        queued.apply(delta)
         queue = queued.queue
         # notebook servers waiting in line take part in the same pass, as requests named by their holder
         by_holder_req = {r.name: r for r in servers}
@@ -419,7 +436,7 @@ class JobEngine(LoggingConfigurable):
         if not len(queue):
             self._plan = None
             return
-        capacity, allocations, running_jobs = await self._cluster()
+        capacity, allocations, running_jobs = self._cluster(holdings, running)
         quotas = self.quota.quotas()  # the admission rule's limits: queue and 403s agree
         plan = self.scheduler.schedule(time.time(), queue, allocations, capacity, quotas)
         self._plan = plan  # reasons of waiting jobs: worked out when asked for (why(), the API's job views)
@@ -429,7 +446,7 @@ class JobEngine(LoggingConfigurable):
                 await self._grant_server(by_holder_req[start.job_id])
             elif job_id is not None and job_id in queued.keys:
                 try:
-                    job = await self.store.read(self.store.get, job_id)
+                    job = await self._read(lambda: self.store.record(job_id))
                 except TrainhubError:  # deleted meanwhile
                     queued.discard(job_id)
                     continue
@@ -439,10 +456,9 @@ class JobEngine(LoggingConfigurable):
             await self._preempt(running_jobs.get(parse_job_key(job_key_)), plan)
         await self._tell_servers(plan, by_holder_req)
 
-    async def _cluster(self) -> tuple[dict, list[Allocation], dict]:
+    def _cluster(self, holdings: list, running: list) -> tuple[dict, list[Allocation], dict]:
         """``(capacity, allocations, running jobs by id)``: the GPU pool and what holds it now."""
-        holdings = await asyncio.to_thread(self.allocator.holdings)
-        running_jobs = {j.id: j for j in await self.store.read(self.store.in_states, RUNNING)}
+        running_jobs = {j.id: j for j in running}
         by_holder = defaultdict(list)
         for h in holdings:
             by_holder[h.holder].append(h)
@@ -466,10 +482,11 @@ class JobEngine(LoggingConfigurable):
         return {NODE: len(self.allocator.devices())}, allocations, running_jobs
 
     # -- notebook servers waiting in line (trainhub.serverqueue) ----------------------------------------
-    async def _server_requests(self) -> list:
-        """The waiting server requests; stale ones (their spawner stopped looking) are dropped, and
-        what a stale granted one holds goes back to the pool."""
-        rows = await asyncio.to_thread(self.servers.all)
+    async def _server_requests(self, rows: list | None = None) -> list:
+        """The waiting server requests (of ``rows`` when they were just read); stale ones (their spawner
+        stopped looking) are dropped, and what a stale granted one holds goes back to the pool."""
+        if rows is None:
+            rows = await asyncio.to_thread(self.servers.all)
         now = time.time()
         for r in rows:
             if now - r.seen > STALE_AFTER:
@@ -539,17 +556,6 @@ class JobEngine(LoggingConfigurable):
                 gpu_model = self.catalog.get(job.profile).gpu_model
             except TrainhubError:
                 gpu_model = None
-        try:
-            devices = await asyncio.to_thread(
-                self.allocator.allocate, job_holder(job.id), kind="job", user=job.user, count=count, profile=job.profile,
-                gpu_model=gpu_model, quota=self.quota, user_groups=tuple(job.groups or ()), group_members=None,
-                per_worker=job.gpus or None,
-            )
-        except TrainhubError as e:  # a server took the GPUs in the meantime: stay queued
-            if job.reason != e.message:
-                await self.store.write(self.store.update, job.id, only_if_state=(QUEUED,), reason=e.message)
-            return False
-        per_worker = [devices[i * job.gpus:(i + 1) * job.gpus] for i in range(job.workers)] if job.gpus else [[] for _ in range(job.workers)]
         attempt = job.attempt + 1
         job.attempt = attempt
         v = view(job)
@@ -558,15 +564,32 @@ class JobEngine(LoggingConfigurable):
         env = self._base_env(job)
         resume = await self._resume_point(job, env) if attempt > 1 else None
         resumed = f"; resumed from step {resume.step}" if resume else ""
-        # claim the job first: if the service dies mid-launch, recovery finds a RUNNING job and reconciles it
-        claimed = await self.store.write(
-            self.store.update, job.id, only_if_state=(QUEUED,), state=RUNNING, attempt=attempt, devices=per_worker,
-            started=now_utc(), reason=f"running on {_devices_text(per_worker)}{resumed}", outputs_url=outputs_url,
-            outputs_path=os.path.join(jdir, "outputs"), launch_state={"dir": None, "workers": []},
-            event=("started", f"attempt {attempt}: {job.workers} worker(s) on {_devices_text(per_worker)}"),
-        )
-        if not claimed:  # cancelled in the meantime
-            await asyncio.to_thread(self.allocator.release, job_holder(job.id))
+        holder = job_holder(job.id)
+
+        def take() -> tuple[list, bool]:
+            # the devices and the claim in one trip to a worker thread (a trip is a wait for a core on a loaded
+            # machine, and the job's start waits for it); the job is claimed before its workers start: if the
+            # service dies mid-launch, recovery finds a RUNNING job and reconciles it
+            devices = self.allocator.allocate(
+                holder, kind="job", user=job.user, count=count, profile=job.profile, gpu_model=gpu_model, quota=self.quota,
+                user_groups=tuple(job.groups or ()), group_members=None, per_worker=job.gpus or None)
+            per_worker = [devices[i * job.gpus:(i + 1) * job.gpus] for i in range(job.workers)] if job.gpus else [[] for _ in range(job.workers)]
+            claimed = self.store.update(
+                job.id, only_if_state=(QUEUED,), state=RUNNING, attempt=attempt, devices=per_worker,
+                started=now_utc(), reason=f"running on {_devices_text(per_worker)}{resumed}", outputs_url=outputs_url,
+                outputs_path=os.path.join(jdir, "outputs"), launch_state={"dir": None, "workers": []},
+                event=("started", f"attempt {attempt}: {job.workers} worker(s) on {_devices_text(per_worker)}"))
+            if not claimed:  # cancelled in the meantime
+                self.allocator.release(holder)
+            return per_worker, claimed
+
+        try:
+            per_worker, claimed = await asyncio.to_thread(take)
+        except TrainhubError as e:  # a server took the GPUs in the meantime: stay queued
+            if job.reason != e.message:
+                await self.store.write(self.store.update, job.id, only_if_state=(QUEUED,), reason=e.message)
+            return False
+        if not claimed:
             return True
         if resume:
             env.update({RESUME_URL_VAR: resume.url, RESUME_STEP_VAR: str(resume.step)})

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import timezone
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 from trainhub.db import get_engine
 from trainhub.scheduler import JobRequest, PendingQueue
@@ -62,7 +61,7 @@ class QueuedJobs:
 
     def fetch(self, full: bool = False) -> Delta:
         """What changed since the last :meth:`apply` (blocking: run it in a thread)."""
-        with Session(get_engine(self.db_url)) as s:
+        with get_engine(self.db_url).connect() as s:  # Core: this runs on every scheduling pass
             if not self.loaded:
                 rows = list(s.execute(select(*_COLUMNS).where(*_QUEUED)))
                 return Delta(rows, {r.id for r in rows})
