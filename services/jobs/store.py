@@ -16,6 +16,8 @@ import asyncio
 import json
 import math
 import os
+import sqlite3
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
@@ -134,19 +136,21 @@ _BY_SUBMIT_KEY = select(*_JOBS.columns).where(_JOBS.c.submit_key == bindparam("s
 _CREATE = insert(_JOBS).returning(*_JOBS.columns)
 _EVENT = insert(JobEvent.__table__)
 _IN_STATES = select(*_JOBS.columns).where(_JOBS.c.state.in_(bindparam("states", expanding=True))).order_by(_JOBS.c.id)
-_listings: dict[tuple[bool, bool, bool], tuple] = {}
+_listings: dict[tuple[bool, int, bool], tuple] = {}
 
 
-def _listing(user: bool, states: bool, sweep: bool) -> tuple:
-    """The (count, page) statements of a listing with these filters, built once: the same statement object
-    each time keeps SQLAlchemy's compiled-statement cache from recomputing its key."""
+def _listing(user: bool, states: int, sweep: bool) -> tuple:
+    """The (count, page) statements of a listing with these filters (``states``: how many states), built
+    once: the same statement object each time keeps SQLAlchemy's compiled-statement cache from recomputing
+    its key, and the SQLite fast path compiles each once. Plain parameters (``state0``, ``state1``...)
+    rather than an expanding one, so that a statement compiles to one SQL text."""
     key = (user, states, sweep)
     if key not in _listings:
         where = []
         if user:
             where.append(_JOBS.c.user == bindparam("user"))
         if states:
-            where.append(_JOBS.c.state.in_(bindparam("states", expanding=True)))
+            where.append(_JOBS.c.state.in_([bindparam(f"state{i}") for i in range(states)]))
         if sweep:
             where.append(_JOBS.c.sweep_id == bindparam("sweep_id"))
         count = select(func.count()).select_from(_JOBS).where(*where)
@@ -154,6 +158,61 @@ def _listing(user: bool, states: bool, sweep: bool) -> tuple:
                 .limit(bindparam("limit")).offset(bindparam("offset")))
         _listings[key] = (count, page)
     return _listings[key]
+
+
+class SQLiteReads:
+    """The API's hot reads (one job, a listing page) straight through the ``sqlite3`` module.
+
+    SQLAlchemy's per-statement machinery (connection checkout, the BEGIN its SQLite set-up emits, the
+    compiled-cache lookup, the result object, the ROLLBACK) costs a GET of one job five times the
+    read itself. These are the same statements, compiled once by SQLAlchemy for the SQLite dialect, and
+    every value goes through its column type's own result processor, so a row reads exactly as it does
+    through SQLAlchemy (tests/jobs/test_store_reads.py compares them). One connection per thread,
+    ``query_only``; a listing's count and page are read in one transaction.
+    """
+
+    def __init__(self, engine):
+        self._path = engine.url.database
+        self._dialect = engine.dialect
+        self._processors = [c.type.dialect_impl(engine.dialect).result_processor(engine.dialect, None) for c in _JOBS.columns]
+        self._compiled: dict[int, tuple[str, tuple[str, ...]]] = {}
+        self._local = threading.local()
+
+    def _connection(self) -> sqlite3.Connection:
+        con = getattr(self._local, "connection", None)
+        if con is None:
+            con = sqlite3.connect(self._path, isolation_level=None, timeout=30)
+            con.execute("PRAGMA query_only=ON")
+            self._local.connection = con
+        return con
+
+    def _sql(self, stmt) -> tuple[str, tuple[str, ...]]:
+        done = self._compiled.get(id(stmt))
+        if done is None:
+            compiled = stmt.compile(dialect=self._dialect)
+            done = self._compiled[id(stmt)] = (str(compiled), tuple(compiled.positiontup))
+        return done
+
+    def _row(self, row) -> JobRecord:
+        return JobRecord([p(v) if p is not None else v for p, v in zip(self._processors, row)])
+
+    def rows(self, con, stmt, params: dict) -> list:
+        sql, names = self._sql(stmt)
+        return con.execute(sql, [params[n] for n in names]).fetchall()
+
+    def record(self, job_id: int) -> JobRecord | None:
+        rows = self.rows(self._connection(), _RECORD, {"job_id": job_id})
+        return self._row(rows[0]) if rows else None
+
+    def listing(self, count, page, params: dict) -> tuple[list[JobRecord], int]:
+        con = self._connection()
+        con.execute("BEGIN")
+        try:
+            total = self.rows(con, count, params)[0][0]
+            rows = self.rows(con, page, params)
+        finally:
+            con.execute("COMMIT")
+        return [self._row(r) for r in rows], total
 
 
 class JobStore:
@@ -167,6 +226,7 @@ class JobStore:
         self._readers = ThreadPoolExecutor(4, thread_name_prefix="trainhub-db-read")
         # SQLite (WAL, see trainhub.db): readers never wait for a lock; another database is a network round trip
         self.inline_reads = inline_reads and self.engine.dialect.name == "sqlite"
+        self._fast = SQLiteReads(self.engine) if self.engine.dialect.name == "sqlite" and self.engine.url.database else None
 
     async def write(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self._writer, lambda: fn(*args, **kwargs))
@@ -209,20 +269,28 @@ class JobStore:
 
     def record(self, job_id: int) -> JobRecord:
         """One job for the API (a read-only :class:`JobRecord`; the engine uses :meth:`get`)."""
-        with self.engine.connect() as c:
-            row = c.execute(_RECORD, {"job_id": job_id}).first()
-        if row is None:
+        if self._fast is not None:
+            record = self._fast.record(job_id)
+        else:
+            with self.engine.connect() as c:
+                row = c.execute(_RECORD, {"job_id": job_id}).first()
+            record = None if row is None else JobRecord(row)
+        if record is None:
             raise NotFound(f"job {job_key(job_id)} not found")
-        return JobRecord(row)
+        return record
 
     def list(self, user: str | None, states: list[str] | None, limit: int, offset: int,
              sweep_id: int | None = None) -> tuple[list[JobRecord], int]:
         """A page of jobs, newest first, as :class:`JobRecord` s, and how many match (one read transaction)."""
-        count, page = _listing(user is not None, bool(states), sweep_id is not None)
-        params = {"user": user, "states": list(states or ()), "sweep_id": sweep_id}
+        states = sorted(set(states or ()))
+        count, page = _listing(user is not None, len(states), sweep_id is not None)
+        params = {"user": user, "sweep_id": sweep_id, "limit": limit, "offset": offset,
+                  **{f"state{i}": state for i, state in enumerate(states)}}
+        if self._fast is not None:
+            return self._fast.listing(count, page, params)
         with self.engine.connect() as c:
             total = c.execute(count, params).scalar_one()
-            rows = c.execute(page, {**params, "limit": limit, "offset": offset}).all()
+            rows = c.execute(page, params).all()
         return [JobRecord(r) for r in rows], total
 
     def in_states(self, *states: str) -> list[JobRecord]:

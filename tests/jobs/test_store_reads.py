@@ -1,5 +1,6 @@
 """The jobs API's reads and submissions go through SQLAlchemy Core (``JobStore.record``/``list``/``create``),
-not the ORM the engine uses: they must answer exactly what the ORM's rows would, filter and page the same."""
+not the ORM the engine uses, and on SQLite its reads go straight through the ``sqlite3`` module
+(``SQLiteReads``): both must answer exactly what the ORM's rows would, filter and page the same."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from trainhub.services.jobs.store import JobRecord, JobStore, job_to_dict
 from trainhub.states import QUEUED, RUNNING, SUCCEEDED
 
 
-@pytest.fixture
-def store(tmp_path):
-    return JobStore(f"sqlite:///{tmp_path}/platform.db")
+@pytest.fixture(params=["sqlite3", "sqlalchemy"])
+def store(tmp_path, request):
+    store = JobStore(f"sqlite:///{tmp_path}/platform.db")
+    assert store._fast is not None
+    if request.param == "sqlalchemy":
+        store._fast = None  # the path every other database takes
+    return store
 
 
 def add(store, user, **kw):
@@ -69,6 +74,7 @@ def test_list_filters_pages_and_counts_like_the_query_says(store):
     assert total == len(done) == 3 and [j.id for j in items] == done
     items, total = store.list("bob", [QUEUED, SUCCEEDED], 100, 0)
     assert total == 4 and {j.user for j in items} == {"bob"}
+    assert store.list("bob", [SUCCEEDED, QUEUED, QUEUED, SUCCEEDED], 100, 0)[1] == 4  # repeats count once
     items, total = store.list(None, None, 100, 0, sweep_id=1)
     assert total == 4 and sorted(j.id for j in items) == sorted(ids)[:4]
     items, total = store.list("ann", [RUNNING], 100, 0)
@@ -97,3 +103,24 @@ def test_lookup_reads_on_the_loop_only_with_inline_reads(tmp_path, inline):
     assert key == job.key
     assert (looked_up_in == loop_thread) is inline
     assert read_in.startswith("trainhub-db-read")  # read() always uses a reader thread
+
+
+def test_the_sqlite3_reads_answer_what_sqlalchemy_reads(tmp_path):
+    """Every column of every row, through both paths: the same values and types (dates, JSON, nulls)."""
+    fast = JobStore(f"sqlite:///{tmp_path}/platform.db")
+    slow = JobStore(f"sqlite:///{tmp_path}/platform.db")
+    slow._fast = None
+    plain = add(fast, "ann")
+    full = add(fast, "bob", groups=["lab", "x"], env={"K": "v" * 50}, params={"lr": 1e-3, "opt": "adam", "n": [1, 2]},
+               gpus=1, workers=2, priority=-3, time_limit=0.5, script="print('é')\n", command=None, sweep_id=3,
+               preemptible=True, submit_key="bob:1", reason="submitted")
+    fast.update(full.id, state=RUNNING, devices=[[0], [1]], exit_codes=[0, -9], attempt=2, launch_state={"dir": "/x", "workers": []},
+                cancel_requested=True)
+    fast.update(plain.id, state=SUCCEEDED, finished=fast.get(plain.id).created)
+    for job_id in (plain.id, full.id):
+        a, b = fast.record(job_id), slow.record(job_id)
+        for name in JobRecord.__slots__:
+            assert getattr(a, name) == getattr(b, name) and type(getattr(a, name)) is type(getattr(b, name)), name
+    for args in (("bob", [RUNNING], 10, 0), (None, None, 1, 1), (None, None, 10, 0, 3)):
+        (fa, ft), (sa, st) = fast.list(*args), slow.list(*args)
+        assert ft == st and [job_to_dict(j) for j in fa] == [job_to_dict(j) for j in sa]
