@@ -23,7 +23,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
+import threading
 import time
+from collections import namedtuple
 from typing import Iterator
 
 from sqlalchemy import create_engine, event
@@ -179,3 +182,70 @@ def write_session(url: str) -> Iterator[Session]:
         raise
     finally:
         conn.close()
+
+
+class SQLiteReader:
+    """Small, hot reads of a local SQLite database straight through the ``sqlite3`` module.
+
+    SQLAlchemy's per-statement machinery (connection checkout, the BEGIN its SQLite set-up emits, the
+    compiled-cache lookup, the result object, the ROLLBACK) costs a read of one row five times the read
+    itself, and the jobs API and every scheduling pass make such reads. These are SQLAlchemy's own
+    statements, compiled once for the SQLite dialect (so built once: plain bound parameters, no expanding
+    ones), and every value goes through its column type's own result processor, so a row reads exactly as
+    through SQLAlchemy: a named tuple with the selected columns' keys. One connection per thread, made
+    ``query_only``; in WAL mode a reader never waits for a writer. Use :meth:`for_engine`: None for any
+    other database.
+    """
+
+    def __init__(self, engine: Engine):
+        self.path = engine.url.database
+        self._dialect = engine.dialect
+        self._prepared: dict[int, tuple] = {}
+        self._local = threading.local()
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> "SQLiteReader | None":
+        ok = engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:")
+        return cls(engine) if ok else None
+
+    def _connection(self) -> sqlite3.Connection:
+        con = getattr(self._local, "connection", None)
+        if con is None:
+            con = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            con.execute("PRAGMA query_only=ON")
+            self._local.connection = con
+        return con
+
+    def _prepare(self, stmt) -> tuple:
+        done = self._prepared.get(id(stmt))
+        if done is None:
+            compiled = stmt.compile(dialect=self._dialect)
+            columns = list(stmt.selected_columns)
+            processors = [c.type.dialect_impl(self._dialect).result_processor(self._dialect, None) for c in columns]
+            row = namedtuple("Row", [c.key for c in columns], rename=True)
+            values = compiled.params  # the statement's own values (``state == "queued"``), None for the caller's
+            done = self._prepared[id(stmt)] = (stmt, str(compiled), tuple(compiled.positiontup or ()), values, processors, row)
+        return done
+
+    def rows(self, stmt, params: dict | None = None) -> list:
+        """The rows of ``stmt`` (a statement built once and kept: it is prepared by identity)."""
+        _, sql, names, values, processors, row = self._prepare(stmt)
+        values = {**values, **params} if params else values
+        raw = self._connection().execute(sql, [values[n] for n in names]).fetchall()
+        if not any(processors):
+            return [row._make(r) for r in raw]
+        return [row._make([p(v) if p is not None else v for p, v in zip(processors, r)]) for r in raw]
+
+    def scalar(self, stmt, params: dict | None = None):
+        rows = self.rows(stmt, params)
+        return rows[0][0] if rows else None
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see one state of the database (one read transaction)."""
+        con = self._connection()
+        con.execute("BEGIN")
+        try:
+            yield
+        finally:
+            con.execute("COMMIT")

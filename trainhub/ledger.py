@@ -18,7 +18,7 @@ from sqlalchemy import delete, select
 from traitlets import Instance, List, Unicode
 from traitlets.config import LoggingConfigurable
 
-from trainhub.db import get_engine, init_db, session_factory, write_session
+from trainhub.db import SQLiteReader, get_engine, init_db, session_factory, write_session
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs
 from trainhub.gpus import GPUDevice
 from trainhub.models import GPUAllocation, GPUAllocationRecord, utcnow
@@ -167,7 +167,8 @@ class LocalGPUAllocator(GPUAllocator):
             raise ValueError("LocalGPUAllocator.db_url is required")
         init_db(self.db_url)
         self._session = session_factory(self.db_url)
-        self.inline_reads = self.db_url.startswith("sqlite")
+        self._reader = SQLiteReader.for_engine(get_engine(self.db_url))
+        self.inline_reads = self._reader is not None
 
     def devices(self) -> list[GPUDevice]:
         if self._devices is None:
@@ -222,7 +223,9 @@ class LocalGPUAllocator(GPUAllocator):
         return devices
 
     def holdings(self):
-        # Core rows, not ORM instances: every scheduling pass of the jobs engine reads this
+        # Core rows, not ORM instances (through SQLiteReader on SQLite): every scheduling pass of the jobs engine reads this
+        if self._reader is not None:
+            return [Holding(*r) for r in self._reader.rows(_HOLDINGS)]
         with get_engine(self.db_url).connect() as c:
             return [Holding(*r) for r in c.execute(_HOLDINGS)]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from sqlalchemy import JSON, Float, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from trainhub.db import Base, get_engine, init_db, session_factory, write_session
+from trainhub.db import Base, SQLiteReader, get_engine, init_db, session_factory, write_session
 
 WAITING, GRANTED = "waiting", "granted"
 STALE_AFTER = 60.0  # seconds without the spawner's heartbeat
@@ -94,6 +94,7 @@ class ServerQueue:
         self.db_url = db_url
         init_db(db_url)
         self._session = session_factory(db_url)
+        self._reader = SQLiteReader.for_engine(get_engine(db_url))
 
     def enqueue(self, holder: str, *, user: str, groups, gpus: int, profile: str, gpu_model: str | None,
                 reason: str) -> QueuedServer:
@@ -134,7 +135,10 @@ class ServerQueue:
                     if now - r.seen <= STALE_AFTER}
 
     def all(self) -> list[QueuedServer]:
-        # Core rows (the same attribute names as the ORM's): every scheduling pass of the jobs engine reads this
+        # Core rows (the same attribute names as the ORM's; through SQLiteReader on SQLite): every scheduling
+        # pass of the jobs engine reads this
+        if self._reader is not None:
+            return [_value(r) for r in self._reader.rows(_ALL)]
         with get_engine(self.db_url).connect() as c:
             return [_value(r) for r in c.execute(_ALL)]
 

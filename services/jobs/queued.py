@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timezone
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
-from trainhub.db import get_engine
+from trainhub.db import SQLiteReader, get_engine
 from trainhub.scheduler import JobRequest, PendingQueue
 from trainhub.states import QUEUED
 
@@ -29,6 +29,11 @@ _COLUMNS = (Job.id, Job.user, Job.groups, Job.workers, Job.gpus, Job.priority, J
             Job.preemptible, Job.attempt)
 _QUEUED = (Job.state == QUEUED, Job.cancel_requested.is_(False))
 _CHUNK = 500  # ids per IN (...) query
+# built once: the per-pass reads go through trainhub.db.SQLiteReader on SQLite, which prepares each once
+_ALL = select(*_COLUMNS).where(*_QUEUED)
+_NEW = select(*_COLUMNS).where(*_QUEUED, Job.id > bindparam("max_id"))
+_COUNT = select(func.count()).select_from(Job).where(*_QUEUED)
+_IDS = select(Job.id).where(*_QUEUED)
 
 
 @dataclass
@@ -58,24 +63,32 @@ class QueuedJobs:
         self.keys: dict[int, str] = {}  # job id -> key, for the jobs in ``queue``
         self.max_id = 0
         self.loaded = False
+        self.reader = SQLiteReader.for_engine(get_engine(db_url))
 
     def fetch(self, full: bool = False) -> Delta:
-        """What changed since the last :meth:`apply` (blocking: run it in a thread)."""
-        with get_engine(self.db_url).connect() as s:  # Core: this runs on every scheduling pass
-            if not self.loaded:
-                rows = list(s.execute(select(*_COLUMNS).where(*_QUEUED)))
-                return Delta(rows, {r.id for r in rows})
-            new = list(s.execute(select(*_COLUMNS).where(*_QUEUED, Job.id > self.max_id)))
-            if not full:
-                count = s.scalar(select(func.count()).select_from(Job).where(*_QUEUED))
-                if count == len(self.keys) + len(new):
-                    return Delta(new)
-            ids = set(s.scalars(select(Job.id).where(*_QUEUED)))
-            have = {r.id for r in new}
-            missing = sorted(i for i in ids if i not in self.keys and i not in have)
+        """What changed since the last :meth:`apply` (blocking: on SQLite a few small reads, else run it in a thread)."""
+        if self.reader is not None:
+            with self.reader.snapshot():
+                return self._fetch(self.reader.rows, full)
+        with get_engine(self.db_url).connect() as c:
+            return self._fetch(lambda stmt, params=None: list(c.execute(stmt, params or {})), full)
+
+    def _fetch(self, rows, full: bool) -> Delta:
+        if not self.loaded:
+            found = rows(_ALL)
+            return Delta(found, {r.id for r in found})
+        new = rows(_NEW, {"max_id": self.max_id})
+        if not full:
+            count = rows(_COUNT)[0][0]
+            if count == len(self.keys) + len(new):
+                return Delta(new)
+        ids = {r[0] for r in rows(_IDS)}
+        have = {r.id for r in new}
+        missing = sorted(i for i in ids if i not in self.keys and i not in have)
+        with get_engine(self.db_url).connect() as c:  # rare (a cancel or requeue): an expanding IN (...)
             for k in range(0, len(missing), _CHUNK):
-                new += s.execute(select(*_COLUMNS).where(*_QUEUED, Job.id.in_(missing[k:k + _CHUNK])))
-            return Delta(new, ids)
+                new += c.execute(select(*_COLUMNS).where(*_QUEUED, Job.id.in_(missing[k:k + _CHUNK])))
+        return Delta(new, ids)
 
     def apply(self, delta: Delta) -> None:
         if delta.ids is not None:

@@ -6,8 +6,10 @@ submissions queue instead of fighting for the database lock.
 
 One exception, :meth:`JobStore.lookup`: the API's own small reads (one job by id, a page of the
 listing) run on the event loop when the database is SQLite in WAL mode, where a reader never waits
-for a writer's lock. Such a read costs 0.1-0.4 ms of CPU, less than the two thread switches a
-reader thread takes, and on a loaded machine each switch is a wait for a core (``inline_reads``).
+for a writer's lock. Such a read costs 20-100 us of CPU through :class:`trainhub.db.SQLiteReader`
+(``fast_reads``: the same statements without SQLAlchemy's per-statement machinery), less than the two
+thread switches a reader thread takes, and on a loaded machine each switch is a wait for a core
+(``inline_reads``). The engine's per-pass reads (:meth:`JobStore.in_states`) go the same way.
 """
 
 from __future__ import annotations
@@ -16,15 +18,13 @@ import asyncio
 import json
 import math
 import os
-import sqlite3
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from trainhub.db import get_engine, init_db, write_session
+from trainhub.db import SQLiteReader, get_engine, init_db, write_session
 from trainhub.exceptions import NotFound
 from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
@@ -135,14 +135,22 @@ _RECORD = select(*_JOBS.columns).where(_JOBS.c.id == bindparam("job_id"))
 _BY_SUBMIT_KEY = select(*_JOBS.columns).where(_JOBS.c.submit_key == bindparam("submit_key"))
 _CREATE = insert(_JOBS).returning(*_JOBS.columns)
 _EVENT = insert(JobEvent.__table__)
-_IN_STATES = select(*_JOBS.columns).where(_JOBS.c.state.in_(bindparam("states", expanding=True))).order_by(_JOBS.c.id)
+_in_states: dict[int, object] = {}
+
+
+def _in_states_stmt(states: int):
+    """The engine's read of every job in ``states`` states, oldest first (built once per count)."""
+    if states not in _in_states:
+        where = _JOBS.c.state.in_([bindparam(f"state{i}") for i in range(states)])
+        _in_states[states] = select(*_JOBS.columns).where(where).order_by(_JOBS.c.id)
+    return _in_states[states]
 _listings: dict[tuple[bool, int, bool], tuple] = {}
 
 
 def _listing(user: bool, states: int, sweep: bool) -> tuple:
     """The (count, page) statements of a listing with these filters (``states``: how many states), built
     once: the same statement object each time keeps SQLAlchemy's compiled-statement cache from recomputing
-    its key, and the SQLite fast path compiles each once. Plain parameters (``state0``, ``state1``...)
+    its key, and :class:`~trainhub.db.SQLiteReader` compiles each once. Plain parameters (``state0``, ``state1``...)
     rather than an expanding one, so that a statement compiles to one SQL text."""
     key = (user, states, sweep)
     if key not in _listings:
@@ -160,61 +168,6 @@ def _listing(user: bool, states: int, sweep: bool) -> tuple:
     return _listings[key]
 
 
-class SQLiteReads:
-    """The API's hot reads (one job, a listing page) straight through the ``sqlite3`` module.
-
-    SQLAlchemy's per-statement machinery (connection checkout, the BEGIN its SQLite set-up emits, the
-    compiled-cache lookup, the result object, the ROLLBACK) costs a GET of one job five times the
-    read itself. These are the same statements, compiled once by SQLAlchemy for the SQLite dialect, and
-    every value goes through its column type's own result processor, so a row reads exactly as it does
-    through SQLAlchemy (tests/jobs/test_store_reads.py compares them). One connection per thread,
-    ``query_only``; a listing's count and page are read in one transaction.
-    """
-
-    def __init__(self, engine):
-        self._path = engine.url.database
-        self._dialect = engine.dialect
-        self._processors = [c.type.dialect_impl(engine.dialect).result_processor(engine.dialect, None) for c in _JOBS.columns]
-        self._compiled: dict[int, tuple[str, tuple[str, ...]]] = {}
-        self._local = threading.local()
-
-    def _connection(self) -> sqlite3.Connection:
-        con = getattr(self._local, "connection", None)
-        if con is None:
-            con = sqlite3.connect(self._path, isolation_level=None, timeout=30)
-            con.execute("PRAGMA query_only=ON")
-            self._local.connection = con
-        return con
-
-    def _sql(self, stmt) -> tuple[str, tuple[str, ...]]:
-        done = self._compiled.get(id(stmt))
-        if done is None:
-            compiled = stmt.compile(dialect=self._dialect)
-            done = self._compiled[id(stmt)] = (str(compiled), tuple(compiled.positiontup))
-        return done
-
-    def _row(self, row) -> JobRecord:
-        return JobRecord([p(v) if p is not None else v for p, v in zip(self._processors, row)])
-
-    def rows(self, con, stmt, params: dict) -> list:
-        sql, names = self._sql(stmt)
-        return con.execute(sql, [params[n] for n in names]).fetchall()
-
-    def record(self, job_id: int) -> JobRecord | None:
-        rows = self.rows(self._connection(), _RECORD, {"job_id": job_id})
-        return self._row(rows[0]) if rows else None
-
-    def listing(self, count, page, params: dict) -> tuple[list[JobRecord], int]:
-        con = self._connection()
-        con.execute("BEGIN")
-        try:
-            total = self.rows(con, count, params)[0][0]
-            rows = self.rows(con, page, params)
-        finally:
-            con.execute("COMMIT")
-        return [self._row(r) for r in rows], total
-
-
 class JobStore:
     def __init__(self, db_url: str, inline_reads: bool = True):
         self.db_url = db_url
@@ -226,7 +179,8 @@ class JobStore:
         self._readers = ThreadPoolExecutor(4, thread_name_prefix="trainhub-db-read")
         # SQLite (WAL, see trainhub.db): readers never wait for a lock; another database is a network round trip
         self.inline_reads = inline_reads and self.engine.dialect.name == "sqlite"
-        self._fast = SQLiteReads(self.engine) if self.engine.dialect.name == "sqlite" and self.engine.url.database else None
+        # the API's reads and the engine's per-pass reads, without SQLAlchemy's per-statement cost
+        self.fast_reads = SQLiteReader.for_engine(self.engine)
 
     async def write(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self._writer, lambda: fn(*args, **kwargs))
@@ -269,8 +223,9 @@ class JobStore:
 
     def record(self, job_id: int) -> JobRecord:
         """One job for the API (a read-only :class:`JobRecord`; the engine uses :meth:`get`)."""
-        if self._fast is not None:
-            record = self._fast.record(job_id)
+        if self.fast_reads is not None:
+            rows = self.fast_reads.rows(_RECORD, {"job_id": job_id})
+            record = JobRecord(rows[0]) if rows else None
         else:
             with self.engine.connect() as c:
                 row = c.execute(_RECORD, {"job_id": job_id}).first()
@@ -286,8 +241,10 @@ class JobStore:
         count, page = _listing(user is not None, len(states), sweep_id is not None)
         params = {"user": user, "sweep_id": sweep_id, "limit": limit, "offset": offset,
                   **{f"state{i}": state for i, state in enumerate(states)}}
-        if self._fast is not None:
-            return self._fast.listing(count, page, params)
+        if self.fast_reads is not None:
+            with self.fast_reads.snapshot():
+                total, rows = self.fast_reads.scalar(count, params), self.fast_reads.rows(page, params)
+            return [JobRecord(r) for r in rows], total
         with self.engine.connect() as c:
             total = c.execute(count, params).scalar_one()
             rows = c.execute(page, params).all()
@@ -296,8 +253,12 @@ class JobStore:
     def in_states(self, *states: str) -> list[JobRecord]:
         """Every job in these states, oldest first (the engine's view of the queue and of what runs, each
         pass: with 10,000 queued, Core rows cost a third of what the ORM's instances did)."""
+        states = sorted(set(states))
+        stmt, params = _in_states_stmt(len(states)), {f"state{i}": state for i, state in enumerate(states)}
+        if self.fast_reads is not None:
+            return [JobRecord(r) for r in self.fast_reads.rows(stmt, params)]
         with self.engine.connect() as c:
-            return [JobRecord(r) for r in c.execute(_IN_STATES, {"states": list(states)})]
+            return [JobRecord(r) for r in c.execute(stmt, params)]
 
     def update(self, job_id: int, event: tuple[str, str] | None = None, only_if_state: tuple | None = None, **fields) -> bool:
         with write_session(self.db_url) as s:

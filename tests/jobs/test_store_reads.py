@@ -1,6 +1,6 @@
 """The jobs API's reads and submissions go through SQLAlchemy Core (``JobStore.record``/``list``/``create``),
 not the ORM the engine uses, and on SQLite its reads go straight through the ``sqlite3`` module
-(``SQLiteReads``): both must answer exactly what the ORM's rows would, filter and page the same."""
+(``trainhub.db.SQLiteReader``): both must answer exactly what the ORM's rows would, filter and page the same."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from trainhub.states import QUEUED, RUNNING, SUCCEEDED
 @pytest.fixture(params=["sqlite3", "sqlalchemy"])
 def store(tmp_path, request):
     store = JobStore(f"sqlite:///{tmp_path}/platform.db")
-    assert store._fast is not None
+    assert store.fast_reads is not None
     if request.param == "sqlalchemy":
-        store._fast = None  # the path every other database takes
+        store.fast_reads = None  # the path every other database takes
     return store
 
 
@@ -109,7 +109,7 @@ def test_the_sqlite3_reads_answer_what_sqlalchemy_reads(tmp_path):
     """Every column of every row, through both paths: the same values and types (dates, JSON, nulls)."""
     fast = JobStore(f"sqlite:///{tmp_path}/platform.db")
     slow = JobStore(f"sqlite:///{tmp_path}/platform.db")
-    slow._fast = None
+    slow.fast_reads = None
     plain = add(fast, "ann")
     full = add(fast, "bob", groups=["lab", "x"], env={"K": "v" * 50}, params={"lr": 1e-3, "opt": "adam", "n": [1, 2]},
                gpus=1, workers=2, priority=-3, time_limit=0.5, script="print('é')\n", command=None, sweep_id=3,
@@ -124,3 +124,5 @@ def test_the_sqlite3_reads_answer_what_sqlalchemy_reads(tmp_path):
     for args in (("bob", [RUNNING], 10, 0), (None, None, 1, 1), (None, None, 10, 0, 3)):
         (fa, ft), (sa, st) = fast.list(*args), slow.list(*args)
         assert ft == st and [job_to_dict(j) for j in fa] == [job_to_dict(j) for j in sa]
+    for states in ([RUNNING], [SUCCEEDED, RUNNING], [QUEUED]):
+        assert [job_to_dict(j) for j in fast.in_states(*states)] == [job_to_dict(j) for j in slow.in_states(*states)]
