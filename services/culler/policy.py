@@ -48,7 +48,8 @@ def _ts(dt: datetime | None) -> float | None:
     return dt.timestamp()
 
 
-def _iso(ts: float | None) -> str | None:
+def iso_ts(ts: float | None) -> str | None:
+    """An epoch time as the culler's APIs and audit rows write it (None stays None)."""
     return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
 
 
@@ -439,8 +440,8 @@ class CullPolicy(LoggingConfigurable):
             m.update(timeout_s=timeout, release_clock=True)
             if short > self.release_timeout:
                 where += ", GPU last used outside the notebooks"
-                m["external_use_at"] = _iso(_ts(server.external_use_at))
-        m.update(connections=server.connections, last_seen=_iso(_ts(server.last_seen)))
+                m["external_use_at"] = iso_ts(_ts(server.external_use_at))
+        m.update(connections=server.connections, last_seen=iso_ts(_ts(server.last_seen)))
         if self.away_timeout and server.connections == 0 and server.last_seen is not None:
             # nobody is there: the shorter timeout, counted from when someone was last seen
             away_start = max(start, _ts(server.last_seen))
@@ -451,7 +452,7 @@ class CullPolicy(LoggingConfigurable):
                 where += f", nobody connected for {fmt_duration(now_ts - _ts(server.last_seen), 'coarse')}"
                 m.update(timeout_s=timeout, away=True)
         idle = now_ts - start
-        m.update(idle_s=round(idle, 1), idle_since=_iso(start), clock_reset_by=clock_by)
+        m.update(idle_s=round(idle, 1), idle_since=iso_ts(start), clock_reset_by=clock_by)
 
         m["warning_period_s"] = warning_period
         warn_after = max(timeout - warning_period, 0.0)
@@ -474,7 +475,7 @@ class CullPolicy(LoggingConfigurable):
                 f"used or you press keep; {self.kept_text()}",
                 m,
             )
-        m["warned_at"] = _iso(warned)
+        m["warned_at"] = iso_ts(warned)
         since_warn = now_ts - warned
         if since_warn < warning_period or idle < timeout:
             act_in = max(warning_period - since_warn, timeout - idle)
@@ -508,7 +509,7 @@ class CullPolicy(LoggingConfigurable):
             "running": running, "reason": d.reason, "dry_run": bool(self.dry_run),
             "action": RELEASE if self.action == RELEASE and self.cpu_profile else STOP,
             "timeout_s": m.get("timeout_s"), "idle_since": m.get("idle_since"), "idle_s": m.get("idle_s"),
-            "away": bool(m.get("away")), "warned_at": _iso(_ts(server.warned_at)), "act_at": None,
+            "away": bool(m.get("away")), "warned_at": iso_ts(_ts(server.warned_at)), "act_at": None,
         }
         if not running:
             return out
@@ -518,7 +519,7 @@ class CullPolicy(LoggingConfigurable):
             act = now.timestamp() + m["act_in_s"]
         else:  # the warning comes at timeout - warning_period, the action warning_period later
             act = _ts(datetime.fromisoformat(m["idle_since"])) + m["timeout_s"]
-        out["act_at"] = _iso(act)
+        out["act_at"] = iso_ts(act)
         return out
 
     async def decide(self, server: ServerInfo, history: UtilizationHistory, now: datetime | None = None) -> Decision:
