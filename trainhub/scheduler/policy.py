@@ -29,13 +29,13 @@ import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from traitlets import Bool, Dict, Float, Integer
+from traitlets import Bool, Dict, Enum, Float, Integer
 from traitlets.config import LoggingConfigurable
 
 from trainhub.fmt import fmt_duration
 
 from .model import Allocation, JobRequest, Plan, Quotas, Start, WaitReason
-from .placement import FreeIndex, free_gpus
+from .placement import FreeIndex, free_gpus, node_ends
 from .queue import PendingQueue
 
 
@@ -287,7 +287,9 @@ class _Pass:
         self.level = level
         self.cap_total = sum(capacity.values())
         self.kmax = max(capacity.values(), default=0)
-        self.free = FreeIndex(free_gpus(capacity, running), self.kmax)
+        # end-aligned placement (TrainhubScheduler.placement); None: best fit by free count only
+        self.aligned = getattr(policy, "placement", "best-fit") == "end-aligned"
+        self.free = FreeIndex(free_gpus(capacity, running), self.kmax, node_ends(running) if self.aligned else None)
         self.user_held: dict[str, int] = {}
         self.group_held: dict[str, int] = {}
         self.cpu_running = 0
@@ -310,6 +312,12 @@ class _Pass:
         self.slots_cache: dict[int, int] = {}
 
     # -- checks ------------------------------------------------------------------------------
+    def end_of(self, job: JobRequest) -> float | None:
+        """The job's latest end for end-aligned placement (``inf`` without a time limit); ``None``: best fit."""
+        if not self.aligned:
+            return None
+        return math.inf if job.time_limit is None else self.now + job.time_limit
+
     def too_large(self, job: JobRequest) -> WaitReason | None:
         g, w = job.gpus_per_worker, job.workers
         slots = self.slots_cache.get(g)
@@ -567,6 +575,16 @@ class TrainhubScheduler(Scheduler):
         GPUs busy while large gangs wait; afterwards only backfill that cannot delay the head.
         0 = reserve at once (pure EASY backfill). Slurm's bf_min_age_reserve is the same idea.""",
     )
+    placement = Enum(
+        ["end-aligned", "best-fit"],
+        "end-aligned",
+        config=True,
+        help="""Where a job's workers go among the nodes that hold them. "end-aligned": on a node whose
+        running work (by time limits; none = for ever) already lasts at least as long as the job's time
+        limit, fewest free GPUs first, else on the node whose work lasts longest, so long jobs share
+        nodes and the others drain whole for gang jobs. "best-fit": the node with the fewest free
+        GPUs, whatever runs there (the FIFO baseline's placement).""",
+    )
     preemption = Bool(
         True,
         config=True,
@@ -672,7 +690,7 @@ def _run(
             continue
 
         if head is None:
-            nodes = free.place(job.workers, job.gpus_per_worker)
+            nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
             if nodes is not None:
                 p.start(job, nodes)
                 continue
@@ -705,7 +723,7 @@ def _run(
                 if res_time is not None:
                     held = _reserve_placement(free_then, free.free, job.workers, job.gpus_per_worker)
                     spare = {n: f - held.get(n, 0) for n, f in free_then.items()}
-                    long_free = FreeIndex({n: min(f, spare[n]) for n, f in free.free.items()}, p.kmax)
+                    long_free = FreeIndex({n: min(f, spare[n]) for n, f in free.free.items()}, p.kmax, free.ends)
             continue
 
         # Behind the head.
@@ -721,19 +739,19 @@ def _run(
         limit = job.time_limit
         if limit is not None and (res_time is None or now + limit <= res_time):
             # Ends before the head's reservation (or nothing is reserved): any free GPUs will do.
-            nodes = free.place(job.workers, job.gpus_per_worker)
+            nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
             if long_free is not None:
                 for n in nodes:
                     long_free.set(n, min(free.free[n], spare[n]))
             p.start(job, nodes, backfill=True)
             continue
         # May run past the reservation: only on GPUs the head will not need then.
-        nodes = long_free.place(job.workers, job.gpus_per_worker) if long_free is not None else None
+        nodes = long_free.place(job.workers, job.gpus_per_worker, p.end_of(job)) if long_free is not None else None
         if (nodes is None and preemptible_backfill and not victims and job.preemptible
                 and p.policy.base_priority(job) <= head_prio):
             # It overtakes the head, which preempts it when it needs these GPUs (see _Pass.overtakers);
             # not while the head is about to start (victims being preempted for it now).
-            nodes = free.place(job.workers, job.gpus_per_worker)
+            nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
             if long_free is not None:
                 for n in nodes:
                     long_free.set(n, min(free.free[n], spare[n]))
