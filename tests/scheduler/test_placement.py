@@ -80,3 +80,50 @@ def test_a_gang_gets_the_node_that_drains(placement, big_delay):
 def test_unknown_placement_is_refused():
     with pytest.raises(TraitError):
         TrainhubScheduler(placement="worst-fit")
+
+
+def test_place_without_extending_only_uses_nodes_whose_work_lasts_as_long():
+    ends = {"short": 100.0, "long": 10_000.0}
+    index = FreeIndex({"short": 4, "long": 2, "empty": 8}, 8, ends)
+    assert index.place(1, 2, 5_000.0, extend=False) == ["long"]
+    assert index.place(1, 2, 5_000.0, extend=False) is None  # "short" and "empty" would be kept from draining
+    assert index.free == {"short": 4, "long": 0, "empty": 8} and ends == {"short": 100.0, "long": 10_000.0}
+    assert index.place(2, 2, 50.0, extend=False) == ["short", "short"]
+    assert index.place(1, 2, 5_000.0) == ["empty"]  # extend=True: any node, the least extension first
+
+
+def _draining_cluster():
+    """n1 frees at 500 for the 8-GPU head; n3 (3 free) drains at 600; n2 (4 free) runs for ever."""
+    capacity = {"n0": 8, "n1": 8, "n2": 8, "n3": 8}
+    running = [
+        Allocation("a", "u", (), (("n0", 8),), started_at=0.0, time_limit=1000.0),
+        Allocation("b", "u", (), (("n1", 6),), started_at=0.0, time_limit=500.0),
+        Allocation("c", "u", (), (("n2", 4),), started_at=0.0, time_limit=None),
+        Allocation("d", "u", (), (("n3", 5),), started_at=0.0, time_limit=600.0),
+    ]
+    head = JobRequest("head", "h", workers=1, gpus_per_worker=8, submitted_at=0.0, time_limit=3600.0)
+    return capacity, running, head
+
+
+def test_backfill_past_the_reservation_does_not_pin_a_draining_node():
+    capacity, running, head = _draining_cluster()
+    long = JobRequest("long", "v", workers=1, gpus_per_worker=1, submitted_at=1.0, time_limit=10_000.0)
+    new = TrainhubScheduler(reserve_after=0).schedule(10.0, [head, long], running, capacity, Quotas())
+    assert new.head == "head" and new.waiting["head"].reserved_start == 500.0
+    assert new.starts[0].placement == (("n2", 1),)  # beside the work that runs for ever
+    old = TrainhubScheduler(reserve_after=0, placement="best-fit").schedule(10.0, [head, long], running, capacity, Quotas())
+    assert old.starts[0].placement == (("n3", 1),)  # best fit: n3 then stays busy until 10,010 instead of 600
+
+
+def test_backfill_past_the_reservation_waits_when_only_draining_nodes_are_left():
+    capacity, running, head = _draining_cluster()
+    running[2] = Allocation("c", "u", (), (("n2", 8),), started_at=0.0, time_limit=None)  # n2 full
+    long = JobRequest("long", "v", workers=1, gpus_per_worker=1, submitted_at=1.0, time_limit=10_000.0)
+    short = JobRequest("short", "v", workers=1, gpus_per_worker=1, submitted_at=2.0, time_limit=300.0)
+    plan = TrainhubScheduler(reserve_after=0).schedule(10.0, [head, long, short], running, capacity, Quotas())
+    assert [s.job_id for s in plan.starts] == ["short"]  # ends before the reservation: anywhere
+    reason = plan.waiting["long"]
+    assert reason.code == "reserved" and reason.blocking_job == "head"
+    assert "left to drain for large jobs" in reason.message and "may run 2h46m," in reason.message
+    old = TrainhubScheduler(reserve_after=0, placement="best-fit").schedule(10.0, [head, long, short], running, capacity, Quotas())
+    assert {s.job_id for s in old.starts} == {"long", "short"}

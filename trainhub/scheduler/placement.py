@@ -9,7 +9,9 @@ With ``ends`` (per node, the latest time limit of what runs there) placement is 
 worker goes to a node whose work already runs at least as long as the job may, fewest free GPUs
 first; only if there is none does it extend a node's horizon, the latest one (least extension). So
 a week-long 1-GPU job joins the nodes already pinned for a week instead of pinning one more, and
-nodes drain whole for gang jobs. Without ``ends`` it is plain best fit (the FIFO baseline).
+nodes drain whole for gang jobs. ``place(..., extend=False)`` allows only such nodes: the policy asks
+it for a job that would run past the head's reservation, so backfill never turns a node that drains
+into one pinned for longer. Without ``ends`` it is plain best fit (the FIFO baseline).
 """
 
 from __future__ import annotations
@@ -112,11 +114,14 @@ class FreeIndex:
                     return best
         return best
 
-    def place(self, workers: int, gpus_per_worker: int, end: float | None = None) -> list[str] | None:
+    def place(self, workers: int, gpus_per_worker: int, end: float | None = None, extend: bool = True) -> list[str] | None:
         """Place each worker in turn (see :meth:`pick`), taking the GPUs; ``None`` (and no change) if it
-        won't fit."""
+        won't fit. ``extend=False`` (with ``ends`` and ``end``): only on nodes whose work already lasts
+        until ``end``, fewest free GPUs first, looking at most at ``SCAN_LIMIT + workers`` nodes."""
         if not self.fits(workers, gpus_per_worker):
             return None
+        if not extend and self.ends is not None and end is not None:
+            return self._place_within(workers, gpus_per_worker, end)
         ends = self.ends if end is not None else None
         nodes = []
         for _ in range(workers):
@@ -126,4 +131,29 @@ class FreeIndex:
             if ends is not None and ends.get(node, -math.inf) < end:
                 ends[node] = end
             nodes.append(node)
+        return nodes
+
+    def _place_within(self, workers: int, g: int, end: float) -> list[str] | None:
+        ends, buckets = self.ends, self.buckets
+        chosen: list[tuple[str, int]] = []
+        need, seen, limit = workers, 0, SCAN_LIMIT + workers
+        for f in range(max(g, 1), self.kmax + 1):
+            for node in buckets[f]:
+                if ends.get(node, -math.inf) >= end:
+                    k = min(f // g, need)
+                    chosen.append((node, k))
+                    need -= k
+                    if need == 0:
+                        break
+                seen += 1
+                if seen >= limit:
+                    break
+            if need == 0 or seen >= limit:
+                break
+        if need:
+            return None
+        nodes = []
+        for node, k in chosen:  # applied after the scan: set() moves nodes between buckets
+            self.set(node, self.free[node] - k * g)
+            nodes += [node] * k
         return nodes

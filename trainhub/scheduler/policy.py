@@ -746,7 +746,8 @@ def _run(
             p.start(job, nodes, backfill=True)
             continue
         # May run past the reservation: only on GPUs the head will not need then.
-        nodes = long_free.place(job.workers, job.gpus_per_worker, p.end_of(job)) if long_free is not None else None
+        # ... and, placed end-aligned, only beside work that lasts as long (no node kept from draining)
+        nodes = long_free.place(job.workers, job.gpus_per_worker, p.end_of(job), extend=False) if long_free is not None else None
         if (nodes is None and preemptible_backfill and not victims and job.preemptible
                 and p.policy.base_priority(job) <= head_prio):
             # It overtakes the head, which preempts it when it needs these GPUs (see _Pass.overtakers);
@@ -758,7 +759,12 @@ def _run(
             p.start(job, nodes, backfill=True)
             continue
         if nodes is None:
-            if limit is None:
+            if long_free is not None and long_free.fits(job.workers, job.gpus_per_worker):
+                msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)} (reserved to start in "
+                       f"{_fmt_delay(res_time - now)}) or on nodes left to drain for large jobs: this job "
+                       + ("has no time limit" if limit is None else f"may run {_fmt_delay(limit)}")
+                       + ", longer than the work running there")
+            elif limit is None:
                 msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)}; a job without a time limit "
                        "may only use GPUs that job will not need")
             else:
