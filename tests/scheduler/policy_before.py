@@ -306,17 +306,21 @@ class _Pass:
 
     # -- reservation -------------------------------------------------------------------------
     def releases(self, victims: Sequence[Allocation]) -> list[tuple[float, str, tuple]]:
-        """``(end, id, placement)`` of everything that will free GPUs, clamped to now."""
+        """``(end, rank, id, placement)`` of everything that will free GPUs, clamped to now.
+
+        ``victims`` (rank 0) come before what merely ends at the same time, overdue jobs clamped to now
+        included: a head that preempts must fit on its victims' GPUs, not on those of a job past its
+        limit that is still running (else backfill could take what the victims free)."""
         now = self.now
         victim_ids = {v.id for v in victims}
-        out = [(now, v.id, v.placement) for v in victims]
+        out = [(now, 0, v.id, v.placement) for v in victims]
         for alloc in self.running:
             end = alloc.end
             if end is not None and alloc.id not in victim_ids:
-                out.append((end if end > now else now, alloc.id, alloc.placement))
+                out.append((end if end > now else now, 1, alloc.id, alloc.placement))
         for start, job in zip(self.starts, self.started_jobs):
             if job.time_limit is not None and job.gpus:
-                out.append((now + job.time_limit, job.id, start.placement))
+                out.append((now + job.time_limit, 1, job.id, start.placement))
         out.sort()
         return out
 
@@ -327,7 +331,7 @@ class _Pass:
         slots = sum(f // g for f in free.values())
         if slots >= w:
             return self.now, free
-        for end, _id, placement in self.releases(victims):
+        for end, _rank, _id, placement in self.releases(victims):
             for node, x in placement:
                 if x and node in free:
                     old = free[node]
