@@ -1,4 +1,4 @@
-"""Free-GPU bookkeeping and best-fit gang placement.
+"""Free-GPU bookkeeping and gang placement: best fit, or end-aligned.
 
 Nodes are bucketed by their number of free GPUs, so "does a gang of W workers × g GPUs fit?" costs
 O(largest node) instead of O(nodes): with identical workers the gang fits iff

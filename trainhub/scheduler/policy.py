@@ -7,7 +7,8 @@ no randomness, and it never mutates its inputs. One pass walks the queue once, i
    or ``max_cpu_jobs`` are already running (GPUs never block them).
 2. A GPU job that can never fit gets ``too-large``; one that would break a user or group quota gets
    ``quota-user``/``quota-group`` and is skipped (it does not block the jobs behind it).
-3. Jobs start, best-fit placed, until the first one that does not fit: the *head*. The head gets a
+3. Jobs start, placed end-aligned (trainhub; see :mod:`.placement`) or best fit (FIFO), until the
+   first one that does not fit: the *head*. The head gets a
    reservation: the earliest time its gang fits, replaying the running jobs' ends
    (``started_at + time_limit``; unknown limits never end).
 4. FIFO stops there (head-of-line blocking). Trainhub may preempt lower-priority preemptible jobs for
@@ -526,7 +527,7 @@ class FifoGangScheduler(Scheduler):
 
 
 class TrainhubScheduler(Scheduler):
-    """Priorities with aging, fair share, EASY backfill, preemption, best-fit gang placement.
+    """Priorities with aging, fair share, EASY backfill, preemption, end-aligned gang placement.
 
     Queue order: effective priority (highest first), then the GPUs held by the job's groups and its
     user (fewest first, recomputed as jobs start within the pass), then submit time.
