@@ -42,11 +42,13 @@ def hours(seconds: float) -> str:
 def compare(trace, nodes: int) -> list[tuple[str, bool]]:
     cluster = uniform_cluster(nodes)
     results = {}
-    for name, policy in [("fifo", FifoGangScheduler()), ("trainhub", TrainhubScheduler())]:
+    # "best-fit": trainhub's policy with the placement it had before end-aligned placement (info only)
+    for name, policy in [("fifo", FifoGangScheduler()), ("trainhub", TrainhubScheduler()),
+                         ("best-fit", TrainhubScheduler(placement="best-fit"))]:
         t0 = time.perf_counter()
         result = simulate(trace, policy, cluster)
         results[name] = (result.metrics(), result.passes, time.perf_counter() - t0)
-    fifo, trainhub = results["fifo"][0], results["trainhub"][0]
+    fifo, trainhub, bestfit = results["fifo"][0], results["trainhub"][0], results["best-fit"][0]
 
     print(f"\nTrace: {len(trace)} jobs on {nodes} nodes x 8 GPUs = {nodes * 8} GPUs; "
           f"simulated {hours(trainhub['makespan'])} "
@@ -61,10 +63,10 @@ def compare(trace, nodes: int) -> list[tuple[str, bool]]:
         ("jobs finished", "finished", lambda v: f"{v:.0f}"),
         ("preemptions", "preemptions", lambda v: f"{v:.0f}"),
     ]
-    print(f"{'metric':<30} {'fifo':>12} {'trainhub':>12} {'trainhub/fifo':>14}")
+    print(f"{'metric':<30} {'fifo':>12} {'trainhub':>12} {'trainhub/fifo':>14}   {'best-fit (info)':>15}")
     for label, key, fmt in rows:
         ratio = trainhub[key] / fifo[key] if fifo[key] else float("nan")
-        print(f"{label:<30} {fmt(fifo[key]):>12} {fmt(trainhub[key]):>12} {ratio:>14.2f}")
+        print(f"{label:<30} {fmt(fifo[key]):>12} {fmt(trainhub[key]):>12} {ratio:>14.2f}   {fmt(bestfit[key]):>15}")
 
     return [
         (f"allocation at saturation >= 90% ({trainhub['allocation_at_saturation']:.1%})",

@@ -21,13 +21,13 @@ import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from traitlets import Bool, Dict, Float, Integer
+from traitlets import Bool, Dict, Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.fmt import fmt_duration
 
 from trainhub.scheduler.model import Allocation, JobRequest, Plan, Quotas, Start, WaitReason
-from trainhub.scheduler.placement import FreeIndex, free_gpus
+from trainhub.scheduler.placement import FreeIndex, free_gpus, node_ends
 
 
 class Scheduler(LoggingConfigurable):
@@ -222,7 +222,10 @@ class _Pass:
         self.level = level
         self.cap_total = sum(capacity.values())
         self.kmax = max(capacity.values(), default=0)
-        self.free = FreeIndex(free_gpus(capacity, running), self.kmax)
+        # placement is shared with the policy under test (trainhub.scheduler.placement), not part of what
+        # this oracle checks: both place end-aligned when the policy's `placement` says so
+        self.aligned = getattr(policy, "placement", "best-fit") == "end-aligned"
+        self.free = FreeIndex(free_gpus(capacity, running), self.kmax, node_ends(running) if self.aligned else None)
         self.user_held: dict[str, int] = {}
         self.group_held: dict[str, int] = {}
         self.cpu_running = 0
@@ -303,17 +306,21 @@ class _Pass:
 
     # -- reservation -------------------------------------------------------------------------
     def releases(self, victims: Sequence[Allocation]) -> list[tuple[float, str, tuple]]:
-        """``(end, id, placement)`` of everything that will free GPUs, clamped to now."""
+        """``(end, rank, id, placement)`` of everything that will free GPUs, clamped to now.
+
+        ``victims`` (rank 0) come before what merely ends at the same time, overdue jobs clamped to now
+        included: a head that preempts must fit on its victims' GPUs, not on those of a job past its
+        limit that is still running (else backfill could take what the victims free)."""
         now = self.now
         victim_ids = {v.id for v in victims}
-        out = [(now, v.id, v.placement) for v in victims]
+        out = [(now, 0, v.id, v.placement) for v in victims]
         for alloc in self.running:
             end = alloc.end
             if end is not None and alloc.id not in victim_ids:
-                out.append((end if end > now else now, alloc.id, alloc.placement))
+                out.append((end if end > now else now, 1, alloc.id, alloc.placement))
         for start, job in zip(self.starts, self.started_jobs):
             if job.time_limit is not None and job.gpus:
-                out.append((now + job.time_limit, job.id, start.placement))
+                out.append((now + job.time_limit, 1, job.id, start.placement))
         out.sort()
         return out
 
@@ -324,7 +331,7 @@ class _Pass:
         slots = sum(f // g for f in free.values())
         if slots >= w:
             return self.now, free
-        for end, _id, placement in self.releases(victims):
+        for end, _rank, _id, placement in self.releases(victims):
             for node, x in placement:
                 if x and node in free:
                     old = free[node]
@@ -463,6 +470,7 @@ class TrainhubScheduler(Scheduler):
         GPUs busy while large gangs wait; afterwards only backfill that cannot delay the head.
         0 = reserve at once (pure EASY backfill). Slurm's bf_min_age_reserve is the same idea.""",
     )
+    placement = Unicode("best-fit", config=True, help="as trainhub.scheduler.policy.TrainhubScheduler.placement")
     preemption = Bool(
         True,
         config=True,
@@ -519,6 +527,12 @@ class TrainhubScheduler(Scheduler):
         )
 
 
+def _end(p, job):
+    if not p.aligned:
+        return None
+    return math.inf if job.time_limit is None else p.now + job.time_limit
+
+
 def _run(
     p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0
 ) -> Plan:
@@ -546,7 +560,7 @@ def _run(
             continue
 
         if head is None:
-            nodes = free.place(job.workers, job.gpus_per_worker)
+            nodes = free.place(job.workers, job.gpus_per_worker, _end(p, job))
             if nodes is not None:
                 p.start(job, nodes)
                 continue
@@ -577,7 +591,7 @@ def _run(
                 if res_time is not None:
                     held = _reserve_placement(free_then, free.free, job.workers, job.gpus_per_worker)
                     spare = {n: f - held.get(n, 0) for n, f in free_then.items()}
-                    long_free = FreeIndex({n: min(f, spare[n]) for n, f in free.free.items()}, p.kmax)
+                    long_free = FreeIndex({n: min(f, spare[n]) for n, f in free.free.items()}, p.kmax, free.ends)
             else:
                 order.frozen = True
             continue
@@ -597,16 +611,22 @@ def _run(
         limit = job.time_limit
         if limit is not None and (res_time is None or now + limit <= res_time):
             # Ends before the head's reservation (or nothing is reserved): any free GPUs will do.
-            nodes = free.place(job.workers, job.gpus_per_worker)
+            nodes = free.place(job.workers, job.gpus_per_worker, _end(p, job))
             if long_free is not None:
                 for n in nodes:
                     long_free.set(n, min(free.free[n], spare[n]))
             p.start(job, nodes, backfill=True)
             continue
         # May run past the reservation: only on GPUs the head will not need then.
-        nodes = long_free.place(job.workers, job.gpus_per_worker) if long_free is not None else None
+        # ... and, placed end-aligned, only beside work that lasts as long (no node kept from draining)
+        nodes = long_free.place(job.workers, job.gpus_per_worker, _end(p, job), extend=False) if long_free is not None else None
         if nodes is None:
-            if limit is None:
+            if long_free is not None and long_free.fits(job.workers, job.gpus_per_worker):
+                msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)} (reserved to start in "
+                       f"{_fmt_delay(res_time - now)}) or on nodes left to drain for large jobs: this job "
+                       + ("has no time limit" if limit is None else f"may run {_fmt_delay(limit)}")
+                       + ", longer than the work running there")
+            elif limit is None:
                 msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)}; a job without a time limit "
                        "may only use GPUs that job will not need")
             else:

@@ -17,7 +17,7 @@ from trainhub.scheduler import FifoGangScheduler, JobRequest, Quotas, TrainhubSc
 from trainhub.scheduler.queue import PendingQueue
 
 TRAITS = ("aging_interval", "aging_max", "reserve_after", "backfill", "backfill_depth", "group_priorities",
-          "fair_share", "preemption", "max_cpu_jobs")
+          "fair_share", "preemption", "max_cpu_jobs", "placement")
 
 
 def oracle(sched):

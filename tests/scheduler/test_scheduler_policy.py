@@ -404,3 +404,21 @@ def test_reasons_of_the_rest_of_the_queue(kind):
         "head": "no-gpus", "over": "quota-user", "huge": "too-large", "small": "behind"}
     assert reasons["small"].message == "waiting for 1 GPU: 0 of 8 free; behind job head (priority 0)"
     assert plan == run(kind, pending, running, {"a": 8}, Quotas(users={"carol": 1}))
+
+
+@pytest.mark.parametrize("placement", ["end-aligned", "best-fit"])
+def test_backfill_does_not_take_the_gpus_the_victims_free_when_a_job_is_overdue(placement):
+    """The head fits on its victims' GPUs, not on those of a job past its time limit that still runs:
+    the reservation used to release the overdue job first (both are "now"), so backfill could take the
+    GPUs beside the victim and the head did not fit once the victim was gone (docs/scheduler.md)."""
+    capacity = {"A": 8, "B": 8}
+    running = [
+        Allocation("v", "u", (), (("A", 4),), started_at=0.0, time_limit=10_000.0, preemptible=True),
+        Allocation("a-overdue", "w", (), (("B", 8),), started_at=0.0, time_limit=100.0),
+    ]
+    head = JobRequest("head", "h", workers=1, gpus_per_worker=8, priority=5, submitted_at=500.0, time_limit=600.0)
+    other = JobRequest("j", "x", workers=1, gpus_per_worker=4, submitted_at=600.0, time_limit=5_000.0)
+    plan = TrainhubScheduler(placement=placement).schedule(1000.0, [head, other], running, capacity, Quotas())
+    assert plan.preempt == ("v",) and plan.head == "head"
+    assert plan.starts == ()
+    assert plan.waiting["j"].code == "reserved" and plan.waiting["j"].blocking_job == "head"

@@ -107,6 +107,7 @@ POLICIES = st.one_of(
         backfill_depth=st.sampled_from([0, 3, 1000]),
         group_priorities=st.sampled_from([{}, {"vision": 2}]),
         fair_share=st.booleans(),
+        placement=st.sampled_from(["end-aligned", "best-fit"]),
     ),
 )
 

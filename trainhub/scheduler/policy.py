@@ -7,7 +7,8 @@ no randomness, and it never mutates its inputs. One pass walks the queue once, i
    or ``max_cpu_jobs`` are already running (GPUs never block them).
 2. A GPU job that can never fit gets ``too-large``; one that would break a user or group quota gets
    ``quota-user``/``quota-group`` and is skipped (it does not block the jobs behind it).
-3. Jobs start, best-fit placed, until the first one that does not fit: the *head*. The head gets a
+3. Jobs start, placed end-aligned (trainhub; see :mod:`.placement`) or best fit (FIFO), until the
+   first one that does not fit: the *head*. The head gets a
    reservation: the earliest time its gang fits, replaying the running jobs' ends
    (``started_at + time_limit``; unknown limits never end).
 4. FIFO stops there (head-of-line blocking). Trainhub may preempt lower-priority preemptible jobs for
@@ -29,13 +30,13 @@ import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from traitlets import Bool, Dict, Float, Integer
+from traitlets import Bool, Dict, Enum, Float, Integer
 from traitlets.config import LoggingConfigurable
 
 from trainhub.fmt import fmt_duration
 
 from .model import Allocation, JobRequest, Plan, Quotas, Start, WaitReason
-from .placement import FreeIndex, free_gpus
+from .placement import FreeIndex, free_gpus, node_ends
 from .queue import PendingQueue
 
 
@@ -287,7 +288,9 @@ class _Pass:
         self.level = level
         self.cap_total = sum(capacity.values())
         self.kmax = max(capacity.values(), default=0)
-        self.free = FreeIndex(free_gpus(capacity, running), self.kmax)
+        # end-aligned placement (TrainhubScheduler.placement); None: best fit by free count only
+        self.aligned = getattr(policy, "placement", "best-fit") == "end-aligned"
+        self.free = FreeIndex(free_gpus(capacity, running), self.kmax, node_ends(running) if self.aligned else None)
         self.user_held: dict[str, int] = {}
         self.group_held: dict[str, int] = {}
         self.cpu_running = 0
@@ -310,6 +313,12 @@ class _Pass:
         self.slots_cache: dict[int, int] = {}
 
     # -- checks ------------------------------------------------------------------------------
+    def end_of(self, job: JobRequest) -> float | None:
+        """The job's latest end for end-aligned placement (``inf`` without a time limit); ``None``: best fit."""
+        if not self.aligned:
+            return None
+        return math.inf if job.time_limit is None else self.now + job.time_limit
+
     def too_large(self, job: JobRequest) -> WaitReason | None:
         g, w = job.gpus_per_worker, job.workers
         slots = self.slots_cache.get(g)
@@ -372,17 +381,21 @@ class _Pass:
 
     # -- reservation -------------------------------------------------------------------------
     def releases(self, victims: Sequence[Allocation]) -> list[tuple[float, str, tuple]]:
-        """``(end, id, placement)`` of everything that will free GPUs, clamped to now."""
+        """``(end, rank, id, placement)`` of everything that will free GPUs, clamped to now.
+
+        ``victims`` (rank 0) come before what merely ends at the same time, overdue jobs clamped to now
+        included: a head that preempts must fit on its victims' GPUs, not on those of a job past its
+        limit that is still running (else backfill could take what the victims free)."""
         now = self.now
         victim_ids = {v.id for v in victims}
-        out = [(now, v.id, v.placement) for v in victims]
+        out = [(now, 0, v.id, v.placement) for v in victims]
         for alloc in self.running:
             end = alloc.end
             if end is not None and alloc.id not in victim_ids:
-                out.append((end if end > now else now, alloc.id, alloc.placement))
+                out.append((end if end > now else now, 1, alloc.id, alloc.placement))
         for start, job in zip(self.starts, self.started_jobs):
             if job.time_limit is not None and job.gpus:
-                out.append((now + job.time_limit, job.id, start.placement))
+                out.append((now + job.time_limit, 1, job.id, start.placement))
         out.sort()
         return out
 
@@ -393,7 +406,7 @@ class _Pass:
         slots = sum(f // g for f in free.values())
         if slots >= w:
             return self.now, free
-        for end, _id, placement in self.releases(victims):
+        for end, _rank, _id, placement in self.releases(victims):
             for node, x in placement:
                 if x and node in free:
                     old = free[node]
@@ -514,7 +527,7 @@ class FifoGangScheduler(Scheduler):
 
 
 class TrainhubScheduler(Scheduler):
-    """Priorities with aging, fair share, EASY backfill, preemption, best-fit gang placement.
+    """Priorities with aging, fair share, EASY backfill, preemption, end-aligned gang placement.
 
     Queue order: effective priority (highest first), then the GPUs held by the job's groups and its
     user (fewest first, recomputed as jobs start within the pass), then submit time.
@@ -566,6 +579,16 @@ class TrainhubScheduler(Scheduler):
         3600. Until then any later job with a time limit that fits may start (greedy), which keeps
         GPUs busy while large gangs wait; afterwards only backfill that cannot delay the head.
         0 = reserve at once (pure EASY backfill). Slurm's bf_min_age_reserve is the same idea.""",
+    )
+    placement = Enum(
+        ["end-aligned", "best-fit"],
+        "end-aligned",
+        config=True,
+        help="""Where a job's workers go among the nodes that hold them. "end-aligned": on a node whose
+        running work (by time limits; none = for ever) already lasts at least as long as the job's time
+        limit, fewest free GPUs first, else on the node whose work lasts longest, so long jobs share
+        nodes and the others drain whole for gang jobs. "best-fit": the node with the fewest free
+        GPUs, whatever runs there (the FIFO baseline's placement).""",
     )
     preemption = Bool(
         True,
@@ -672,7 +695,7 @@ def _run(
             continue
 
         if head is None:
-            nodes = free.place(job.workers, job.gpus_per_worker)
+            nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
             if nodes is not None:
                 p.start(job, nodes)
                 continue
@@ -705,7 +728,7 @@ def _run(
                 if res_time is not None:
                     held = _reserve_placement(free_then, free.free, job.workers, job.gpus_per_worker)
                     spare = {n: f - held.get(n, 0) for n, f in free_then.items()}
-                    long_free = FreeIndex({n: min(f, spare[n]) for n, f in free.free.items()}, p.kmax)
+                    long_free = FreeIndex({n: min(f, spare[n]) for n, f in free.free.items()}, p.kmax, free.ends)
             continue
 
         # Behind the head.
@@ -721,26 +744,32 @@ def _run(
         limit = job.time_limit
         if limit is not None and (res_time is None or now + limit <= res_time):
             # Ends before the head's reservation (or nothing is reserved): any free GPUs will do.
-            nodes = free.place(job.workers, job.gpus_per_worker)
+            nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
             if long_free is not None:
                 for n in nodes:
                     long_free.set(n, min(free.free[n], spare[n]))
             p.start(job, nodes, backfill=True)
             continue
         # May run past the reservation: only on GPUs the head will not need then.
-        nodes = long_free.place(job.workers, job.gpus_per_worker) if long_free is not None else None
+        # ... and, placed end-aligned, only beside work that lasts as long (no node kept from draining)
+        nodes = long_free.place(job.workers, job.gpus_per_worker, p.end_of(job), extend=False) if long_free is not None else None
         if (nodes is None and preemptible_backfill and not victims and job.preemptible
                 and p.policy.base_priority(job) <= head_prio):
             # It overtakes the head, which preempts it when it needs these GPUs (see _Pass.overtakers);
             # not while the head is about to start (victims being preempted for it now).
-            nodes = free.place(job.workers, job.gpus_per_worker)
+            nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
             if long_free is not None:
                 for n in nodes:
                     long_free.set(n, min(free.free[n], spare[n]))
             p.start(job, nodes, backfill=True)
             continue
         if nodes is None:
-            if limit is None:
+            if long_free is not None and long_free.fits(job.workers, job.gpus_per_worker):
+                msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)} (reserved to start in "
+                       f"{_fmt_delay(res_time - now)}) or on nodes left to drain for large jobs: this job "
+                       + ("has no time limit" if limit is None else f"may run {_fmt_delay(limit)}")
+                       + ", longer than the work running there")
+            elif limit is None:
                 msg = (f"{_gpus(need)} {'is' if need == 1 else 'are'} free but held for {_named(head.id)}; a job without a time limit "
                        "may only use GPUs that job will not need")
             else:
