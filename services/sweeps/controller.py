@@ -106,6 +106,31 @@ def default_startup(n_trials: int) -> int:
     return max(1, min(5, n_trials // 4))
 
 
+def tpe_startup(settings: dict, n_trials: int) -> int:
+    """Finished trials before TPE models (before that it samples at random)."""
+    startup = settings.get("startup_trials")
+    return startup if startup is not None else max(2, default_startup(n_trials))
+
+
+def may_ask_ahead(settings: dict, n_trials: int, trials: list) -> bool:
+    """Whether the next trial may be asked before a slot frees (so that no ask is on the way from one trial's end
+    to the next one's start) with exactly the parameters it would get when asked then: the random and grid
+    samplers' suggestions do not depend on finished trials (the grid skips running points as it skips finished
+    ones), and TPE samples at random while fewer than its startup trials have finished, even if every unfinished
+    trial finishes first. Other samplers (CMA-ES, TPE once it models) learn from the trial that is still running:
+    they ask when the slot frees."""
+    if len(trials) >= n_trials:
+        return False
+    kind = settings.get("sampler") or "tpe"
+    if kind in ("random", "grid"):
+        return True
+    if kind == "tpe":
+        counted = sum(t.state in (COMPLETE, PRUNED) for t in trials)
+        unfinished = sum(t.state not in TRIAL_FINAL for t in trials)
+        return counted + unfinished < tpe_startup(settings, n_trials)
+    return False
+
+
 def make_sampler(settings: dict, space: dict, n_trials: int):
     import optuna
 
@@ -118,8 +143,7 @@ def make_sampler(settings: dict, space: dict, n_trials: int):
         return optuna.samplers.GridSampler(grid_points(space), seed=seed)
     if kind == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup if startup is not None else default_startup(n_trials))
-    return optuna.samplers.TPESampler(seed=seed, constant_liar=True,
-                                      n_startup_trials=startup if startup is not None else max(2, default_startup(n_trials)))
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=tpe_startup(settings, n_trials))
 
 
 def make_pruner(settings: dict, n_trials: int):
@@ -197,6 +221,9 @@ class SweepController(LoggingConfigurable):
         self._storage = None
         self._studies: dict[int, object] = {}
         self._creating: set[int] = set()  # sweeps whose study is being made: the loop leaves them alone
+        self._ahead: dict[int, tuple[int, int, dict]] = {}  # sweep id -> (number, optuna id, params) asked before a slot freed
+        self._may_ask_ahead: set[int] = set()  # sweeps whose next trial the next quiet pass asks ahead
+        self._importance_due: set[int] = set()  # sweeps whose importance the next quiet pass fits again
         self._loop: PeriodicLoop | None = None
         self.passes = 0
 
@@ -308,75 +335,106 @@ class SweepController(LoggingConfigurable):
             self._loop.wake()
 
     async def run_once(self) -> None:
+        """One pass: every running sweep steps; then, in a pass that submitted no trial (so that no job start
+        waits for it), the work no trial waits for: importance fits and the next trials asked ahead."""
         self.passes += 1
-        for sweep in await self.read(self.store.in_states, RUNNING):
-            if sweep.id in self._creating:
-                continue
+        sweeps = [s for s in await self.read(self.store.in_states, RUNNING) if s.id not in self._creating]
+        submitted = 0
+        for sweep in sweeps:
             try:
-                await self.step(sweep)
+                submitted += await self.step(sweep)
             except asyncio.CancelledError:
                 raise
             except BrokenSweep as e:
                 await self._fail_broken(sweep, str(e))
             except Exception:
                 self.log.exception("sweep %s: controller step failed; retrying next tick", sweep.key)
+        if submitted:
+            return
+        for sweep in sweeps:
+            try:
+                await self.quiet_work(sweep)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("sweep %s: importance or asking ahead failed; retrying next quiet pass", sweep.key)
+
+    async def quiet_work(self, sweep: Sweep) -> None:
+        if sweep.id in self._importance_due:
+            self._importance_due.discard(sweep.id)
+            await self._update_importance(sweep, await self.read(self.store.trials, sweep.id))
+        if sweep.id in self._may_ask_ahead and sweep.id not in self._ahead:
+            self._may_ask_ahead.discard(sweep.id)
+            self._ahead[sweep.id] = await self.optuna(self._ask, sweep)
+            self.log.info("sweep %s: trial %d asked ahead: %s", sweep.key, self._ahead[sweep.id][0], self._ahead[sweep.id][2])
 
     # -- one sweep ----------------------------------------------------------------------------------
-    async def step(self, sweep: Sweep) -> None:
+    async def step(self, sweep: Sweep) -> int:
+        """Bring one sweep up to date; returns how many trials it submitted."""
         if sweep.id not in self._studies:
             await self.optuna(self._study, sweep)  # rebuilt on the first pass, so a broken row fails at once
         trials = await self.read(self.store.trials, sweep.id)
         jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
         completed_before = sum(t.state == COMPLETE for t in trials)
-        for t in trials:
+        submitted = 0
+        for t in trials:  # _follow keeps `t` (and, through its answer, `jobs`) up to date: no second read
             job = jobs.get(t.job_id) if t.job_id else None
+            was_pending = t.state == PENDING
             try:
-                await self._follow(sweep, t, job)
+                job = await self._follow(sweep, t, job)
             except TrainhubError as e:
                 self.log.info("sweep %s trial %d: %s", sweep.key, t.number, e.message)
-        trials = await self.read(self.store.trials, sweep.id)
-        jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
+                continue
+            if job is not None:
+                jobs[job.id] = job
+            submitted += int(was_pending and t.state == TRIAL_RUNNING)
         unfinished = [t for t in trials if t.state not in TRIAL_FINAL
                       or (t.job_id and jobs.get(t.job_id) is not None and jobs[t.job_id].state not in JOB_TERMINAL)]
-        completed = sum(t.state == COMPLETE for t in trials) != completed_before
+        if sum(t.state == COMPLETE for t in trials) != completed_before:
+            self._importance_due.add(sweep.id)
         if sweep.cancel_requested:
-            if completed:
-                await self._update_importance(sweep, trials)
+            if not unfinished:
+                await self._importance_now(sweep, trials)
             await self._wind_down(sweep, trials, jobs, unfinished)
-            return
+            return submitted
         stop = failing_fast(trials, min(self.fail_fast, sweep.n_trials))
         if stop:
             await self.write(self.store.update, sweep.id, cancel_requested=True, reason=f"stopping: {stop}")
             sweep.cancel_requested, sweep.reason = True, f"stopping: {stop}"
             await self._wind_down(sweep, trials, jobs, unfinished, final_state=FAILED, final_reason=stop)
-            return
+            return submitted
         if len(trials) >= sweep.n_trials and not unfinished:
-            if completed:
-                await self._update_importance(sweep, trials)
+            await self._importance_now(sweep, trials)  # there when the sweep ends
             await self._finish(sweep, trials)
-            return
-        # the freed slots first: the importance (a PED-ANOVA fit) is not on the way to the next trial's start
+            return submitted
+        # the freed slots first; the importance (a PED-ANOVA fit) and the next ask wait for a quiet pass
         for _ in range(trials_to_start(sweep.n_trials, sweep.parallel, len(trials), len(unfinished))):
-            if not await self._start_trial(sweep):
+            t = await self._start_trial(sweep)
+            if t is None:
                 break
-        if completed:
-            await self._update_importance(sweep, trials)
+            trials.append(t)
+            submitted += 1
+        if may_ask_ahead(sweep.settings or {}, sweep.n_trials, trials) and not sweep.cancel_requested:
+            self._may_ask_ahead.add(sweep.id)
+        else:
+            self._may_ask_ahead.discard(sweep.id)
+        return submitted
 
-    async def _follow(self, sweep: Sweep, t: SweepTrial, job) -> None:
-        """Bring one trial up to date with its job."""
+    async def _follow(self, sweep: Sweep, t: SweepTrial, job):
+        """Bring one trial up to date with its job (``t`` is updated in place); returns its job as last seen."""
         if t.state == PENDING:
             if sweep.cancel_requested:
                 await self._close(sweep, t, TRIAL_CANCELLED, None, "the sweep was cancelled before it started")
-            else:
-                await self._submit(sweep, t)
-            return
+                return job
+            return await self._submit(sweep, t)
         if t.state in TRIAL_FINAL:
             if job is not None and job.state != t.job_state:
                 await self.write(self.store.update_trial, t.id, job_state=job.state)
-            return
+                t.job_state = job.state
+            return job
         if job is None:
             await self._close(sweep, t, TRIAL_FAILED, None, f"its job {job_key(t.job_id) if t.job_id else '?'} is gone")
-            return
+            return job
         points = metric_points(await self.read(self.store.metric_records, job.id), sweep.metric)
         known = {int(s) for s, _ in (t.intermediate or [])}
         new = [(s, v) for s, v in points if s not in known]
@@ -386,12 +444,18 @@ class SweepController(LoggingConfigurable):
             if s not in seen:
                 seen.add(s)
                 fresh.append((s, v))
+        if job.state in JOB_TERMINAL:  # the last values and the outcome: one Optuna call, one write
+            state, value, reason = trial_outcome(job.state, job.reason, job.key, points, sweep.metric,
+                                                 sweep.cancel_requested)
+            await self._close(sweep, t, state, value, reason, job_state=job.state, fresh=fresh)
+            return job
         prune = False
         if fresh:
             may_prune = job.state == RUNNING and not sweep.cancel_requested and not job.cancel_requested
-            prune = await self.optuna(self._report, sweep, t, fresh, may_prune)
+            prune = await self.optuna(self._report, sweep, t.optuna_id, fresh, may_prune)
             t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
             await self.write(self.store.update_trial, t.id, intermediate=t.intermediate, job_state=job.state)
+            t.job_state = job.state
         if prune:
             stopped = await self.write(self.service.store.request_cancel, job.id, f"sweep {sweep.key} (pruned)")
             self.service.engine.wake()
@@ -402,7 +466,7 @@ class SweepController(LoggingConfigurable):
                                   f"earlier trials at that step; its job {job.key} was stopped", job_state=stopped.state)
                 self.log.info("sweep %s: trial %d pruned at step %s (%s=%.6g); cancelling %s", sweep.key, t.number,
                               step, sweep.metric, value, job.key)
-                return
+                return stopped
             job = stopped
         if job.state in JOB_TERMINAL:
             state, value, reason = trial_outcome(job.state, job.reason, job.key, points, sweep.metric,
@@ -410,22 +474,28 @@ class SweepController(LoggingConfigurable):
             await self._close(sweep, t, state, value, reason, job_state=job.state)
         elif job.state != t.job_state:
             await self.write(self.store.update_trial, t.id, job_state=job.state)
+            t.job_state = job.state
+        return job
 
-    def _report(self, sweep: Sweep, t: SweepTrial, points: list, may_prune: bool) -> bool:
+    def _report(self, sweep: Sweep, optuna_id: int, points: list, may_prune: bool) -> bool:
         """Report intermediate values to Optuna; True when the trial should be pruned (optuna thread)."""
         import optuna
 
         study = self._study(sweep)
-        trial = optuna.trial.Trial(study, t.optuna_id)
+        trial = optuna.trial.Trial(study, optuna_id)
         if trial._cached_frozen_trial.state.is_finished():
             return False
         for step, value in points:
             trial.report(value, step)
         return may_prune and trial.should_prune()
 
-    def _tell(self, sweep: Sweep, number: int, state: str, value: float | None) -> None:
+    def _tell(self, sweep: Sweep, number: int, state: str, value: float | None, fresh: tuple = (),
+              optuna_id: int | None = None) -> None:
+        """Tell Optuna a trial's outcome, after its last intermediate values ``fresh`` (optuna thread)."""
         from optuna.trial import TrialState
 
+        if fresh:
+            self._report(sweep, optuna_id, list(fresh), False)
         study = self._study(sweep)
         if state == COMPLETE:
             study.tell(number, value, skip_if_finished=True)
@@ -434,13 +504,19 @@ class SweepController(LoggingConfigurable):
         else:
             study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
 
-    async def _close(self, sweep: Sweep, t: SweepTrial, state: str, value, reason: str, job_state: str | None = None) -> None:
-        await self.optuna(self._tell, sweep, t.number, state, value)
+    async def _close(self, sweep: Sweep, t: SweepTrial, state: str, value, reason: str, job_state: str | None = None,
+                     fresh: list = ()) -> None:
+        """Record a trial's outcome: Optuna first (with its last intermediate values ``fresh``), then its row."""
+        await self.optuna(self._tell, sweep, t.number, state, value, tuple(fresh), t.optuna_id)
         fields = dict(state=state, value=value, reason=reason, finished=now_utc())
+        if fresh:
+            t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
+            fields["intermediate"] = t.intermediate
         if job_state is not None:
             fields["job_state"] = job_state
+            t.job_state = job_state
         await self.write(self.store.update_trial, t.id, **fields)
-        t.state = state
+        t.state, t.value, t.reason = state, value, reason
         self.log.info("sweep %s: trial %d %s: %s", sweep.key, t.number, state, reason)
 
     def _ask(self, sweep: Sweep) -> tuple[int, int, dict]:
@@ -448,14 +524,17 @@ class SweepController(LoggingConfigurable):
         trial = study.ask(to_distributions(sweep.space))
         return trial.number, trial._trial_id, dict(trial.params)
 
-    async def _start_trial(self, sweep: Sweep) -> bool:
-        number, optuna_id, params = await self.optuna(self._ask, sweep)
+    async def _start_trial(self, sweep: Sweep) -> SweepTrial | None:
+        """Record and submit the next trial (the one asked ahead, if any); None when it could not be submitted."""
+        ahead = self._ahead.pop(sweep.id, None)
+        number, optuna_id, params = ahead if ahead is not None else await self.optuna(self._ask, sweep)
         t = await self.write(self.store.add_trial, sweep_id=sweep.id, number=number, optuna_id=optuna_id,
                              params=params, state=PENDING, reason="submitting its job")
-        return await self._submit(sweep, t)
+        return t if await self._submit(sweep, t) is not None else None
 
-    async def _submit(self, sweep: Sweep, t: SweepTrial) -> bool:
-        """Submit a trial's job (idempotent: the same submit_key returns the job already made)."""
+    async def _submit(self, sweep: Sweep, t: SweepTrial):
+        """Submit a trial's job (idempotent: the same submit_key returns the job already made); returns the job,
+        None when it could not be submitted (the trial is failed and the sweep stops)."""
         from trainhub.services.jobs.spec import JobSpec
 
         template = dict(sweep.job or {})
@@ -470,11 +549,12 @@ class SweepController(LoggingConfigurable):
             await self.write(self.store.update, sweep.id, cancel_requested=True,
                              reason=f"stopping: trial {t.number} could not be submitted: {e.message}")
             sweep.cancel_requested = True
-            return False
+            return None
         await self.write(self.store.update_trial, t.id, job_id=job.id, job_state=job.state, state=TRIAL_RUNNING,
                          reason=f"job {job.key} {job.state}")
+        t.job_id, t.job_state, t.state = job.id, job.state, TRIAL_RUNNING
         self.log.info("sweep %s: trial %d submitted as %s with %s", sweep.key, t.number, job.key, t.params)
-        return True
+        return job
 
     async def _wind_down(self, sweep: Sweep, trials, jobs, unfinished, final_state: str = CANCELLED,
                          final_reason: str | None = None) -> None:
@@ -491,6 +571,7 @@ class SweepController(LoggingConfigurable):
             final_reason = final_reason.replace("requested by", "cancelled by")
         if sweep.reason.startswith("stopping: "):
             final_state, final_reason = FAILED, sweep.reason.removeprefix("stopping: ")
+        await self._drop_ahead(sweep)
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=final_state,
                          reason=final_reason, finished=now_utc())
         self._studies.pop(sweep.id, None)
@@ -512,6 +593,7 @@ class SweepController(LoggingConfigurable):
         self.service.engine.wake()
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=FAILED, reason=reason,
                          cancel_requested=True, finished=now_utc())
+        self._ahead.pop(sweep.id, None)  # never asked: a sweep that cannot be rebuilt has no study here
         self._studies.pop(sweep.id, None)
 
     async def _finish(self, sweep: Sweep, trials) -> None:
@@ -523,9 +605,24 @@ class SweepController(LoggingConfigurable):
         else:
             state = COMPLETED
             reason = f"best {sweep.metric} = {best.value:.6g} (trial {best.number}, {job_key(best.job_id)}); {summary}"
+        await self._drop_ahead(sweep)
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=state, reason=reason, finished=now_utc())
         self._studies.pop(sweep.id, None)
         self.log.info("sweep %s %s: %s", sweep.key, state, reason)
+
+    async def _drop_ahead(self, sweep: Sweep) -> None:
+        """The sweep ends: a trial asked ahead that no slot will take is failed in Optuna (no trial row has it)."""
+        self._may_ask_ahead.discard(sweep.id)
+        self._importance_due.discard(sweep.id)
+        ahead = self._ahead.pop(sweep.id, None)
+        if ahead is not None:
+            await self.optuna(self._tell, sweep, ahead[0], TRIAL_FAILED, None)
+
+    async def _importance_now(self, sweep: Sweep, trials) -> None:
+        """The importance, if completed trials came since the last fit (the sweep is about to end)."""
+        if sweep.id in self._importance_due:
+            self._importance_due.discard(sweep.id)
+            await self._update_importance(sweep, trials)
 
     async def _update_importance(self, sweep: Sweep, trials) -> None:
         n = sum(t.state == COMPLETE for t in trials)
@@ -546,11 +643,17 @@ class SweepController(LoggingConfigurable):
         return {k: round(float(v), 6) for k, v in values.items()}
 
     async def reconcile_orphans(self) -> None:
-        """Optuna trials left RUNNING without a trial row (the service died between ask and record) are failed."""
+        """Optuna trials left RUNNING without a trial row (the service died between an ask, ahead or not, and the
+        record): the first becomes the sweep's trial asked ahead again when the sweep still has trials to start
+        (so a restart changes no suggestion: a grid keeps its point), the others are failed."""
         for sweep in await self.read(self.store.in_states, RUNNING):
             try:
                 known = {t.number for t in await self.read(self.store.trials, sweep.id)}
-                n = await self.optuna(self._fail_orphans, sweep, known)
+                adopt = not sweep.cancel_requested and len(known) < sweep.n_trials
+                n, ahead = await self.optuna(self._fail_orphans, sweep, known, adopt)
+                if ahead is not None:
+                    self._ahead[sweep.id] = ahead
+                    self.log.info("sweep %s: trial %d, asked before the restart, is its next trial", sweep.key, ahead[0])
                 if n:
                     self.log.info("sweep %s: %d Optuna trial(s) asked before a crash and never submitted marked failed", sweep.key, n)
             except BrokenSweep:
@@ -558,16 +661,21 @@ class SweepController(LoggingConfigurable):
             except Exception:
                 self.log.exception("sweep %s: reconciling after restart failed", sweep.key)
 
-    def _fail_orphans(self, sweep: Sweep, known: set) -> int:
+    def _fail_orphans(self, sweep: Sweep, known: set, adopt: bool) -> tuple[int, tuple | None]:
+        """(orphans failed, the one adopted as the next trial or None) (optuna thread)."""
         from optuna.trial import TrialState
 
         study = self._study(sweep)
-        n = 0
-        for ft in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-            if ft.number not in known:
-                study.tell(ft.number, state=TrialState.FAIL, skip_if_finished=True)
-                n += 1
-        return n
+        n, ahead = 0, None
+        orphans = [ft for ft in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+                   if ft.number not in known]
+        for ft in sorted(orphans, key=lambda ft: ft.number):
+            if adopt and ahead is None and ft.state == TrialState.RUNNING and set(ft.params) == set(sweep.space):
+                ahead = (ft.number, ft._trial_id, dict(ft.params))
+                continue
+            study.tell(ft.number, state=TrialState.FAIL, skip_if_finished=True)
+            n += 1
+        return n, ahead
 
 
 def job_template(spec) -> dict:
