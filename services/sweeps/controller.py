@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
@@ -224,6 +225,9 @@ class SweepController(LoggingConfigurable):
         self._ahead: dict[int, tuple[int, int, dict]] = {}  # sweep id -> (number, optuna id, params) asked before a slot freed
         self._may_ask_ahead: set[int] = set()  # sweeps whose next trial the next quiet pass asks ahead
         self._importance_due: set[int] = set()  # sweeps whose importance the next quiet pass fits again
+        self._tells: dict[int, list[tuple]] = {}  # sweep id -> outcomes recorded in trial rows, not yet told to Optuna
+        self._running: dict[int, list] = {}  # sweep id -> its (trial, job) still running at its last step
+        self._later_done = 0.0  # time.monotonic() of the last later_work
         self._loop: PeriodicLoop | None = None
         self.passes = 0
 
@@ -234,6 +238,12 @@ class SweepController(LoggingConfigurable):
 
     async def read(self, fn, *a, **kw):
         return await self.service.store.read(fn, *a, **kw)
+
+    async def lookup(self, fn, *a, **kw):
+        """A small read (the running sweeps, a sweep's trials and their jobs' states): on the event loop with
+        SQLite in WAL mode (``JobStore.lookup``), which saves two thread switches per read on the way from a
+        trial's end to the next one's start."""
+        return await self.service.store.lookup(fn, *a, **kw)
 
     async def write(self, fn, *a, **kw):
         return await self.service.store.write(fn, *a, **kw)
@@ -335,10 +345,11 @@ class SweepController(LoggingConfigurable):
             self._loop.wake()
 
     async def run_once(self) -> None:
-        """One pass: every running sweep steps; then, in a pass that submitted no trial (so that no job start
-        waits for it), the work no trial waits for: importance fits and the next trials asked ahead."""
+        """One pass: every running sweep records its ended trials and refills the freed slots; then the work no
+        job start waits for (see :meth:`later_work`), left to the next pass when this one submitted a trial (so
+        that it does not compete with the engine starting it), but never for longer than ``tick``."""
         self.passes += 1
-        sweeps = [s for s in await self.read(self.store.in_states, RUNNING) if s.id not in self._creating]
+        sweeps = [s for s in await self.lookup(self.store.in_states, RUNNING) if s.id not in self._creating]
         submitted = 0
         for sweep in sweeps:
             try:
@@ -349,20 +360,32 @@ class SweepController(LoggingConfigurable):
                 await self._fail_broken(sweep, str(e))
             except Exception:
                 self.log.exception("sweep %s: controller step failed; retrying next tick", sweep.key)
-        if submitted:
+        if submitted and time.monotonic() - self._later_done < self.tick:
             return
+        self._later_done = time.monotonic()
         for sweep in sweeps:
             try:
-                await self.quiet_work(sweep)
+                await self.later_work(sweep)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                self.log.exception("sweep %s: importance or asking ahead failed; retrying next quiet pass", sweep.key)
+                self.log.exception("sweep %s: controller step failed; retrying next tick", sweep.key)
 
-    async def quiet_work(self, sweep: Sweep) -> None:
+    async def later_work(self, sweep: Sweep) -> None:
+        """What no trial's start waits for: Optuna told the outcomes recorded since (:meth:`_close`), the unfinished
+        trials' new values reported (and pruned), the importance fitted again, the next trial asked ahead."""
+        running = self._running.pop(sweep.id, None)
+        if running is None:
+            return  # the sweep ended, or its step failed
+        await self._flush_tells(sweep)
+        for t, job in running:
+            try:
+                await self._follow(sweep, t, job)
+            except TrainhubError as e:
+                self.log.info("sweep %s trial %d: %s", sweep.key, t.number, e.message)
         if sweep.id in self._importance_due:
             self._importance_due.discard(sweep.id)
-            await self._update_importance(sweep, await self.read(self.store.trials, sweep.id))
+            await self._update_importance(sweep, await self.lookup(self.store.trials, sweep.id))  # after the flush above
         if sweep.id in self._may_ask_ahead and sweep.id not in self._ahead:
             self._may_ask_ahead.discard(sweep.id)
             self._ahead[sweep.id] = await self.optuna(self._ask, sweep)
@@ -370,15 +393,19 @@ class SweepController(LoggingConfigurable):
 
     # -- one sweep ----------------------------------------------------------------------------------
     async def step(self, sweep: Sweep) -> int:
-        """Bring one sweep up to date; returns how many trials it submitted."""
+        """Record the trials whose jobs ended and refill the freed slots; returns how many trials it submitted.
+        The trials whose jobs still run are followed by :meth:`later_work` (as they are, when it runs)."""
         if sweep.id not in self._studies:
             await self.optuna(self._study, sweep)  # rebuilt on the first pass, so a broken row fails at once
-        trials = await self.read(self.store.trials, sweep.id)
-        jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
+        trials = await self.lookup(self.store.trials, sweep.id)
+        jobs = await self.lookup(self.store.jobs, [t.job_id for t in trials if t.job_id])
         completed_before = sum(t.state == COMPLETE for t in trials)
-        submitted = 0
+        submitted, running = 0, []
         for t in trials:  # _follow keeps `t` (and, through its answer, `jobs`) up to date: no second read
             job = jobs.get(t.job_id) if t.job_id else None
+            if t.state == TRIAL_RUNNING and job is not None and job.state not in JOB_TERMINAL and not sweep.cancel_requested:
+                running.append((t, job))
+                continue
             was_pending = t.state == PENDING
             try:
                 job = await self._follow(sweep, t, job)
@@ -407,7 +434,6 @@ class SweepController(LoggingConfigurable):
             await self._importance_now(sweep, trials)  # there when the sweep ends
             await self._finish(sweep, trials)
             return submitted
-        # the freed slots first; the importance (a PED-ANOVA fit) and the next ask wait for a quiet pass
         for _ in range(trials_to_start(sweep.n_trials, sweep.parallel, len(trials), len(unfinished))):
             t = await self._start_trial(sweep)
             if t is None:
@@ -418,6 +444,7 @@ class SweepController(LoggingConfigurable):
             self._may_ask_ahead.add(sweep.id)
         else:
             self._may_ask_ahead.discard(sweep.id)
+        self._running[sweep.id] = running
         return submitted
 
     async def _follow(self, sweep: Sweep, t: SweepTrial, job):
@@ -506,8 +533,10 @@ class SweepController(LoggingConfigurable):
 
     async def _close(self, sweep: Sweep, t: SweepTrial, state: str, value, reason: str, job_state: str | None = None,
                      fresh: list = ()) -> None:
-        """Record a trial's outcome: Optuna first (with its last intermediate values ``fresh``), then its row."""
-        await self.optuna(self._tell, sweep, t.number, state, value, tuple(fresh), t.optuna_id)
+        """Record a trial's outcome (and its last intermediate values ``fresh``) in its row now; Optuna is told it
+        by :meth:`_flush_tells` before anything depends on it (an ask, the importance, a pruning decision, the
+        sweep's end), so a trial asked ahead starts without waiting for the tell. The row is what counts: a
+        restart tells Optuna what a row records and Optuna does not know yet (:meth:`reconcile_orphans`)."""
         fields = dict(state=state, value=value, reason=reason, finished=now_utc())
         if fresh:
             t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
@@ -517,7 +546,23 @@ class SweepController(LoggingConfigurable):
             t.job_state = job_state
         await self.write(self.store.update_trial, t.id, **fields)
         t.state, t.value, t.reason = state, value, reason
+        self._tells.setdefault(sweep.id, []).append((t.number, t.optuna_id, state, value, tuple(fresh)))
         self.log.info("sweep %s: trial %d %s: %s", sweep.key, t.number, state, reason)
+
+    async def _flush_tells(self, sweep: Sweep) -> None:
+        """Tell Optuna the outcomes recorded since the last flush (one call on the Optuna thread)."""
+        tells = self._tells.pop(sweep.id, None)
+        if not tells:
+            return
+        try:
+            await self.optuna(self._tell_all, sweep, tells)
+        except BaseException:
+            self._tells.setdefault(sweep.id, [])[:0] = tells  # told again later (a tell is idempotent)
+            raise
+
+    def _tell_all(self, sweep: Sweep, tells: list) -> None:
+        for number, optuna_id, state, value, fresh in tells:
+            self._tell(sweep, number, state, value, fresh, optuna_id)
 
     def _ask(self, sweep: Sweep) -> tuple[int, int, dict]:
         study = self._study(sweep)
@@ -527,6 +572,8 @@ class SweepController(LoggingConfigurable):
     async def _start_trial(self, sweep: Sweep) -> SweepTrial | None:
         """Record and submit the next trial (the one asked ahead, if any); None when it could not be submitted."""
         ahead = self._ahead.pop(sweep.id, None)
+        if ahead is None:
+            await self._flush_tells(sweep)  # the sampler learns from every outcome recorded so far
         number, optuna_id, params = ahead if ahead is not None else await self.optuna(self._ask, sweep)
         t = await self.write(self.store.add_trial, sweep_id=sweep.id, number=number, optuna_id=optuna_id,
                              params=params, state=PENDING, reason="submitting its job")
@@ -594,6 +641,8 @@ class SweepController(LoggingConfigurable):
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=FAILED, reason=reason,
                          cancel_requested=True, finished=now_utc())
         self._ahead.pop(sweep.id, None)  # never asked: a sweep that cannot be rebuilt has no study here
+        self._tells.pop(sweep.id, None)
+        self._running.pop(sweep.id, None)
         self._studies.pop(sweep.id, None)
 
     async def _finish(self, sweep: Sweep, trials) -> None:
@@ -611,9 +660,12 @@ class SweepController(LoggingConfigurable):
         self.log.info("sweep %s %s: %s", sweep.key, state, reason)
 
     async def _drop_ahead(self, sweep: Sweep) -> None:
-        """The sweep ends: a trial asked ahead that no slot will take is failed in Optuna (no trial row has it)."""
+        """The sweep ends: Optuna is told every outcome, and a trial asked ahead that no slot will take is failed
+        there (no trial row has it)."""
+        await self._flush_tells(sweep)
         self._may_ask_ahead.discard(sweep.id)
         self._importance_due.discard(sweep.id)
+        self._running.pop(sweep.id, None)
         ahead = self._ahead.pop(sweep.id, None)
         if ahead is not None:
             await self.optuna(self._tell, sweep, ahead[0], TRIAL_FAILED, None)
@@ -622,6 +674,7 @@ class SweepController(LoggingConfigurable):
         """The importance, if completed trials came since the last fit (the sweep is about to end)."""
         if sweep.id in self._importance_due:
             self._importance_due.discard(sweep.id)
+            await self._flush_tells(sweep)
             await self._update_importance(sweep, trials)
 
     async def _update_importance(self, sweep: Sweep, trials) -> None:
@@ -648,9 +701,9 @@ class SweepController(LoggingConfigurable):
         (so a restart changes no suggestion: a grid keeps its point), the others are failed."""
         for sweep in await self.read(self.store.in_states, RUNNING):
             try:
-                known = {t.number for t in await self.read(self.store.trials, sweep.id)}
-                adopt = not sweep.cancel_requested and len(known) < sweep.n_trials
-                n, ahead = await self.optuna(self._fail_orphans, sweep, known, adopt)
+                rows = {t.number: t for t in await self.read(self.store.trials, sweep.id)}
+                adopt = not sweep.cancel_requested and len(rows) < sweep.n_trials
+                n, ahead = await self.optuna(self._fail_orphans, sweep, rows, adopt)
                 if ahead is not None:
                     self._ahead[sweep.id] = ahead
                     self.log.info("sweep %s: trial %d, asked before the restart, is its next trial", sweep.key, ahead[0])
@@ -661,14 +714,22 @@ class SweepController(LoggingConfigurable):
             except Exception:
                 self.log.exception("sweep %s: reconciling after restart failed", sweep.key)
 
-    def _fail_orphans(self, sweep: Sweep, known: set, adopt: bool) -> tuple[int, tuple | None]:
-        """(orphans failed, the one adopted as the next trial or None) (optuna thread)."""
+    def _fail_orphans(self, sweep: Sweep, rows: dict, adopt: bool) -> tuple[int, tuple | None]:
+        """Optuna brought up to date with the trial rows after a restart: the outcomes rows record and Optuna was
+        not told yet are told (with the intermediate values it lacks); of the trials without a row, the first is
+        adopted as the trial asked ahead (when ``adopt``) and the others failed. Returns (orphans failed, the
+        adopted (number, optuna id, params) or None) (optuna thread)."""
         from optuna.trial import TrialState
 
         study = self._study(sweep)
         n, ahead = 0, None
-        orphans = [ft for ft in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
-                   if ft.number not in known]
+        unfinished = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+        for ft in unfinished:
+            row = rows.get(ft.number)
+            if row is not None and row.state in TRIAL_FINAL:
+                fresh = [(int(s), v) for s, v in (row.intermediate or []) if int(s) not in ft.intermediate_values]
+                self._tell(sweep, ft.number, row.state, row.value, tuple(fresh), ft._trial_id)
+        orphans = [ft for ft in unfinished if ft.number not in rows]
         for ft in sorted(orphans, key=lambda ft: ft.number):
             if adopt and ahead is None and ft.state == TrialState.RUNNING and set(ft.params) == set(sweep.space):
                 ahead = (ft.number, ft._trial_id, dict(ft.params))

@@ -14,7 +14,7 @@ from waiting import await_for
 from trainhub.db import get_engine, sync_mode, write_session
 from trainhub.services.jobs.models import JobMetric
 from trainhub.services.jobs.store import JobStore
-from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, trial_outcome,
+from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, may_ask_ahead, trial_outcome,
                                                  trials_to_start)
 from trainhub.services.sweeps.spec import validate_sweep
 
@@ -145,13 +145,17 @@ async def test_controller_runs_trials_at_most_parallel_and_completes(env):
 
 async def test_controller_prunes_a_trial_worse_than_the_median(env):
     service, caller = env
-    c = SweepController(service)
+    c = SweepController(service, tick=0.05)
     await c.optuna(c.storage)
     sweep = await c.create(caller, spec(pruner="median", startup_trials=1, trials=3))
     await c.run_once()
     a, b = c.store.trials(sweep.id)
     finish(service, a.job_id, values=[(0, 0.1), (1, 0.1), (2, 0.1)])
     finish(service, b.job_id, state="running", values=[(0, 5.0)])
+    await c.run_once()  # a's end recorded, its slot refilled; the running trial's new values may wait for ...
+    a, b, third = c.store.trials(sweep.id)
+    assert (a.state, third.state) == ("complete", "running")
+    await asyncio.sleep(c.tick)  # ... the next pass, a tick later at the latest, even if that one submits too
     await c.run_once()
     a, b, third = c.store.trials(sweep.id)
     assert a.state == "complete" and b.state == "pruned" and b.reason.startswith("pruned at step 0: val_loss = 5")
@@ -165,7 +169,7 @@ async def test_a_restarted_controller_resumes_without_resubmitting(env):
     service, caller = env
     c = SweepController(service)
     await c.optuna(c.storage)
-    sweep = await c.create(caller, spec(trials=3))
+    sweep = await c.create(caller, spec(trials=3, sampler="tpe", startup_trials=1))  # TPE modelling: nothing asked ahead
     await c.run_once()
     first = c.store.trials(sweep.id)
     finish(service, first[0].job_id, values=[(0, 0.3)])
@@ -189,6 +193,72 @@ async def test_a_restarted_controller_resumes_without_resubmitting(env):
     await c2._submit(c2.store.get(sweep.id), trials[2])
     assert len(service.store.list("alice", None, 50, 0)[0]) == 3
     await c2.stop()
+
+
+async def test_a_trial_asked_ahead_and_an_outcome_not_yet_told_survive_restarts(env):
+    """The next trial is asked while its slot is still busy, and a trial's outcome reaches Optuna after its row (and
+    after the next trial's submission): a crash in between loses neither. The restart tells Optuna what the rows
+    record and adopts the trial asked ahead, so the sweep runs the same trials as without the crashes."""
+    service, caller = env
+    c = SweepController(service, tick=600.0)  # a pass that submits leaves the rest to a pass 600 s later
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(trials=3, parallel=1))
+    await c.run_once()  # trial 0 submitted; no pass had done the later work yet, so trial 1 is asked ahead at once
+    ahead = c._ahead[sweep.id]
+    assert ahead[0] == 1 and [t.number for t in c.store.trials(sweep.id)] == [0]
+    finish(service, c.store.trials(sweep.id)[0].job_id, values=[(0, 0.7), (1, 0.3)])
+    await c.run_once()  # trial 0 recorded, trial 1 (the one asked ahead) submitted; Optuna not told yet
+    t0, t1 = c.store.trials(sweep.id)
+    assert (t0.state, t0.value, t0.intermediate) == ("complete", 0.3, [[0, 0.7], [1, 0.3]])
+    assert (t1.number, t1.params, t1.state) == (1, ahead[2], "running") and service.store.get(t1.job_id).params == ahead[2]
+    study = await c.optuna(c._study, sweep)
+    assert study.trials[0].state.name == "RUNNING"
+    await c.stop()  # the service dies
+
+    c2 = SweepController(service, tick=600.0)
+    await c2.optuna(c2.storage)
+    await c2.reconcile_orphans()
+    study = await c2.optuna(c2._study, sweep)
+    told = study.trials[0]
+    assert (told.state.name, told.value, told.intermediate_values) == ("COMPLETE", 0.3, {0: 0.7, 1: 0.3})
+    assert sweep.id not in c2._ahead  # trial 1 has its row: not an orphan
+    await c2.run_once()  # nothing to submit: trial 2 is asked ahead
+    ahead = c2._ahead[sweep.id]
+    assert ahead[0] == 2
+    await c2.stop()  # and the service dies again
+
+    c3 = SweepController(service, tick=600.0)
+    await c3.optuna(c3.storage)
+    await c3.reconcile_orphans()
+    assert c3._ahead[sweep.id] == ahead  # adopted, not failed: same number, same parameters
+    finish(service, c3.store.trials(sweep.id)[1].job_id, values=[(0, 0.5)])
+    await c3.run_once()
+    t2 = c3.store.trials(sweep.id)[2]
+    assert (t2.number, t2.params, t2.state) == (2, ahead[2], "running")
+    finish(service, t2.job_id, values=[(0, 0.1)])
+    await c3.run_once()
+    s = c3.store.get(sweep.id)
+    assert s.state == "completed" and s.reason.startswith("best val_loss = 0.1 (trial 2")
+    study = await c3.optuna(c3._study, sweep)
+    assert [(t.number, t.state.name, t.value) for t in study.trials] == [(0, "COMPLETE", 0.3), (1, "COMPLETE", 0.5),
+                                                                         (2, "COMPLETE", 0.1)]
+    assert service.submits == 3
+    await c3.stop()
+
+
+@pytest.mark.parametrize("sampler, settings, finished, unfinished, expected", [
+    ("random", {}, 0, 1, True),
+    ("grid", {}, 2, 1, True),
+    ("random", {}, 3, 1, False),  # all 4 trials asked already
+    ("tpe", {"startup_trials": 3}, 1, 1, True),  # even if the running one completes, the next ask is random
+    ("tpe", {"startup_trials": 3}, 1, 2, False),  # it may be the first TPE models
+    ("tpe", {"startup_trials": 3}, 2, 0, True),
+    ("cmaes", {}, 0, 1, False),
+])
+def test_may_ask_ahead_only_where_the_suggestion_cannot_change(sampler, settings, finished, unfinished, expected):
+    trials = [SimpleNamespace(state="complete") for _ in range(finished)] + \
+             [SimpleNamespace(state="running") for _ in range(unfinished)]
+    assert may_ask_ahead({"sampler": sampler, **settings}, 4, trials) is expected
 
 
 async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
