@@ -225,6 +225,7 @@ class SweepController(LoggingConfigurable):
         self._ahead: dict[int, tuple[int, int, dict]] = {}  # sweep id -> (number, optuna id, params) asked before a slot freed
         self._may_ask_ahead: set[int] = set()  # sweeps whose next trial the next quiet pass asks ahead
         self._importance_due: set[int] = set()  # sweeps whose importance the next quiet pass fits again
+        self._rows: dict[int, list[tuple[int, dict]]] = {}  # sweep id -> trial row updates written with the next write
         self._tells: dict[int, list[tuple]] = {}  # sweep id -> outcomes recorded in trial rows, not yet told to Optuna
         self._running: dict[int, list] = {}  # sweep id -> its (trial, job) still running at its last step
         self._later_done = 0.0  # time.monotonic() of the last later_work
@@ -372,6 +373,12 @@ class SweepController(LoggingConfigurable):
                 self.log.exception("sweep %s: controller step failed; retrying next tick", sweep.key)
 
     async def later_work(self, sweep: Sweep) -> None:
+        try:
+            await self._later_work(sweep)
+        finally:
+            await self._flush_rows(sweep)
+
+    async def _later_work(self, sweep: Sweep) -> None:
         """What no trial's start waits for: Optuna told the outcomes recorded since (:meth:`_close`), the unfinished
         trials' new values reported (and pruned), the importance fitted again, the next trial asked ahead."""
         running = self._running.pop(sweep.id, None)
@@ -395,6 +402,12 @@ class SweepController(LoggingConfigurable):
     async def step(self, sweep: Sweep) -> int:
         """Record the trials whose jobs ended and refill the freed slots; returns how many trials it submitted.
         The trials whose jobs still run are followed by :meth:`later_work` (as they are, when it runs)."""
+        try:
+            return await self._step(sweep)
+        finally:
+            await self._flush_rows(sweep)
+
+    async def _step(self, sweep: Sweep) -> int:
         if sweep.id not in self._studies:
             await self.optuna(self._study, sweep)  # rebuilt on the first pass, so a broken row fails at once
         trials = await self.lookup(self.store.trials, sweep.id)
@@ -456,8 +469,7 @@ class SweepController(LoggingConfigurable):
             return await self._submit(sweep, t)
         if t.state in TRIAL_FINAL:
             if job is not None and job.state != t.job_state:
-                await self.write(self.store.update_trial, t.id, job_state=job.state)
-                t.job_state = job.state
+                self._row(sweep, t, job_state=job.state)
             return job
         if job is None:
             await self._close(sweep, t, TRIAL_FAILED, None, f"its job {job_key(t.job_id) if t.job_id else '?'} is gone")
@@ -481,8 +493,7 @@ class SweepController(LoggingConfigurable):
             may_prune = job.state == RUNNING and not sweep.cancel_requested and not job.cancel_requested
             prune = await self.optuna(self._report, sweep, t.optuna_id, fresh, may_prune)
             t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
-            await self.write(self.store.update_trial, t.id, intermediate=t.intermediate, job_state=job.state)
-            t.job_state = job.state
+            self._row(sweep, t, intermediate=t.intermediate, job_state=job.state)
         if prune:
             stopped = await self.write(self.service.store.request_cancel, job.id, f"sweep {sweep.key} (pruned)")
             self.service.engine.wake()
@@ -500,8 +511,7 @@ class SweepController(LoggingConfigurable):
                                                  sweep.cancel_requested)
             await self._close(sweep, t, state, value, reason, job_state=job.state)
         elif job.state != t.job_state:
-            await self.write(self.store.update_trial, t.id, job_state=job.state)
-            t.job_state = job.state
+            self._row(sweep, t, job_state=job.state)
         return job
 
     def _report(self, sweep: Sweep, optuna_id: int, points: list, may_prune: bool) -> bool:
@@ -533,10 +543,12 @@ class SweepController(LoggingConfigurable):
 
     async def _close(self, sweep: Sweep, t: SweepTrial, state: str, value, reason: str, job_state: str | None = None,
                      fresh: list = ()) -> None:
-        """Record a trial's outcome (and its last intermediate values ``fresh``) in its row now; Optuna is told it
-        by :meth:`_flush_tells` before anything depends on it (an ask, the importance, a pruning decision, the
-        sweep's end), so a trial asked ahead starts without waiting for the tell. The row is what counts: a
-        restart tells Optuna what a row records and Optuna does not know yet (:meth:`reconcile_orphans`)."""
+        """Record a trial's outcome (and its last intermediate values ``fresh``) in its row, written in the same
+        transaction as the row of the trial that takes its slot (or at the end of the pass); Optuna is told it by
+        :meth:`_flush_tells` before anything depends on it (an ask, the importance, a pruning decision, the sweep's
+        end), so a trial asked ahead starts without waiting for the tell. Nothing is lost in a crash before
+        either: the job's state and metrics stay in the jobs tables, and the next pass records the trial from
+        them again; a row that records an outcome Optuna was not told is told on restart (:meth:`reconcile_orphans`)."""
         fields = dict(state=state, value=value, reason=reason, finished=now_utc())
         if fresh:
             t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
@@ -544,10 +556,23 @@ class SweepController(LoggingConfigurable):
         if job_state is not None:
             fields["job_state"] = job_state
             t.job_state = job_state
-        await self.write(self.store.update_trial, t.id, **fields)
+        self._row(sweep, t, **fields)
         t.state, t.value, t.reason = state, value, reason
         self._tells.setdefault(sweep.id, []).append((t.number, t.optuna_id, state, value, tuple(fresh)))
         self.log.info("sweep %s: trial %d %s: %s", sweep.key, t.number, state, reason)
+
+    def _row(self, sweep: Sweep, t: SweepTrial, **fields) -> None:
+        """Update trial ``t`` (in memory now; its row with the next trial's row, or at the end of the pass, in one
+        transaction with the other rows of the pass)."""
+        for k, v in fields.items():
+            setattr(t, k, v)
+        self._rows.setdefault(sweep.id, []).append((t.id, fields))
+
+    async def _flush_rows(self, sweep: Sweep) -> None:
+        """Write the trial outcomes recorded in this pass that no new trial's row took along."""
+        rows = self._rows.pop(sweep.id, None)
+        if rows:
+            await self.write(self.store.record_trials, rows)
 
     async def _flush_tells(self, sweep: Sweep) -> None:
         """Tell Optuna the outcomes recorded since the last flush (one call on the Optuna thread)."""
@@ -575,8 +600,9 @@ class SweepController(LoggingConfigurable):
         if ahead is None:
             await self._flush_tells(sweep)  # the sampler learns from every outcome recorded so far
         number, optuna_id, params = ahead if ahead is not None else await self.optuna(self._ask, sweep)
-        t = await self.write(self.store.add_trial, sweep_id=sweep.id, number=number, optuna_id=optuna_id,
-                             params=params, state=PENDING, reason="submitting its job")
+        t = await self.write(self.store.record_trials, self._rows.pop(sweep.id, []),
+                             dict(sweep_id=sweep.id, number=number, optuna_id=optuna_id, params=params, state=PENDING,
+                                  reason="submitting its job"))
         return t if await self._submit(sweep, t) is not None else None
 
     async def _submit(self, sweep: Sweep, t: SweepTrial):
@@ -662,6 +688,7 @@ class SweepController(LoggingConfigurable):
     async def _drop_ahead(self, sweep: Sweep) -> None:
         """The sweep ends: Optuna is told every outcome, and a trial asked ahead that no slot will take is failed
         there (no trial row has it)."""
+        await self._flush_rows(sweep)
         await self._flush_tells(sweep)
         self._may_ask_ahead.discard(sweep.id)
         self._importance_due.discard(sweep.id)

@@ -246,6 +246,29 @@ async def test_a_trial_asked_ahead_and_an_outcome_not_yet_told_survive_restarts(
     await c3.stop()
 
 
+async def test_from_a_trials_end_to_the_next_ones_submission_no_optuna_call_and_three_writes(env):
+    """The path a serial sweep waits on: with the next trial asked ahead, the pass that records the end submits the
+    next trial without any Optuna call, in three writes (both trial rows, the job, the job's id on the new row)."""
+    service, caller = env
+    c = SweepController(service, tick=600.0)
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(trials=3, parallel=1))
+    await c.run_once()  # trial 0 submitted, trial 1 asked ahead
+    assert c._ahead[sweep.id][0] == 1
+    finish(service, c.store.trials(sweep.id)[0].job_id, values=[(0, 0.3)])
+    calls, writes = [], []
+    optuna, write = c.optuna, service.store.write
+    c.optuna = lambda fn, *a, **kw: calls.append(fn.__name__) or optuna(fn, *a, **kw)
+    service.store.write = lambda fn, *a, **kw: writes.append(fn.__name__) or write(fn, *a, **kw)
+    await c.run_once()
+    assert calls == [] and writes == ["record_trials", "create", "update_trial"]
+    t0, t1 = c.store.trials(sweep.id)
+    assert (t0.state, t1.state, t1.job_id) == ("complete", "running", service.store.get(t1.job_id).id)
+    await c.later_work(c.store.get(sweep.id))  # the next quiet pass: Optuna told, trial 2 asked ahead
+    assert calls == ["_tell_all", "_ask"]
+    await c.stop()
+
+
 @pytest.mark.parametrize("sampler, settings, finished, unfinished, expected", [
     ("random", {}, 0, 1, True),
     ("grid", {}, 2, 1, True),
