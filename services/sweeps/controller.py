@@ -113,23 +113,23 @@ def tpe_startup(settings: dict, n_trials: int) -> int:
     return startup if startup is not None else max(2, default_startup(n_trials))
 
 
-def may_ask_ahead(settings: dict, n_trials: int, trials: list) -> bool:
-    """Whether the next trial may be asked before a slot frees (so that no ask is on the way from one trial's end
-    to the next one's start) with exactly the parameters it would get when asked then: the random and grid
+def ahead_allowed(settings: dict, n_trials: int, parallel: int, trials: list) -> int:
+    """How many next trials may be asked before their slots free (so that no ask is on the way from one trial's end
+    to the next one's start), each with exactly the parameters it would get when asked then: the random and grid
     samplers' suggestions do not depend on finished trials (the grid skips running points as it skips finished
-    ones), and TPE samples at random while fewer than its startup trials have finished, even if every unfinished
-    trial finishes first. Other samplers (CMA-ES, TPE once it models) learn from the trial that is still running:
-    they ask when the slot frees."""
-    if len(trials) >= n_trials:
-        return False
+    ones), and TPE samples at random while fewer than its startup trials have finished: the j-th next trial is
+    still a random one if, even when every unfinished trial and the j-1 before it finish first, fewer than that
+    have. Other samplers (CMA-ES, TPE once it models) learn from the trials still running: they ask when a slot
+    frees. ``trials``: the sweep's trial rows (those asked ahead have none); at most ``parallel``."""
+    left = max(0, min(parallel, n_trials - len(trials)))
     kind = settings.get("sampler") or "tpe"
     if kind in ("random", "grid"):
-        return True
+        return left
     if kind == "tpe":
         counted = sum(t.state in (COMPLETE, PRUNED) for t in trials)
         unfinished = sum(t.state not in TRIAL_FINAL for t in trials)
-        return counted + unfinished < tpe_startup(settings, n_trials)
-    return False
+        return max(0, min(left, tpe_startup(settings, n_trials) - counted - unfinished))
+    return 0
 
 
 def make_sampler(settings: dict, space: dict, n_trials: int):
@@ -222,8 +222,8 @@ class SweepController(LoggingConfigurable):
         self._storage = None
         self._studies: dict[int, object] = {}
         self._creating: set[int] = set()  # sweeps whose study is being made: the loop leaves them alone
-        self._ahead: dict[int, tuple[int, int, dict]] = {}  # sweep id -> (number, optuna id, params) asked before a slot freed
-        self._may_ask_ahead: set[int] = set()  # sweeps whose next trial the next quiet pass asks ahead
+        self._ahead: dict[int, list[tuple[int, int, dict]]] = {}  # sweep id -> [(number, optuna id, params)] asked before a slot freed
+        self._ahead_wanted: dict[int, int] = {}  # sweep id -> how many trials later_work keeps asked ahead
         self._importance_due: set[int] = set()  # sweeps whose importance the next quiet pass fits again
         self._rows: dict[int, list[tuple[int, dict]]] = {}  # sweep id -> trial row updates written with the next write
         self._tells: dict[int, list[tuple]] = {}  # sweep id -> outcomes recorded in trial rows, not yet told to Optuna
@@ -393,10 +393,11 @@ class SweepController(LoggingConfigurable):
         if sweep.id in self._importance_due:
             self._importance_due.discard(sweep.id)
             await self._update_importance(sweep, await self.lookup(self.store.trials, sweep.id))  # after the flush above
-        if sweep.id in self._may_ask_ahead and sweep.id not in self._ahead:
-            self._may_ask_ahead.discard(sweep.id)
-            self._ahead[sweep.id] = await self.optuna(self._ask, sweep)
-            self.log.info("sweep %s: trial %d asked ahead: %s", sweep.key, self._ahead[sweep.id][0], self._ahead[sweep.id][2])
+        more = self._ahead_wanted.pop(sweep.id, 0) - len(self._ahead.get(sweep.id, ()))
+        if more > 0:
+            asked = await self.optuna(self._ask_many, sweep, more)
+            self._ahead.setdefault(sweep.id, []).extend(asked)
+            self.log.info("sweep %s: asked ahead: %s", sweep.key, ", ".join(f"trial {n} {p}" for n, _, p in asked))
 
     # -- one sweep ----------------------------------------------------------------------------------
     async def step(self, sweep: Sweep) -> int:
@@ -453,10 +454,7 @@ class SweepController(LoggingConfigurable):
                 break
             trials.append(t)
             submitted += 1
-        if may_ask_ahead(sweep.settings or {}, sweep.n_trials, trials) and not sweep.cancel_requested:
-            self._may_ask_ahead.add(sweep.id)
-        else:
-            self._may_ask_ahead.discard(sweep.id)
+        self._ahead_wanted[sweep.id] = ahead_allowed(sweep.settings or {}, sweep.n_trials, sweep.parallel, trials)
         self._running[sweep.id] = running
         return submitted
 
@@ -589,6 +587,9 @@ class SweepController(LoggingConfigurable):
         for number, optuna_id, state, value, fresh in tells:
             self._tell(sweep, number, state, value, fresh, optuna_id)
 
+    def _ask_many(self, sweep: Sweep, n: int) -> list[tuple[int, int, dict]]:
+        return [self._ask(sweep) for _ in range(n)]
+
     def _ask(self, sweep: Sweep) -> tuple[int, int, dict]:
         study = self._study(sweep)
         trial = study.ask(to_distributions(sweep.space))
@@ -596,7 +597,7 @@ class SweepController(LoggingConfigurable):
 
     async def _start_trial(self, sweep: Sweep) -> SweepTrial | None:
         """Record and submit the next trial (the one asked ahead, if any); None when it could not be submitted."""
-        ahead = self._ahead.pop(sweep.id, None)
+        ahead = self._ahead[sweep.id].pop(0) if self._ahead.get(sweep.id) else None
         if ahead is None:
             await self._flush_tells(sweep)  # the sampler learns from every outcome recorded so far
         number, optuna_id, params = ahead if ahead is not None else await self.optuna(self._ask, sweep)
@@ -667,6 +668,7 @@ class SweepController(LoggingConfigurable):
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=FAILED, reason=reason,
                          cancel_requested=True, finished=now_utc())
         self._ahead.pop(sweep.id, None)  # never asked: a sweep that cannot be rebuilt has no study here
+        self._ahead_wanted.pop(sweep.id, None)
         self._tells.pop(sweep.id, None)
         self._running.pop(sweep.id, None)
         self._studies.pop(sweep.id, None)
@@ -690,12 +692,11 @@ class SweepController(LoggingConfigurable):
         there (no trial row has it)."""
         await self._flush_rows(sweep)
         await self._flush_tells(sweep)
-        self._may_ask_ahead.discard(sweep.id)
+        self._ahead_wanted.pop(sweep.id, None)
         self._importance_due.discard(sweep.id)
         self._running.pop(sweep.id, None)
-        ahead = self._ahead.pop(sweep.id, None)
-        if ahead is not None:
-            await self.optuna(self._tell, sweep, ahead[0], TRIAL_FAILED, None)
+        for number, _id, _params in self._ahead.pop(sweep.id, []):
+            await self.optuna(self._tell, sweep, number, TRIAL_FAILED, None)
 
     async def _importance_now(self, sweep: Sweep, trials) -> None:
         """The importance, if completed trials came since the last fit (the sweep is about to end)."""
@@ -723,17 +724,19 @@ class SweepController(LoggingConfigurable):
         return {k: round(float(v), 6) for k, v in values.items()}
 
     async def reconcile_orphans(self) -> None:
-        """Optuna trials left RUNNING without a trial row (the service died between an ask, ahead or not, and the
-        record): the first becomes the sweep's trial asked ahead again when the sweep still has trials to start
-        (so a restart changes no suggestion: a grid keeps its point), the others are failed."""
+        """After a restart: Optuna is told the outcomes trial rows record that it lacks, and of the Optuna trials left
+        RUNNING without a trial row (the service died between an ask, ahead or not, and the record), the first
+        ones become the sweep's trials asked ahead again, as many as it still has trials to start (at most
+        ``parallel``: so a restart changes no suggestion, a grid keeps its points); the others are failed."""
         for sweep in await self.read(self.store.in_states, RUNNING):
             try:
                 rows = {t.number: t for t in await self.read(self.store.trials, sweep.id)}
-                adopt = not sweep.cancel_requested and len(rows) < sweep.n_trials
+                adopt = 0 if sweep.cancel_requested else max(0, min(sweep.parallel, sweep.n_trials - len(rows)))
                 n, ahead = await self.optuna(self._fail_orphans, sweep, rows, adopt)
-                if ahead is not None:
+                if ahead:
                     self._ahead[sweep.id] = ahead
-                    self.log.info("sweep %s: trial %d, asked before the restart, is its next trial", sweep.key, ahead[0])
+                    self.log.info("sweep %s: trial(s) %s, asked before the restart, are its next", sweep.key,
+                                  ", ".join(str(a[0]) for a in ahead))
                 if n:
                     self.log.info("sweep %s: %d Optuna trial(s) asked before a crash and never submitted marked failed", sweep.key, n)
             except BrokenSweep:
@@ -741,15 +744,15 @@ class SweepController(LoggingConfigurable):
             except Exception:
                 self.log.exception("sweep %s: reconciling after restart failed", sweep.key)
 
-    def _fail_orphans(self, sweep: Sweep, rows: dict, adopt: bool) -> tuple[int, tuple | None]:
+    def _fail_orphans(self, sweep: Sweep, rows: dict, adopt: int) -> tuple[int, list]:
         """Optuna brought up to date with the trial rows after a restart: the outcomes rows record and Optuna was
-        not told yet are told (with the intermediate values it lacks); of the trials without a row, the first is
-        adopted as the trial asked ahead (when ``adopt``) and the others failed. Returns (orphans failed, the
-        adopted (number, optuna id, params) or None) (optuna thread)."""
+        not told yet are told (with the intermediate values it lacks); of the trials without a row, the first
+        ``adopt`` are adopted as trials asked ahead and the others failed. Returns (orphans failed, the adopted
+        [(number, optuna id, params)]) (optuna thread)."""
         from optuna.trial import TrialState
 
         study = self._study(sweep)
-        n, ahead = 0, None
+        n, ahead = 0, []
         unfinished = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
         for ft in unfinished:
             row = rows.get(ft.number)
@@ -758,8 +761,8 @@ class SweepController(LoggingConfigurable):
                 self._tell(sweep, ft.number, row.state, row.value, tuple(fresh), ft._trial_id)
         orphans = [ft for ft in unfinished if ft.number not in rows]
         for ft in sorted(orphans, key=lambda ft: ft.number):
-            if adopt and ahead is None and ft.state == TrialState.RUNNING and set(ft.params) == set(sweep.space):
-                ahead = (ft.number, ft._trial_id, dict(ft.params))
+            if len(ahead) < adopt and ft.state == TrialState.RUNNING and set(ft.params) == set(sweep.space):
+                ahead.append((ft.number, ft._trial_id, dict(ft.params)))
                 continue
             study.tell(ft.number, state=TrialState.FAIL, skip_if_finished=True)
             n += 1

@@ -14,7 +14,7 @@ from waiting import await_for
 from trainhub.db import get_engine, sync_mode, write_session
 from trainhub.services.jobs.models import JobMetric
 from trainhub.services.jobs.store import JobStore
-from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, may_ask_ahead, trial_outcome,
+from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, ahead_allowed, trial_outcome,
                                                  trials_to_start)
 from trainhub.services.sweeps.spec import validate_sweep
 
@@ -204,7 +204,7 @@ async def test_a_trial_asked_ahead_and_an_outcome_not_yet_told_survive_restarts(
     await c.optuna(c.storage)
     sweep = await c.create(caller, spec(trials=3, parallel=1))
     await c.run_once()  # trial 0 submitted; no pass had done the later work yet, so trial 1 is asked ahead at once
-    ahead = c._ahead[sweep.id]
+    [ahead] = c._ahead[sweep.id]
     assert ahead[0] == 1 and [t.number for t in c.store.trials(sweep.id)] == [0]
     finish(service, c.store.trials(sweep.id)[0].job_id, values=[(0, 0.7), (1, 0.3)])
     await c.run_once()  # trial 0 recorded, trial 1 (the one asked ahead) submitted; Optuna not told yet
@@ -223,14 +223,14 @@ async def test_a_trial_asked_ahead_and_an_outcome_not_yet_told_survive_restarts(
     assert (told.state.name, told.value, told.intermediate_values) == ("COMPLETE", 0.3, {0: 0.7, 1: 0.3})
     assert sweep.id not in c2._ahead  # trial 1 has its row: not an orphan
     await c2.run_once()  # nothing to submit: trial 2 is asked ahead
-    ahead = c2._ahead[sweep.id]
+    [ahead] = c2._ahead[sweep.id]
     assert ahead[0] == 2
     await c2.stop()  # and the service dies again
 
     c3 = SweepController(service, tick=600.0)
     await c3.optuna(c3.storage)
     await c3.reconcile_orphans()
-    assert c3._ahead[sweep.id] == ahead  # adopted, not failed: same number, same parameters
+    assert c3._ahead[sweep.id] == [ahead]  # adopted, not failed: same number, same parameters
     finish(service, c3.store.trials(sweep.id)[1].job_id, values=[(0, 0.5)])
     await c3.run_once()
     t2 = c3.store.trials(sweep.id)[2]
@@ -254,7 +254,7 @@ async def test_from_a_trials_end_to_the_next_ones_submission_no_optuna_call_and_
     await c.optuna(c.storage)
     sweep = await c.create(caller, spec(trials=3, parallel=1))
     await c.run_once()  # trial 0 submitted, trial 1 asked ahead
-    assert c._ahead[sweep.id][0] == 1
+    assert [a[0] for a in c._ahead[sweep.id]] == [1]
     finish(service, c.store.trials(sweep.id)[0].job_id, values=[(0, 0.3)])
     calls, writes = [], []
     optuna, write = c.optuna, service.store.write
@@ -265,23 +265,47 @@ async def test_from_a_trials_end_to_the_next_ones_submission_no_optuna_call_and_
     t0, t1 = c.store.trials(sweep.id)
     assert (t0.state, t1.state, t1.job_id) == ("complete", "running", service.store.get(t1.job_id).id)
     await c.later_work(c.store.get(sweep.id))  # the next quiet pass: Optuna told, trial 2 asked ahead
-    assert calls == ["_tell_all", "_ask"]
+    assert calls == ["_tell_all", "_ask_many"]
     await c.stop()
 
 
-@pytest.mark.parametrize("sampler, settings, finished, unfinished, expected", [
-    ("random", {}, 0, 1, True),
-    ("grid", {}, 2, 1, True),
-    ("random", {}, 3, 1, False),  # all 4 trials asked already
-    ("tpe", {"startup_trials": 3}, 1, 1, True),  # even if the running one completes, the next ask is random
-    ("tpe", {"startup_trials": 3}, 1, 2, False),  # it may be the first TPE models
-    ("tpe", {"startup_trials": 3}, 2, 0, True),
-    ("cmaes", {}, 0, 1, False),
+async def test_a_parallel_sweep_keeps_a_trial_asked_ahead_for_every_slot(env):
+    service, caller = env
+    c = SweepController(service, tick=600.0)
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(trials=5, parallel=2))
+    await c.run_once()  # trials 0 and 1 submitted; 2 and 3 asked ahead (5 - 2 left, at most 2)
+    ahead = list(c._ahead[sweep.id])
+    assert [a[0] for a in ahead] == [2, 3]
+    for t in c.store.trials(sweep.id):
+        finish(service, t.job_id, values=[(0, 0.5)])
+    calls = []
+    optuna = c.optuna
+    c.optuna = lambda fn, *a, **kw: calls.append(fn.__name__) or optuna(fn, *a, **kw)
+    await c.run_once()  # both slots refilled in the same pass, from the trials asked ahead
+    assert calls == []
+    trials = c.store.trials(sweep.id)
+    assert [(t.number, t.params, t.state) for t in trials[2:]] == [(a[0], a[2], "running") for a in ahead]
+    await c.later_work(c.store.get(sweep.id))
+    assert [a[0] for a in c._ahead[sweep.id]] == [4]  # the one trial left to start
+    await c.stop()
+
+
+@pytest.mark.parametrize("sampler, settings, finished, unfinished, parallel, expected", [
+    ("random", {}, 0, 1, 1, 1),
+    ("random", {}, 0, 2, 4, 4),  # 6 trials, 2 started: the 4 left
+    ("random", {}, 0, 1, 2, 2),  # never more than parallel
+    ("grid", {}, 2, 1, 2, 2),
+    ("random", {}, 5, 1, 2, 0),  # all 6 trials asked already
+    ("tpe", {"startup_trials": 3}, 1, 1, 4, 1),  # even if the running one completes, the next ask is random
+    ("tpe", {"startup_trials": 3}, 1, 2, 4, 0),  # it may be the first TPE models
+    ("tpe", {"startup_trials": 4}, 0, 1, 4, 3),  # the 3rd ahead: random even if the running one and 2 before it finish
+    ("cmaes", {}, 0, 1, 4, 0),
 ])
-def test_may_ask_ahead_only_where_the_suggestion_cannot_change(sampler, settings, finished, unfinished, expected):
+def test_ahead_allowed_only_where_the_suggestion_cannot_change(sampler, settings, finished, unfinished, parallel, expected):
     trials = [SimpleNamespace(state="complete") for _ in range(finished)] + \
              [SimpleNamespace(state="running") for _ in range(unfinished)]
-    assert may_ask_ahead({"sampler": sampler, **settings}, 4, trials) is expected
+    assert ahead_allowed({"sampler": sampler, **settings}, 6, parallel, trials) == expected
 
 
 async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
