@@ -403,6 +403,8 @@ class SweepController(LoggingConfigurable):
     async def step(self, sweep: Sweep) -> int:
         """Record the trials whose jobs ended and refill the freed slots; returns how many trials it submitted.
         The trials whose jobs still run are followed by :meth:`later_work` (as they are, when it runs)."""
+        self._running.pop(sweep.id, None)  # what an earlier pass left for later work is this pass's now
+        self._ahead_wanted.pop(sweep.id, None)  # (a sweep cancelled since asks nothing ahead)
         try:
             return await self._step(sweep)
         finally:

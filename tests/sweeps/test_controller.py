@@ -317,10 +317,13 @@ async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
     trials = c.store.trials(sweep.id)
     for t in trials:
         service.store.update(t.job_id, state="running")
+    ahead = [a[0] for a in c._ahead[sweep.id]]
+    assert ahead == [2, 3]  # random sampler: the next two asked while both slots are busy
     await c.cancel(c.store.get(sweep.id), "alice")
     assert all(service.store.get(t.job_id).cancel_requested for t in trials)
     await c.run_once()
     assert c.store.get(sweep.id).state == "running"  # its jobs are still stopping
+    assert [a[0] for a in c._ahead[sweep.id]] == ahead  # and nothing more is asked ahead
     for t in trials:
         finish(service, t.job_id, state="cancelled", reason="cancelled by alice while running")
     await c.run_once()
@@ -328,6 +331,8 @@ async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
     s = c.store.get(sweep.id)
     assert (s.state, s.reason) == ("cancelled", "cancelled by alice")
     assert [t.state for t in c.store.trials(sweep.id)] == ["cancelled", "cancelled"] and service.submits == 2
+    study = await c.optuna(c._study, sweep)
+    assert [t.state.name for t in study.trials] == ["FAIL"] * 4 and sweep.id not in c._ahead  # those asked ahead too
     await c.stop()
 
 
