@@ -6,20 +6,24 @@ not on the next tick) and otherwise every ``tick`` seconds (which bounds how lat
 Optuna's pruner). Per running sweep (each in its own try/except, so one broken sweep never stops
 the others):
 
-1. every trial whose job is unfinished: new values of the sweep's metric (from the job metrics
-   table the engine fills) are reported to Optuna as intermediate values; if the pruner says so,
-   the job is cancelled at once (its GPUs go back to the pool when it stops) and the trial is
-   recorded as pruned;
-2. every trial whose job ended: Optuna is told the outcome: the last reported value of the metric
-   when the job succeeded; failed (with the reason) when the job failed or never reported it;
-3. new trials are asked from Optuna and submitted as jobs (through ``service.submit``, so the
-   scheduler holds them to the user's quota) until ``parallel`` are unfinished or all ``trials``
-   were started; the sweep completes when every trial is done.
+1. every trial whose job ended: its outcome (the last reported value of the metric when the job
+   succeeded; failed, with the reason, when the job failed or never reported it) is recorded on
+   the trial;
+2. the freed slots are refilled: new trials (asked ahead, or asked now) are submitted as jobs
+   (through ``service.submit``, so the scheduler holds them to the user's quota) until ``parallel``
+   are unfinished or all ``trials`` were started; the sweep completes when every trial is done;
+3. then, in the same pass if it submitted nothing, else in the next (a tick later at most), what no
+   job start waits for: Optuna is told the outcomes of 1; the unfinished trials' new values of the
+   metric (from the job metrics table the engine fills) are reported as intermediate values, and a
+   trial the pruner stops has its job cancelled and is recorded as pruned; the importance is fitted
+   again; and the next trials are asked ahead where the sampler's suggestion cannot change
+   (:func:`ahead_allowed`), so that a slot that frees is refilled without any Optuna call.
 
 All state lives in SQL (``sweeps``, ``sweep_trials``, the jobs) and in Optuna's RDB storage in the
-platform database, so a restarted service carries on: trials whose jobs ran meanwhile are
-reconciled, a trial asked but not yet submitted is submitted again under the same ``submit_key``
-(never twice). Optuna calls block on SQLite: they run on one dedicated thread, never on the loop.
+platform database, so a restarted service carries on: Optuna is told what the trial rows record,
+trials whose jobs ran meanwhile are reconciled, a trial recorded but not yet submitted is submitted
+again under the same ``submit_key`` (never twice), trials asked (ahead) but never recorded become
+trials asked ahead again, as many as are left to start (the others are failed). Optuna calls block on SQLite: they run on one dedicated thread, never on the loop.
 """
 
 from __future__ import annotations
@@ -209,7 +213,9 @@ class SweepCaller:
 
 class SweepController(LoggingConfigurable):
     tick = Float(0.5, help="Seconds between controller passes when nothing wakes it (creates, cancels and the end of a "
-                 "trial's job wake it at once); also how late new metrics are reported to Optuna (and pruned), at most.").tag(config=True)
+                 "trial's job wake it at once); also how late new metrics are reported to Optuna (and pruned), at most (the "
+                 "pass that refills a freed slot leaves them, and Optuna's tells, importance fit and asks, to the next pass, "
+                 "unless the last such work is older than this).").tag(config=True)
     fail_fast = Integer(3, help="Stop a sweep when its first N finished trials all failed (broken trial code). 0 = never.").tag(config=True)
     importance_min_trials = Integer(5, help="Completed trials needed before parameter importance is computed "
                                     "(optuna.importance, PED-ANOVA). 0 = never compute it.").tag(config=True)
