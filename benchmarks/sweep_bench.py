@@ -24,7 +24,7 @@ least ``--target`` x P and the overhead per trial is at most ``--overhead-target
 Exit status 0 on PASS, 1 on FAIL.
 
     .venv/bin/python benchmarks/sweep_bench.py [--trials 8] [--parallel 4] [--work 2.0] [--target 0.75]
-        [--overhead-target 0.2]
+        [--overhead-target 0.2] [--sampler random|tpe]
 """
 
 from __future__ import annotations
@@ -65,10 +65,13 @@ def ts(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def run_sweep(api: str, headers: dict, *, trials: int, parallel: int, work: float, name: str) -> dict:
+def run_sweep(api: str, headers: dict, *, trials: int, parallel: int, work: float, name: str,
+              sampler: str = "random") -> dict:
     body = {"name": name, "script": TRIAL.format(work=work), "gpus": 1, "trials": trials, "parallel": parallel,
-            "metric": "val_loss", "mode": "min", "sampler": "random", "seed": 0, "pruner": "none",
+            "metric": "val_loss", "mode": "min", "sampler": sampler, "seed": 0, "pruner": "none",
             "space": {"x": "uniform:0:1"}}
+    if sampler == "tpe":
+        body["startup_trials"] = 2  # past its random start from the third trial: the next one is asked when a slot frees
     t0 = time.monotonic()
     r = requests.post(api + "/sweeps", json=body, headers=headers, timeout=60)
     if r.status_code != 201:
@@ -117,6 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target", type=float, default=0.75, help="PASS when speed-up >= target x parallel (default 0.75)")
     ap.add_argument("--overhead-target", type=float, default=0.2,
                     help="PASS when platform overhead per trial <= this many seconds (default 0.2)")
+    ap.add_argument("--sampler", choices=("random", "tpe"), default="random",
+                    help="the sweeps' sampler (default random: its next trial is asked ahead; tpe with 2 startup trials: "
+                    "asked when a slot frees, after Optuna is told the outcome)")
     ap.add_argument("--keep", action="store_true", help="keep the platform's data dir (logs)")
     args = ap.parse_args(argv)
     if not 1 <= args.parallel <= 4:
@@ -131,8 +137,9 @@ def main(argv=None) -> int:
         headers = {"Authorization": f"token {platform.token('bench')}"}
         # warm-up: the first trial pays for cold caches (imports, Optuna's tables)
         run_sweep(api, headers, trials=1, parallel=1, work=0.2, name="warmup")
-        serial = run_sweep(api, headers, trials=args.trials, parallel=1, work=args.work, name="serial")
-        par = run_sweep(api, headers, trials=args.trials, parallel=args.parallel, work=args.work, name="parallel")
+        serial = run_sweep(api, headers, trials=args.trials, parallel=1, work=args.work, name="serial", sampler=args.sampler)
+        par = run_sweep(api, headers, trials=args.trials, parallel=args.parallel, work=args.work, name="parallel",
+                        sampler=args.sampler)
     finally:
         platform.stop()
         if not args.keep:

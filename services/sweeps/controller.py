@@ -6,26 +6,31 @@ not on the next tick) and otherwise every ``tick`` seconds (which bounds how lat
 Optuna's pruner). Per running sweep (each in its own try/except, so one broken sweep never stops
 the others):
 
-1. every trial whose job is unfinished: new values of the sweep's metric (from the job metrics
-   table the engine fills) are reported to Optuna as intermediate values; if the pruner says so,
-   the job is cancelled at once (its GPUs go back to the pool when it stops) and the trial is
-   recorded as pruned;
-2. every trial whose job ended: Optuna is told the outcome: the last reported value of the metric
-   when the job succeeded; failed (with the reason) when the job failed or never reported it;
-3. new trials are asked from Optuna and submitted as jobs (through ``service.submit``, so the
-   scheduler holds them to the user's quota) until ``parallel`` are unfinished or all ``trials``
-   were started; the sweep completes when every trial is done.
+1. every trial whose job ended: its outcome (the last reported value of the metric when the job
+   succeeded; failed, with the reason, when the job failed or never reported it) is recorded on
+   the trial;
+2. the freed slots are refilled: new trials (asked ahead, or asked now) are submitted as jobs
+   (through ``service.submit``, so the scheduler holds them to the user's quota) until ``parallel``
+   are unfinished or all ``trials`` were started; the sweep completes when every trial is done;
+3. then, in the same pass if it submitted nothing, else in the next (a tick later at most), what no
+   job start waits for: Optuna is told the outcomes of 1; the unfinished trials' new values of the
+   metric (from the job metrics table the engine fills) are reported as intermediate values, and a
+   trial the pruner stops has its job cancelled and is recorded as pruned; the importance is fitted
+   again; and the next trials are asked ahead where the sampler's suggestion cannot change
+   (:func:`ahead_allowed`), so that a slot that frees is refilled without any Optuna call.
 
 All state lives in SQL (``sweeps``, ``sweep_trials``, the jobs) and in Optuna's RDB storage in the
-platform database, so a restarted service carries on: trials whose jobs ran meanwhile are
-reconciled, a trial asked but not yet submitted is submitted again under the same ``submit_key``
-(never twice). Optuna calls block on SQLite: they run on one dedicated thread, never on the loop.
+platform database, so a restarted service carries on: Optuna is told what the trial rows record,
+trials whose jobs ran meanwhile are reconciled, a trial recorded but not yet submitted is submitted
+again under the same ``submit_key`` (never twice), trials asked (ahead) but never recorded become
+trials asked ahead again, as many as are left to start (the others are failed). Optuna calls block on SQLite: they run on one dedicated thread, never on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
@@ -106,6 +111,31 @@ def default_startup(n_trials: int) -> int:
     return max(1, min(5, n_trials // 4))
 
 
+def tpe_startup(settings: dict, n_trials: int) -> int:
+    """Finished trials before TPE models (before that it samples at random)."""
+    startup = settings.get("startup_trials")
+    return startup if startup is not None else max(2, default_startup(n_trials))
+
+
+def ahead_allowed(settings: dict, n_trials: int, parallel: int, trials: list) -> int:
+    """How many next trials may be asked before their slots free (so that no ask is on the way from one trial's end
+    to the next one's start), each with exactly the parameters it would get when asked then: the random and grid
+    samplers' suggestions do not depend on finished trials (the grid skips running points as it skips finished
+    ones), and TPE samples at random while fewer than its startup trials have finished: the j-th next trial is
+    still a random one if, even when every unfinished trial and the j-1 before it finish first, fewer than that
+    have. Other samplers (CMA-ES, TPE once it models) learn from the trials still running: they ask when a slot
+    frees. ``trials``: the sweep's trial rows (those asked ahead have none); at most ``parallel``."""
+    left = max(0, min(parallel, n_trials - len(trials)))
+    kind = settings.get("sampler") or "tpe"
+    if kind in ("random", "grid"):
+        return left
+    if kind == "tpe":
+        counted = sum(t.state in (COMPLETE, PRUNED) for t in trials)
+        unfinished = sum(t.state not in TRIAL_FINAL for t in trials)
+        return max(0, min(left, tpe_startup(settings, n_trials) - counted - unfinished))
+    return 0
+
+
 def make_sampler(settings: dict, space: dict, n_trials: int):
     import optuna
 
@@ -118,8 +148,7 @@ def make_sampler(settings: dict, space: dict, n_trials: int):
         return optuna.samplers.GridSampler(grid_points(space), seed=seed)
     if kind == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup if startup is not None else default_startup(n_trials))
-    return optuna.samplers.TPESampler(seed=seed, constant_liar=True,
-                                      n_startup_trials=startup if startup is not None else max(2, default_startup(n_trials)))
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=tpe_startup(settings, n_trials))
 
 
 def make_pruner(settings: dict, n_trials: int):
@@ -184,7 +213,9 @@ class SweepCaller:
 
 class SweepController(LoggingConfigurable):
     tick = Float(0.5, help="Seconds between controller passes when nothing wakes it (creates, cancels and the end of a "
-                 "trial's job wake it at once); also how late new metrics are reported to Optuna (and pruned), at most.").tag(config=True)
+                 "trial's job wake it at once); also how late new metrics are reported to Optuna (and pruned), at most (the "
+                 "pass that refills a freed slot leaves them, and Optuna's tells, importance fit and asks, to the next pass, "
+                 "unless the last such work is older than this).").tag(config=True)
     fail_fast = Integer(3, help="Stop a sweep when its first N finished trials all failed (broken trial code). 0 = never.").tag(config=True)
     importance_min_trials = Integer(5, help="Completed trials needed before parameter importance is computed "
                                     "(optuna.importance, PED-ANOVA). 0 = never compute it.").tag(config=True)
@@ -197,6 +228,13 @@ class SweepController(LoggingConfigurable):
         self._storage = None
         self._studies: dict[int, object] = {}
         self._creating: set[int] = set()  # sweeps whose study is being made: the loop leaves them alone
+        self._ahead: dict[int, list[tuple[int, int, dict]]] = {}  # sweep id -> [(number, optuna id, params)] asked before a slot freed
+        self._ahead_wanted: dict[int, int] = {}  # sweep id -> how many trials later_work keeps asked ahead
+        self._importance_due: set[int] = set()  # sweeps whose importance the next quiet pass fits again
+        self._rows: dict[int, list[tuple[int, dict]]] = {}  # sweep id -> trial row updates written with the next write
+        self._tells: dict[int, list[tuple]] = {}  # sweep id -> outcomes recorded in trial rows, not yet told to Optuna
+        self._running: dict[int, list] = {}  # sweep id -> its (trial, job) still running at its last step
+        self._later_done = 0.0  # time.monotonic() of the last later_work
         self._loop: PeriodicLoop | None = None
         self.passes = 0
 
@@ -207,6 +245,12 @@ class SweepController(LoggingConfigurable):
 
     async def read(self, fn, *a, **kw):
         return await self.service.store.read(fn, *a, **kw)
+
+    async def lookup(self, fn, *a, **kw):
+        """A small read (the running sweeps, a sweep's trials and their jobs' states): on the event loop with
+        SQLite in WAL mode (``JobStore.lookup``), which saves two thread switches per read on the way from a
+        trial's end to the next one's start."""
+        return await self.service.store.lookup(fn, *a, **kw)
 
     async def write(self, fn, *a, **kw):
         return await self.service.store.write(fn, *a, **kw)
@@ -308,75 +352,134 @@ class SweepController(LoggingConfigurable):
             self._loop.wake()
 
     async def run_once(self) -> None:
+        """One pass: every running sweep records its ended trials and refills the freed slots; then the work no
+        job start waits for (see :meth:`later_work`), left to the next pass when this one submitted a trial (so
+        that it does not compete with the engine starting it), but never for longer than ``tick``."""
         self.passes += 1
-        for sweep in await self.read(self.store.in_states, RUNNING):
-            if sweep.id in self._creating:
-                continue
+        sweeps = [s for s in await self.lookup(self.store.in_states, RUNNING) if s.id not in self._creating]
+        submitted = 0
+        for sweep in sweeps:
             try:
-                await self.step(sweep)
+                submitted += await self.step(sweep)
             except asyncio.CancelledError:
                 raise
             except BrokenSweep as e:
                 await self._fail_broken(sweep, str(e))
             except Exception:
                 self.log.exception("sweep %s: controller step failed; retrying next tick", sweep.key)
+        if submitted and time.monotonic() - self._later_done < self.tick:
+            return
+        self._later_done = time.monotonic()
+        for sweep in sweeps:
+            try:
+                await self.later_work(sweep)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("sweep %s: controller step failed; retrying next tick", sweep.key)
 
-    # -- one sweep ----------------------------------------------------------------------------------
-    async def step(self, sweep: Sweep) -> None:
-        if sweep.id not in self._studies:
-            await self.optuna(self._study, sweep)  # rebuilt on the first pass, so a broken row fails at once
-        trials = await self.read(self.store.trials, sweep.id)
-        jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
-        completed_before = sum(t.state == COMPLETE for t in trials)
-        for t in trials:
-            job = jobs.get(t.job_id) if t.job_id else None
+    async def later_work(self, sweep: Sweep) -> None:
+        try:
+            await self._later_work(sweep)
+        finally:
+            await self._flush_rows(sweep)
+
+    async def _later_work(self, sweep: Sweep) -> None:
+        """What no trial's start waits for: Optuna told the outcomes recorded since (:meth:`_close`), the unfinished
+        trials' new values reported (and pruned), the importance fitted again, the next trial asked ahead."""
+        running = self._running.pop(sweep.id, None)
+        if running is None:
+            return  # the sweep ended, or its step failed
+        await self._flush_tells(sweep)
+        for t, job in running:
             try:
                 await self._follow(sweep, t, job)
             except TrainhubError as e:
                 self.log.info("sweep %s trial %d: %s", sweep.key, t.number, e.message)
-        trials = await self.read(self.store.trials, sweep.id)
-        jobs = await self.read(self.store.jobs, [t.job_id for t in trials if t.job_id])
+        if sweep.id in self._importance_due:
+            self._importance_due.discard(sweep.id)
+            await self._update_importance(sweep, await self.lookup(self.store.trials, sweep.id))  # after the flush above
+        more = self._ahead_wanted.pop(sweep.id, 0) - len(self._ahead.get(sweep.id, ()))
+        if more > 0:
+            asked = await self.optuna(self._ask_many, sweep, more)
+            self._ahead.setdefault(sweep.id, []).extend(asked)
+            self.log.info("sweep %s: asked ahead: %s", sweep.key, ", ".join(f"trial {n} {p}" for n, _, p in asked))
+
+    # -- one sweep ----------------------------------------------------------------------------------
+    async def step(self, sweep: Sweep) -> int:
+        """Record the trials whose jobs ended and refill the freed slots; returns how many trials it submitted.
+        The trials whose jobs still run are followed by :meth:`later_work` (as they are, when it runs)."""
+        self._running.pop(sweep.id, None)  # what an earlier pass left for later work is this pass's now
+        self._ahead_wanted.pop(sweep.id, None)  # (a sweep cancelled since asks nothing ahead)
+        try:
+            return await self._step(sweep)
+        finally:
+            await self._flush_rows(sweep)
+
+    async def _step(self, sweep: Sweep) -> int:
+        if sweep.id not in self._studies:
+            await self.optuna(self._study, sweep)  # rebuilt on the first pass, so a broken row fails at once
+        trials = await self.lookup(self.store.trials, sweep.id)
+        jobs = await self.lookup(self.store.jobs, [t.job_id for t in trials if t.job_id])
+        completed_before = sum(t.state == COMPLETE for t in trials)
+        submitted, running = 0, []
+        for t in trials:  # _follow keeps `t` (and, through its answer, `jobs`) up to date: no second read
+            job = jobs.get(t.job_id) if t.job_id else None
+            if t.state == TRIAL_RUNNING and job is not None and job.state not in JOB_TERMINAL and not sweep.cancel_requested:
+                running.append((t, job))
+                continue
+            was_pending = t.state == PENDING
+            try:
+                job = await self._follow(sweep, t, job)
+            except TrainhubError as e:
+                self.log.info("sweep %s trial %d: %s", sweep.key, t.number, e.message)
+                continue
+            if job is not None:
+                jobs[job.id] = job
+            submitted += int(was_pending and t.state == TRIAL_RUNNING)
         unfinished = [t for t in trials if t.state not in TRIAL_FINAL
                       or (t.job_id and jobs.get(t.job_id) is not None and jobs[t.job_id].state not in JOB_TERMINAL)]
-        completed = sum(t.state == COMPLETE for t in trials) != completed_before
+        if sum(t.state == COMPLETE for t in trials) != completed_before:
+            self._importance_due.add(sweep.id)
         if sweep.cancel_requested:
-            if completed:
-                await self._update_importance(sweep, trials)
+            if not unfinished:
+                await self._importance_now(sweep, trials)
             await self._wind_down(sweep, trials, jobs, unfinished)
-            return
+            return submitted
         stop = failing_fast(trials, min(self.fail_fast, sweep.n_trials))
         if stop:
             await self.write(self.store.update, sweep.id, cancel_requested=True, reason=f"stopping: {stop}")
             sweep.cancel_requested, sweep.reason = True, f"stopping: {stop}"
             await self._wind_down(sweep, trials, jobs, unfinished, final_state=FAILED, final_reason=stop)
-            return
+            return submitted
         if len(trials) >= sweep.n_trials and not unfinished:
-            if completed:
-                await self._update_importance(sweep, trials)
+            await self._importance_now(sweep, trials)  # there when the sweep ends
             await self._finish(sweep, trials)
-            return
-        # the freed slots first: the importance (a PED-ANOVA fit) is not on the way to the next trial's start
+            return submitted
         for _ in range(trials_to_start(sweep.n_trials, sweep.parallel, len(trials), len(unfinished))):
-            if not await self._start_trial(sweep):
+            t = await self._start_trial(sweep)
+            if t is None:
                 break
-        if completed:
-            await self._update_importance(sweep, trials)
+            trials.append(t)
+            submitted += 1
+        self._ahead_wanted[sweep.id] = ahead_allowed(sweep.settings or {}, sweep.n_trials, sweep.parallel, trials)
+        self._running[sweep.id] = running
+        return submitted
 
-    async def _follow(self, sweep: Sweep, t: SweepTrial, job) -> None:
-        """Bring one trial up to date with its job."""
+    async def _follow(self, sweep: Sweep, t: SweepTrial, job):
+        """Bring one trial up to date with its job (``t`` is updated in place); returns its job as last seen."""
         if t.state == PENDING:
             if sweep.cancel_requested:
                 await self._close(sweep, t, TRIAL_CANCELLED, None, "the sweep was cancelled before it started")
-            else:
-                await self._submit(sweep, t)
-            return
+                return job
+            return await self._submit(sweep, t)
         if t.state in TRIAL_FINAL:
             if job is not None and job.state != t.job_state:
-                await self.write(self.store.update_trial, t.id, job_state=job.state)
-            return
+                self._row(sweep, t, job_state=job.state)
+            return job
         if job is None:
             await self._close(sweep, t, TRIAL_FAILED, None, f"its job {job_key(t.job_id) if t.job_id else '?'} is gone")
-            return
+            return job
         points = metric_points(await self.read(self.store.metric_records, job.id), sweep.metric)
         known = {int(s) for s, _ in (t.intermediate or [])}
         new = [(s, v) for s, v in points if s not in known]
@@ -386,12 +489,17 @@ class SweepController(LoggingConfigurable):
             if s not in seen:
                 seen.add(s)
                 fresh.append((s, v))
+        if job.state in JOB_TERMINAL:  # the last values and the outcome: one Optuna call, one write
+            state, value, reason = trial_outcome(job.state, job.reason, job.key, points, sweep.metric,
+                                                 sweep.cancel_requested)
+            await self._close(sweep, t, state, value, reason, job_state=job.state, fresh=fresh)
+            return job
         prune = False
         if fresh:
             may_prune = job.state == RUNNING and not sweep.cancel_requested and not job.cancel_requested
-            prune = await self.optuna(self._report, sweep, t, fresh, may_prune)
+            prune = await self.optuna(self._report, sweep, t.optuna_id, fresh, may_prune)
             t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
-            await self.write(self.store.update_trial, t.id, intermediate=t.intermediate, job_state=job.state)
+            self._row(sweep, t, intermediate=t.intermediate, job_state=job.state)
         if prune:
             stopped = await self.write(self.service.store.request_cancel, job.id, f"sweep {sweep.key} (pruned)")
             self.service.engine.wake()
@@ -402,30 +510,35 @@ class SweepController(LoggingConfigurable):
                                   f"earlier trials at that step; its job {job.key} was stopped", job_state=stopped.state)
                 self.log.info("sweep %s: trial %d pruned at step %s (%s=%.6g); cancelling %s", sweep.key, t.number,
                               step, sweep.metric, value, job.key)
-                return
+                return stopped
             job = stopped
         if job.state in JOB_TERMINAL:
             state, value, reason = trial_outcome(job.state, job.reason, job.key, points, sweep.metric,
                                                  sweep.cancel_requested)
             await self._close(sweep, t, state, value, reason, job_state=job.state)
         elif job.state != t.job_state:
-            await self.write(self.store.update_trial, t.id, job_state=job.state)
+            self._row(sweep, t, job_state=job.state)
+        return job
 
-    def _report(self, sweep: Sweep, t: SweepTrial, points: list, may_prune: bool) -> bool:
+    def _report(self, sweep: Sweep, optuna_id: int, points: list, may_prune: bool) -> bool:
         """Report intermediate values to Optuna; True when the trial should be pruned (optuna thread)."""
         import optuna
 
         study = self._study(sweep)
-        trial = optuna.trial.Trial(study, t.optuna_id)
+        trial = optuna.trial.Trial(study, optuna_id)
         if trial._cached_frozen_trial.state.is_finished():
             return False
         for step, value in points:
             trial.report(value, step)
         return may_prune and trial.should_prune()
 
-    def _tell(self, sweep: Sweep, number: int, state: str, value: float | None) -> None:
+    def _tell(self, sweep: Sweep, number: int, state: str, value: float | None, fresh: tuple = (),
+              optuna_id: int | None = None) -> None:
+        """Tell Optuna a trial's outcome, after its last intermediate values ``fresh`` (optuna thread)."""
         from optuna.trial import TrialState
 
+        if fresh:
+            self._report(sweep, optuna_id, list(fresh), False)
         study = self._study(sweep)
         if state == COMPLETE:
             study.tell(number, value, skip_if_finished=True)
@@ -434,28 +547,76 @@ class SweepController(LoggingConfigurable):
         else:
             study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
 
-    async def _close(self, sweep: Sweep, t: SweepTrial, state: str, value, reason: str, job_state: str | None = None) -> None:
-        await self.optuna(self._tell, sweep, t.number, state, value)
+    async def _close(self, sweep: Sweep, t: SweepTrial, state: str, value, reason: str, job_state: str | None = None,
+                     fresh: list = ()) -> None:
+        """Record a trial's outcome (and its last intermediate values ``fresh``) in its row, written in the same
+        transaction as the row of the trial that takes its slot (or at the end of the pass); Optuna is told it by
+        :meth:`_flush_tells` before anything depends on it (an ask, the importance, a pruning decision, the sweep's
+        end), so a trial asked ahead starts without waiting for the tell. Nothing is lost in a crash before
+        either: the job's state and metrics stay in the jobs tables, and the next pass records the trial from
+        them again; a row that records an outcome Optuna was not told is told on restart (:meth:`reconcile_orphans`)."""
         fields = dict(state=state, value=value, reason=reason, finished=now_utc())
+        if fresh:
+            t.intermediate = [*(t.intermediate or []), *[[s, v] for s, v in fresh]]
+            fields["intermediate"] = t.intermediate
         if job_state is not None:
             fields["job_state"] = job_state
-        await self.write(self.store.update_trial, t.id, **fields)
-        t.state = state
+            t.job_state = job_state
+        self._row(sweep, t, **fields)
+        t.state, t.value, t.reason = state, value, reason
+        self._tells.setdefault(sweep.id, []).append((t.number, t.optuna_id, state, value, tuple(fresh)))
         self.log.info("sweep %s: trial %d %s: %s", sweep.key, t.number, state, reason)
+
+    def _row(self, sweep: Sweep, t: SweepTrial, **fields) -> None:
+        """Update trial ``t`` (in memory now; its row with the next trial's row, or at the end of the pass, in one
+        transaction with the other rows of the pass)."""
+        for k, v in fields.items():
+            setattr(t, k, v)
+        self._rows.setdefault(sweep.id, []).append((t.id, fields))
+
+    async def _flush_rows(self, sweep: Sweep) -> None:
+        """Write the trial outcomes recorded in this pass that no new trial's row took along."""
+        rows = self._rows.pop(sweep.id, None)
+        if rows:
+            await self.write(self.store.record_trials, rows)
+
+    async def _flush_tells(self, sweep: Sweep) -> None:
+        """Tell Optuna the outcomes recorded since the last flush (one call on the Optuna thread)."""
+        tells = self._tells.pop(sweep.id, None)
+        if not tells:
+            return
+        try:
+            await self.optuna(self._tell_all, sweep, tells)
+        except BaseException:
+            self._tells.setdefault(sweep.id, [])[:0] = tells  # told again later (a tell is idempotent)
+            raise
+
+    def _tell_all(self, sweep: Sweep, tells: list) -> None:
+        for number, optuna_id, state, value, fresh in tells:
+            self._tell(sweep, number, state, value, fresh, optuna_id)
+
+    def _ask_many(self, sweep: Sweep, n: int) -> list[tuple[int, int, dict]]:
+        return [self._ask(sweep) for _ in range(n)]
 
     def _ask(self, sweep: Sweep) -> tuple[int, int, dict]:
         study = self._study(sweep)
         trial = study.ask(to_distributions(sweep.space))
         return trial.number, trial._trial_id, dict(trial.params)
 
-    async def _start_trial(self, sweep: Sweep) -> bool:
-        number, optuna_id, params = await self.optuna(self._ask, sweep)
-        t = await self.write(self.store.add_trial, sweep_id=sweep.id, number=number, optuna_id=optuna_id,
-                             params=params, state=PENDING, reason="submitting its job")
-        return await self._submit(sweep, t)
+    async def _start_trial(self, sweep: Sweep) -> SweepTrial | None:
+        """Record and submit the next trial (the one asked ahead, if any); None when it could not be submitted."""
+        ahead = self._ahead[sweep.id].pop(0) if self._ahead.get(sweep.id) else None
+        if ahead is None:
+            await self._flush_tells(sweep)  # the sampler learns from every outcome recorded so far
+        number, optuna_id, params = ahead if ahead is not None else await self.optuna(self._ask, sweep)
+        t = await self.write(self.store.record_trials, self._rows.pop(sweep.id, []),
+                             dict(sweep_id=sweep.id, number=number, optuna_id=optuna_id, params=params, state=PENDING,
+                                  reason="submitting its job"))
+        return t if await self._submit(sweep, t) is not None else None
 
-    async def _submit(self, sweep: Sweep, t: SweepTrial) -> bool:
-        """Submit a trial's job (idempotent: the same submit_key returns the job already made)."""
+    async def _submit(self, sweep: Sweep, t: SweepTrial):
+        """Submit a trial's job (idempotent: the same submit_key returns the job already made); returns the job,
+        None when it could not be submitted (the trial is failed and the sweep stops)."""
         from trainhub.services.jobs.spec import JobSpec
 
         template = dict(sweep.job or {})
@@ -470,11 +631,12 @@ class SweepController(LoggingConfigurable):
             await self.write(self.store.update, sweep.id, cancel_requested=True,
                              reason=f"stopping: trial {t.number} could not be submitted: {e.message}")
             sweep.cancel_requested = True
-            return False
+            return None
         await self.write(self.store.update_trial, t.id, job_id=job.id, job_state=job.state, state=TRIAL_RUNNING,
                          reason=f"job {job.key} {job.state}")
+        t.job_id, t.job_state, t.state = job.id, job.state, TRIAL_RUNNING
         self.log.info("sweep %s: trial %d submitted as %s with %s", sweep.key, t.number, job.key, t.params)
-        return True
+        return job
 
     async def _wind_down(self, sweep: Sweep, trials, jobs, unfinished, final_state: str = CANCELLED,
                          final_reason: str | None = None) -> None:
@@ -491,6 +653,7 @@ class SweepController(LoggingConfigurable):
             final_reason = final_reason.replace("requested by", "cancelled by")
         if sweep.reason.startswith("stopping: "):
             final_state, final_reason = FAILED, sweep.reason.removeprefix("stopping: ")
+        await self._drop_ahead(sweep)
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=final_state,
                          reason=final_reason, finished=now_utc())
         self._studies.pop(sweep.id, None)
@@ -512,6 +675,10 @@ class SweepController(LoggingConfigurable):
         self.service.engine.wake()
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=FAILED, reason=reason,
                          cancel_requested=True, finished=now_utc())
+        self._ahead.pop(sweep.id, None)  # never asked: a sweep that cannot be rebuilt has no study here
+        self._ahead_wanted.pop(sweep.id, None)
+        self._tells.pop(sweep.id, None)
+        self._running.pop(sweep.id, None)
         self._studies.pop(sweep.id, None)
 
     async def _finish(self, sweep: Sweep, trials) -> None:
@@ -523,9 +690,28 @@ class SweepController(LoggingConfigurable):
         else:
             state = COMPLETED
             reason = f"best {sweep.metric} = {best.value:.6g} (trial {best.number}, {job_key(best.job_id)}); {summary}"
+        await self._drop_ahead(sweep)
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=state, reason=reason, finished=now_utc())
         self._studies.pop(sweep.id, None)
         self.log.info("sweep %s %s: %s", sweep.key, state, reason)
+
+    async def _drop_ahead(self, sweep: Sweep) -> None:
+        """The sweep ends: Optuna is told every outcome, and a trial asked ahead that no slot will take is failed
+        there (no trial row has it)."""
+        await self._flush_rows(sweep)
+        await self._flush_tells(sweep)
+        self._ahead_wanted.pop(sweep.id, None)
+        self._importance_due.discard(sweep.id)
+        self._running.pop(sweep.id, None)
+        for number, _id, _params in self._ahead.pop(sweep.id, []):
+            await self.optuna(self._tell, sweep, number, TRIAL_FAILED, None)
+
+    async def _importance_now(self, sweep: Sweep, trials) -> None:
+        """The importance, if completed trials came since the last fit (the sweep is about to end)."""
+        if sweep.id in self._importance_due:
+            self._importance_due.discard(sweep.id)
+            await self._flush_tells(sweep)
+            await self._update_importance(sweep, trials)
 
     async def _update_importance(self, sweep: Sweep, trials) -> None:
         n = sum(t.state == COMPLETE for t in trials)
@@ -546,11 +732,19 @@ class SweepController(LoggingConfigurable):
         return {k: round(float(v), 6) for k, v in values.items()}
 
     async def reconcile_orphans(self) -> None:
-        """Optuna trials left RUNNING without a trial row (the service died between ask and record) are failed."""
+        """After a restart: Optuna is told the outcomes trial rows record that it lacks, and of the Optuna trials left
+        RUNNING without a trial row (the service died between an ask, ahead or not, and the record), the first
+        ones become the sweep's trials asked ahead again, as many as it still has trials to start (at most
+        ``parallel``: so a restart changes no suggestion, a grid keeps its points); the others are failed."""
         for sweep in await self.read(self.store.in_states, RUNNING):
             try:
-                known = {t.number for t in await self.read(self.store.trials, sweep.id)}
-                n = await self.optuna(self._fail_orphans, sweep, known)
+                rows = {t.number: t for t in await self.read(self.store.trials, sweep.id)}
+                adopt = 0 if sweep.cancel_requested else max(0, min(sweep.parallel, sweep.n_trials - len(rows)))
+                n, ahead = await self.optuna(self._fail_orphans, sweep, rows, adopt)
+                if ahead:
+                    self._ahead[sweep.id] = ahead
+                    self.log.info("sweep %s: trial(s) %s, asked before the restart, are its next", sweep.key,
+                                  ", ".join(str(a[0]) for a in ahead))
                 if n:
                     self.log.info("sweep %s: %d Optuna trial(s) asked before a crash and never submitted marked failed", sweep.key, n)
             except BrokenSweep:
@@ -558,16 +752,29 @@ class SweepController(LoggingConfigurable):
             except Exception:
                 self.log.exception("sweep %s: reconciling after restart failed", sweep.key)
 
-    def _fail_orphans(self, sweep: Sweep, known: set) -> int:
+    def _fail_orphans(self, sweep: Sweep, rows: dict, adopt: int) -> tuple[int, list]:
+        """Optuna brought up to date with the trial rows after a restart: the outcomes rows record and Optuna was
+        not told yet are told (with the intermediate values it lacks); of the trials without a row, the first
+        ``adopt`` are adopted as trials asked ahead and the others failed. Returns (orphans failed, the adopted
+        [(number, optuna id, params)]) (optuna thread)."""
         from optuna.trial import TrialState
 
         study = self._study(sweep)
-        n = 0
-        for ft in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-            if ft.number not in known:
-                study.tell(ft.number, state=TrialState.FAIL, skip_if_finished=True)
-                n += 1
-        return n
+        n, ahead = 0, []
+        unfinished = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+        for ft in unfinished:
+            row = rows.get(ft.number)
+            if row is not None and row.state in TRIAL_FINAL:
+                fresh = [(int(s), v) for s, v in (row.intermediate or []) if int(s) not in ft.intermediate_values]
+                self._tell(sweep, ft.number, row.state, row.value, tuple(fresh), ft._trial_id)
+        orphans = [ft for ft in unfinished if ft.number not in rows]
+        for ft in sorted(orphans, key=lambda ft: ft.number):
+            if len(ahead) < adopt and ft.state == TrialState.RUNNING and set(ft.params) == set(sweep.space):
+                ahead.append((ft.number, ft._trial_id, dict(ft.params)))
+                continue
+            study.tell(ft.number, state=TrialState.FAIL, skip_if_finished=True)
+            n += 1
+        return n, ahead
 
 
 def job_template(spec) -> dict:

@@ -96,6 +96,19 @@ class SweepStore:
             s.commit()
             return t
 
+    def record_trials(self, updates: list[tuple[int, dict]], add: dict | None = None) -> SweepTrial | None:
+        """Trial rows updated (``[(trial id, fields)]``) and a new one added (``add``: its fields), in one
+        transaction: the outcome of the trial that ended and the row of the one that takes its slot."""
+        with write_session(self.db_url) as s:
+            for trial_id, fields in updates:
+                s.execute(update(SweepTrial).where(SweepTrial.id == trial_id).values(**fields))
+            t = None
+            if add is not None:
+                t = SweepTrial(**add)
+                s.add(t)
+            s.commit()
+            return t
+
     def update_trial(self, trial_id: int, **fields) -> None:
         with write_session(self.db_url) as s:
             s.execute(update(SweepTrial).where(SweepTrial.id == trial_id).values(**fields))

@@ -14,7 +14,7 @@ from waiting import await_for
 from trainhub.db import get_engine, sync_mode, write_session
 from trainhub.services.jobs.models import JobMetric
 from trainhub.services.jobs.store import JobStore
-from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, trial_outcome,
+from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, ahead_allowed, trial_outcome,
                                                  trials_to_start)
 from trainhub.services.sweeps.spec import validate_sweep
 
@@ -145,13 +145,17 @@ async def test_controller_runs_trials_at_most_parallel_and_completes(env):
 
 async def test_controller_prunes_a_trial_worse_than_the_median(env):
     service, caller = env
-    c = SweepController(service)
+    c = SweepController(service, tick=0.05)
     await c.optuna(c.storage)
     sweep = await c.create(caller, spec(pruner="median", startup_trials=1, trials=3))
     await c.run_once()
     a, b = c.store.trials(sweep.id)
     finish(service, a.job_id, values=[(0, 0.1), (1, 0.1), (2, 0.1)])
     finish(service, b.job_id, state="running", values=[(0, 5.0)])
+    await c.run_once()  # a's end recorded, its slot refilled; the running trial's new values may wait for ...
+    a, b, third = c.store.trials(sweep.id)
+    assert (a.state, third.state) == ("complete", "running")
+    await asyncio.sleep(c.tick)  # ... the next pass, a tick later at the latest, even if that one submits too
     await c.run_once()
     a, b, third = c.store.trials(sweep.id)
     assert a.state == "complete" and b.state == "pruned" and b.reason.startswith("pruned at step 0: val_loss = 5")
@@ -165,7 +169,7 @@ async def test_a_restarted_controller_resumes_without_resubmitting(env):
     service, caller = env
     c = SweepController(service)
     await c.optuna(c.storage)
-    sweep = await c.create(caller, spec(trials=3))
+    sweep = await c.create(caller, spec(trials=3, sampler="tpe", startup_trials=1))  # TPE modelling: nothing asked ahead
     await c.run_once()
     first = c.store.trials(sweep.id)
     finish(service, first[0].job_id, values=[(0, 0.3)])
@@ -191,6 +195,119 @@ async def test_a_restarted_controller_resumes_without_resubmitting(env):
     await c2.stop()
 
 
+async def test_a_trial_asked_ahead_and_an_outcome_not_yet_told_survive_restarts(env):
+    """The next trial is asked while its slot is still busy, and a trial's outcome reaches Optuna after its row (and
+    after the next trial's submission): a crash in between loses neither. The restart tells Optuna what the rows
+    record and adopts the trial asked ahead, so the sweep runs the same trials as without the crashes."""
+    service, caller = env
+    c = SweepController(service, tick=600.0)  # a pass that submits leaves the rest to a pass 600 s later
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(trials=3, parallel=1))
+    await c.run_once()  # trial 0 submitted; no pass had done the later work yet, so trial 1 is asked ahead at once
+    [ahead] = c._ahead[sweep.id]
+    assert ahead[0] == 1 and [t.number for t in c.store.trials(sweep.id)] == [0]
+    finish(service, c.store.trials(sweep.id)[0].job_id, values=[(0, 0.7), (1, 0.3)])
+    await c.run_once()  # trial 0 recorded, trial 1 (the one asked ahead) submitted; Optuna not told yet
+    t0, t1 = c.store.trials(sweep.id)
+    assert (t0.state, t0.value, t0.intermediate) == ("complete", 0.3, [[0, 0.7], [1, 0.3]])
+    assert (t1.number, t1.params, t1.state) == (1, ahead[2], "running") and service.store.get(t1.job_id).params == ahead[2]
+    study = await c.optuna(c._study, sweep)
+    assert study.trials[0].state.name == "RUNNING"
+    await c.stop()  # the service dies
+
+    c2 = SweepController(service, tick=600.0)
+    await c2.optuna(c2.storage)
+    await c2.reconcile_orphans()
+    study = await c2.optuna(c2._study, sweep)
+    told = study.trials[0]
+    assert (told.state.name, told.value, told.intermediate_values) == ("COMPLETE", 0.3, {0: 0.7, 1: 0.3})
+    assert sweep.id not in c2._ahead  # trial 1 has its row: not an orphan
+    await c2.run_once()  # nothing to submit: trial 2 is asked ahead
+    [ahead] = c2._ahead[sweep.id]
+    assert ahead[0] == 2
+    await c2.stop()  # and the service dies again
+
+    c3 = SweepController(service, tick=600.0)
+    await c3.optuna(c3.storage)
+    await c3.reconcile_orphans()
+    assert c3._ahead[sweep.id] == [ahead]  # adopted, not failed: same number, same parameters
+    finish(service, c3.store.trials(sweep.id)[1].job_id, values=[(0, 0.5)])
+    await c3.run_once()
+    t2 = c3.store.trials(sweep.id)[2]
+    assert (t2.number, t2.params, t2.state) == (2, ahead[2], "running")
+    finish(service, t2.job_id, values=[(0, 0.1)])
+    await c3.run_once()
+    s = c3.store.get(sweep.id)
+    assert s.state == "completed" and s.reason.startswith("best val_loss = 0.1 (trial 2")
+    study = await c3.optuna(c3._study, sweep)
+    assert [(t.number, t.state.name, t.value) for t in study.trials] == [(0, "COMPLETE", 0.3), (1, "COMPLETE", 0.5),
+                                                                         (2, "COMPLETE", 0.1)]
+    assert service.submits == 3
+    await c3.stop()
+
+
+async def test_from_a_trials_end_to_the_next_ones_submission_no_optuna_call_and_three_writes(env):
+    """The path a serial sweep waits on: with the next trial asked ahead, the pass that records the end submits the
+    next trial without any Optuna call, in three writes (both trial rows, the job, the job's id on the new row)."""
+    service, caller = env
+    c = SweepController(service, tick=600.0)
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(trials=3, parallel=1))
+    await c.run_once()  # trial 0 submitted, trial 1 asked ahead
+    assert [a[0] for a in c._ahead[sweep.id]] == [1]
+    finish(service, c.store.trials(sweep.id)[0].job_id, values=[(0, 0.3)])
+    calls, writes = [], []
+    optuna, write = c.optuna, service.store.write
+    c.optuna = lambda fn, *a, **kw: calls.append(fn.__name__) or optuna(fn, *a, **kw)
+    service.store.write = lambda fn, *a, **kw: writes.append(fn.__name__) or write(fn, *a, **kw)
+    await c.run_once()
+    assert calls == [] and writes == ["record_trials", "create", "update_trial"]
+    t0, t1 = c.store.trials(sweep.id)
+    assert (t0.state, t1.state, t1.job_id) == ("complete", "running", service.store.get(t1.job_id).id)
+    await c.later_work(c.store.get(sweep.id))  # the next quiet pass: Optuna told, trial 2 asked ahead
+    assert calls == ["_tell_all", "_ask_many"]
+    await c.stop()
+
+
+async def test_a_parallel_sweep_keeps_a_trial_asked_ahead_for_every_slot(env):
+    service, caller = env
+    c = SweepController(service, tick=600.0)
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(trials=5, parallel=2))
+    await c.run_once()  # trials 0 and 1 submitted; 2 and 3 asked ahead (5 - 2 left, at most 2)
+    ahead = list(c._ahead[sweep.id])
+    assert [a[0] for a in ahead] == [2, 3]
+    for t in c.store.trials(sweep.id):
+        finish(service, t.job_id, values=[(0, 0.5)])
+    calls = []
+    optuna = c.optuna
+    c.optuna = lambda fn, *a, **kw: calls.append(fn.__name__) or optuna(fn, *a, **kw)
+    await c.run_once()  # both slots refilled in the same pass, from the trials asked ahead
+    assert calls == []
+    trials = c.store.trials(sweep.id)
+    assert [(t.number, t.params, t.state) for t in trials[2:]] == [(a[0], a[2], "running") for a in ahead]
+    await c.later_work(c.store.get(sweep.id))
+    assert [a[0] for a in c._ahead[sweep.id]] == [4]  # the one trial left to start
+    await c.stop()
+
+
+@pytest.mark.parametrize("sampler, settings, finished, unfinished, parallel, expected", [
+    ("random", {}, 0, 1, 1, 1),
+    ("random", {}, 0, 2, 4, 4),  # 6 trials, 2 started: the 4 left
+    ("random", {}, 0, 1, 2, 2),  # never more than parallel
+    ("grid", {}, 2, 1, 2, 2),
+    ("random", {}, 5, 1, 2, 0),  # all 6 trials asked already
+    ("tpe", {"startup_trials": 3}, 1, 1, 4, 1),  # even if the running one completes, the next ask is random
+    ("tpe", {"startup_trials": 3}, 1, 2, 4, 0),  # it may be the first TPE models
+    ("tpe", {"startup_trials": 4}, 0, 1, 4, 3),  # the 3rd ahead: random even if the running one and 2 before it finish
+    ("cmaes", {}, 0, 1, 4, 0),
+])
+def test_ahead_allowed_only_where_the_suggestion_cannot_change(sampler, settings, finished, unfinished, parallel, expected):
+    trials = [SimpleNamespace(state="complete") for _ in range(finished)] + \
+             [SimpleNamespace(state="running") for _ in range(unfinished)]
+    assert ahead_allowed({"sampler": sampler, **settings}, 6, parallel, trials) == expected
+
+
 async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
     service, caller = env
     c = SweepController(service)
@@ -200,10 +317,13 @@ async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
     trials = c.store.trials(sweep.id)
     for t in trials:
         service.store.update(t.job_id, state="running")
+    ahead = [a[0] for a in c._ahead[sweep.id]]
+    assert ahead == [2, 3]  # random sampler: the next two asked while both slots are busy
     await c.cancel(c.store.get(sweep.id), "alice")
     assert all(service.store.get(t.job_id).cancel_requested for t in trials)
     await c.run_once()
     assert c.store.get(sweep.id).state == "running"  # its jobs are still stopping
+    assert [a[0] for a in c._ahead[sweep.id]] == ahead  # and nothing more is asked ahead
     for t in trials:
         finish(service, t.job_id, state="cancelled", reason="cancelled by alice while running")
     await c.run_once()
@@ -211,6 +331,8 @@ async def test_cancel_stops_unfinished_jobs_and_ends_the_sweep(env):
     s = c.store.get(sweep.id)
     assert (s.state, s.reason) == ("cancelled", "cancelled by alice")
     assert [t.state for t in c.store.trials(sweep.id)] == ["cancelled", "cancelled"] and service.submits == 2
+    study = await c.optuna(c._study, sweep)
+    assert [t.state.name for t in study.trials] == ["FAIL"] * 4 and sweep.id not in c._ahead  # those asked ahead too
     await c.stop()
 
 
