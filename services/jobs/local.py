@@ -89,7 +89,7 @@ class LocalLauncher(Launcher):
         environment changes Python's start-up (PYTHONHASHSEED, PYTHONOPTIMIZE, another locale...) and any fork server
         failure (a warning is logged) take the cold path: `python -u script.py` under the worker.py wrapper.
         False: always cold.""").tag(config=True)
-    isolated_refill_delay = Float(0.5, help="""Seconds after a launch before the pool of isolated workers starts the
+    isolated_refill_delay = Float(0.1, help="""Seconds after a launch before the pool of isolated workers starts the
         entries it handed out again (their start-up competes for the CPU with the job just started).""").tag(config=True)
     warm_start_timeout = Float(10.0, help="""Seconds to wait for the fork server to start or answer before starting a
         worker cold. After a failed start the server is not tried again for 60 s.""").tag(config=True)
