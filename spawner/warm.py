@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from trainhub.procs import HOLDER_VAR, INSTANCE_VAR, terminate
-from trainhub.warmsandbox import clone_mount, send_claim  # noqa: F401 (clone_mount: re-exported)
+from trainhub.warmsandbox import current_umask, send_claim
 from trainhub.warmsandbox import startup_differences as _startup_differences
 
 # what a running interpreter cannot take on later: read by the interpreter, the loader or libc at start-up,
@@ -197,8 +197,7 @@ def claim_spec(cmd: list[str], env: dict, cwd: str, account, sandboxed: bool) ->
     env = dict(env)
     if sandboxed:
         env["PWD"] = cwd  # bwrap --chdir sets it in a cold sandbox
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     return {"module": cmd[2], "args": list(cmd[3:]), "env": env, "cwd": cwd, "umask": umask,
             "uid": account.uid if account else None, "gid": account.gid if account else None}
 

@@ -78,6 +78,21 @@ def sandbox_mounts(rw, ro, device_nodes) -> list[tuple[str, bool, bool]]:
     return mounts
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets one to read it: another thread creating a
+    file meanwhile would get that one)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return umask
+
+
 def send_claim(sock: socket.socket, spec: dict, mounts: list[tuple[str, bool, bool]]) -> None:
     """Send ``spec`` with ``mounts`` (from :func:`sandbox_mounts`) as descriptors, in one message (blocking socket).
     The descriptors are this process's only for the call."""

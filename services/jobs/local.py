@@ -49,7 +49,7 @@ from trainhub.ledger import pid_alive, process_start_time
 from trainhub.procs import HOLDER_VAR, processes_with
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
-from trainhub.warmsandbox import sandbox_mounts
+from trainhub.warmsandbox import current_umask, sandbox_mounts
 
 from . import warminside, worker
 from .forkserver import SOCKET_NAME, ForkServer, ForkServerError, server_environment
@@ -372,18 +372,16 @@ class LocalLauncher(Launcher):
         if why:
             self.log.info("job %s: worker %d starts cold: %s", job.key, rank, why)
             return None
-        entry = pool.take(self.isolated_warm_claim_timeout)
-        if entry is None:
-            self.log.info("job %s: worker %d starts cold: no warm worker waiting", job.key, rank)
-            return None
         sandboxed = self.isolation.use_sandbox
         # what the cold sandbox of this worker would bind beyond the warm one's (Isolation.sandbox_argv's rw/ro/devices)
         mounts = sandbox_mounts(rw + [str(adir / f"metrics-{rank}.jsonl")], ro, self.isolation.device_nodes(devices)) \
             if sandboxed else []
-        umask = os.umask(0)
-        os.umask(umask)
         spec = {"script": cmd[-1], "args": [], "env": wenv, "cwd": os.path.realpath(cwd) if sandboxed else cwd,
-                "umask": umask, "uid": account.uid if account else None, "gid": account.gid if account else None}
+                "umask": current_umask(), "uid": account.uid if account else None, "gid": account.gid if account else None}
+        entry = pool.take(self.isolated_warm_claim_timeout)  # from here on claim() discards it on any failure
+        if entry is None:
+            self.log.info("job %s: worker %d starts cold: no warm worker waiting", job.key, rank)
+            return None
         try:
             pid = pool.claim(entry, spec, mounts, {"rank": rank, "log": log, "exit_file": exit_file},
                              self.isolated_warm_claim_timeout)
