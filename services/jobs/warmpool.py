@@ -125,6 +125,7 @@ class WorkerPool:
         self.claims = 0
         self._lock = threading.Lock()
         self._discarded: list[subprocess.Popen] = []
+        self.closed = False  # a refill scheduled before close() starts nothing
 
     def _start(self) -> Entry:
         inside_parent, inside_child = socket.socketpair()
@@ -157,6 +158,8 @@ class WorkerPool:
         """Start entries until ``size`` wait; returns how many were started."""
         started = 0
         with self._lock:
+            if self.closed:
+                return 0
             self._reap()
             for e in [e for e in self.waiting if e.proc.poll() is not None]:
                 self.waiting.remove(e)
@@ -237,6 +240,7 @@ class WorkerPool:
     def close(self) -> None:
         """Let every waiting entry go (running workers are not the pool's: they keep running)."""
         with self._lock:
+            self.closed = True
             waiting, self.waiting = self.waiting, []
             for e in waiting:
                 self._drop(e)

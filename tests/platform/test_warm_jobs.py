@@ -50,6 +50,7 @@ report = {
     "mounts": sorted((l.split()[4], l.split()[5]) for l in open("/proc/self/mountinfo")),
     "home_files": sorted(os.listdir(os.environ["HOME"])),
     "writable": {p: os.access(p, os.W_OK) for p in json.loads(os.environ.get("WRITABLE", "[]"))},
+    "heavy": sorted(m for m in ("torch", "numpy", "jupyter_server", "tornado") if m in sys.modules),
 }
 if leave:
     _j.LEAKED_BY = leave
@@ -235,13 +236,14 @@ async def test_two_users_warm_workers_share_nothing_and_match_a_cold_start(tmp_p
     assert (b["uid"], b["euid"], b["gid"], b["groups"]) == (acct_b.uid, acct_b.uid, acct_b.gid, [])
     assert b["caps"]["CapEff"] == b["caps"]["CapPrm"] == b["caps"]["CapAmb"] == "0000000000000000" and b["nnp"] == "1"
     for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "name", "file", "tmp", "umask", "nnp", "nodes",
-                "mounts", "home_files", "writable", "other"):
+                "mounts", "home_files", "writable", "other", "heavy"):
         assert b[key] == c[key], (key, b[key], c[key])
     for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):  # the bounding set: warm empties it (stricter than setpriv)
         assert b["caps"][cap] == c["caps"][cap], cap
     differ = {"TRAINHUB_HOLDER", "MASTER_PORT", "PET_MASTER_PORT"}  # a launch's own marker and rendezvous port
     assert {k: v for k, v in b["env"].items() if k not in differ} == {k: v for k, v in c["env"].items() if k not in differ}
     assert b["nodes"] == {n: i in (2, 3) for i, n in enumerate(nodes)}
+    assert a["heavy"] == b["heavy"] == []  # the pool's interpreters import nothing heavy
     assert b["writable"] == {str(jdir / "outputs"): True, str(jdir / "work"): True, str(jdir / "script.py"): False, str(jdir): False}
 
 
@@ -276,6 +278,25 @@ async def test_cancel_time_limit_and_adoption_of_a_warm_isolated_worker(tmp_path
     finally:
         await launcher.close()
     assert launcher._pool.waiting == []
+
+
+@root_only
+async def test_a_gang_takes_what_the_pool_has_and_starts_the_rest_cold(tmp_path, isolated):
+    _iso, data, make = isolated
+    launcher = make(isolated_warm_pool_size=2, isolated_refill_delay=30.0)
+    try:
+        job = job_view("j-000005", "wje", "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n",
+                       workers=3)
+        state = await launcher.launch(job, [[], [], []], base_env(HOME=str(data / "homes" / "wje")))
+        assert [w["start"] for w in state["workers"]] == ["warm-isolated", "warm-isolated", "cold"]
+        assert len({w["pid"] for w in state["workers"]}) == 3 and all(os.getpgid(w["pid"]) == w["pid"] for w in state["workers"])
+        assert [s.exit_code for s in await finish(launcher, job, state)] == [0, 0, 0]
+        for w in state["workers"]:
+            assert f"[{w['rank']}] rank {w['rank']} of 3" in Path(w["log"]).read_text()
+        assert launcher._pool.claims == 2 and launcher._pool.waiting == []
+    finally:
+        await launcher.close()
+    assert launcher._pool.fill() == 0  # closed: a refill scheduled before close() starts nothing
 
 
 @root_only
