@@ -39,7 +39,7 @@ import time
 import uuid
 from pathlib import Path
 
-from traitlets import Bool, Float, Instance, Integer, Unicode, default
+from traitlets import Bool, Float, Instance, Integer, TraitError, Unicode, default, validate
 
 from trainhub import envexec, procs
 from trainhub.accounts import Account, fs_identity, own_dir
@@ -89,20 +89,28 @@ class LocalLauncher(Launcher):
         environment changes Python's start-up (PYTHONHASHSEED, PYTHONOPTIMIZE, another locale...) and any fork server
         failure (a warning is logged) take the cold path: `python -u script.py` under the worker.py wrapper.
         False: always cold.""").tag(config=True)
-    isolated_refill_delay = Float(0.1, help="""Seconds after a launch before the pool of isolated workers starts the
-        entries it handed out again (their start-up competes for the CPU with the job just started).""").tag(config=True)
     warm_start_timeout = Float(10.0, help="""Seconds to wait for the fork server to start or answer before starting a
         worker cold. After a failed start the server is not tried again for 60 s.""").tag(config=True)
 
     isolated_warm_pool_size = Integer(2, help="""Isolated `script` workers (users' accounts and/or sandboxes, see
         docs/isolation.md) start from a pool of this many pre-started wrappers, each with an interpreter waiting in a
-        sandbox of no user (site imported, nothing heavy): at launch one is claimed per worker and given the job's
-        mounts, account, devices, environment and script (docs/jobs-local.md). Each is claimed at most once and
-        refilled after the launch. An empty pool, a job whose environment changes Python's start-up, an unprivileged
+        sandbox of no user (site imported, nothing heavy), started with the first such job: at launch one is claimed
+        per worker and given the job's mounts, account, devices, environment and script (docs/jobs-local.md). Each is
+        claimed at most once and refilled after the launch. An empty pool, a job whose environment changes Python's start-up, an unprivileged
         sandbox (not root) and any failed claim (logged) start the worker cold. 0: isolated workers always start
         cold. Ignored when warm_start is False.""").tag(config=True)
     isolated_warm_claim_timeout = Float(5.0, help="""Seconds a pooled isolated worker has to become ready (if it is
         still starting) and to take on its job before the worker starts cold.""").tag(config=True)
+    isolated_refill_delay = Float(0.1, help="""Seconds after a launch before the pool of isolated workers starts the
+        entries it handed out again (their start-up competes for the CPU with the job just started).""").tag(config=True)
+
+    @validate("isolated_warm_pool_size", "isolated_warm_claim_timeout", "isolated_refill_delay")
+    def _not_negative(self, proposal):
+        if proposal["value"] < 0 or (proposal["trait"].name == "isolated_warm_claim_timeout" and proposal["value"] == 0):
+            raise TraitError(f"LocalLauncher.{proposal['trait'].name} must be "
+                             f"{'positive' if proposal['trait'].name == 'isolated_warm_claim_timeout' else 'zero or more'}, "
+                             f"not {proposal['value']}")
+        return proposal["value"]
 
     storage = Instance(StorageConfig, help="The platform's storage (users' areas are made theirs and bound into sandboxes).")
 

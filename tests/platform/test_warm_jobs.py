@@ -164,6 +164,16 @@ def test_start_up_variables_that_a_started_interpreter_cannot_take_on_mean_cold(
     assert "LANG" in warmpool.refusal(dict(launched, LANG="de_DE.UTF-8"), launched)
 
 
+def test_pool_settings_out_of_range_are_refused_clearly():
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError, match="isolated_warm_pool_size must be zero or more, not -1"):
+        LocalLauncher(isolated_warm_pool_size=-1)
+    with pytest.raises(TraitError, match="isolated_warm_claim_timeout must be positive"):
+        LocalLauncher(isolated_warm_claim_timeout=0)
+    assert LocalLauncher(isolated_warm_pool_size=0, isolated_refill_delay=0).isolated_warm_pool_size == 0
+
+
 # -- two users through the real launcher, as root ---------------------------------------------------
 @pytest.fixture
 def isolated(tmp_path):
