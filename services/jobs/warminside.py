@@ -41,6 +41,9 @@ def apply_claim(spec: dict, fds: list[int]) -> str:
 
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
+    import types  # noqa: F401  what run_script needs, imported before the claim (as the fork server does)
+    from importlib.machinery import SourceFileLoader  # noqa: F401
+
     sock.sendall(b"ready\n")
     try:
         spec, fds = receive_claim(sock)
