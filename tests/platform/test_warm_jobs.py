@@ -145,6 +145,43 @@ def test_entries_let_go_leave_no_trace_and_no_process(tmp_path):
     assert pool.waiting == [] and not list(tmp_path.iterdir())
 
 
+OWNER = r"""
+import logging, os, sys, time
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]
+from test_warm_jobs import plain_pool
+pool = plain_pool(2)
+pool.fill()
+for e in pool.waiting:
+    e.check_ready(30)
+print(" ".join(str(e.pid) for e in pool.waiting), flush=True)
+time.sleep(300)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_entries_of_a_service_that_died_end_with_it(tmp_path):
+    """A jobs service killed outright (no close()): its entries see their sockets close and exit, leaving nothing."""
+    import subprocess
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, os.path.dirname(__file__)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in owner.stdout.readline().split()]
+        assert len(pids) == 2
+        owner.kill()
+        owner.wait(10)
+        wait_for(lambda: not any(alive(p) for p in pids), what="the dead service's entries to exit", timeout=20, interval=0.05)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
 def test_an_entry_that_does_not_start_is_never_handed_out(tmp_path):
     bad = tmp_path / "broken_inside.py"
     bad.write_text("raise SystemExit(5)\n")
