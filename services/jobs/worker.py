@@ -194,6 +194,7 @@ def main(argv=None) -> int:
         # what the launcher passed for the command (its end of the interpreter's socket) is the command's alone: held
         # here too, the launcher would never see that end close when the interpreter dies
         _close_all_but({0, 1, 2, read_fd, args["warm"]})
+        _stamper()  # its imports now, not on the way to the claimed job's first line
         claim = wait_claim(args["warm"]) if error is None else None
         if claim is None:  # never claimed: nothing ran for anyone, nothing is recorded
             if pid is not None:
