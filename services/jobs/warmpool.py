@@ -85,12 +85,13 @@ class Entry:
         return self.proc.pid
 
     def check_ready(self, timeout: float = 0.0) -> bool:
-        """Has the interpreter said ``ready`` (waiting up to ``timeout``)? False for good once it said anything else
+        """Has the interpreter said ``ready`` (waiting up to ``timeout``)? WarmUnavailable once it said anything else
         or ended."""
         if self.ready:
             return True
-        r, _, _ = select.select([self.claim_sock], [], [], max(timeout, 0.0))
-        if not r:
+        p = select.poll()  # not select(): a busy service's descriptors may pass FD_SETSIZE
+        p.register(self.claim_sock, select.POLLIN)
+        if not p.poll(max(timeout, 0.0) * 1000):
             return False
         try:
             line = self.claim_sock.recv(64)
