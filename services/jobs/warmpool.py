@@ -44,6 +44,23 @@ STARTUP_VARS = ("PYTHON*", "LD_*", "LANG", "LANGUAGE", "LC_*", "MALLOC_*", "GLIB
 HONOURED = {"PYTHONPATH", "PYTHONIOENCODING", "PYTHONUNBUFFERED", "PYTHONBREAKPOINT", "PYTHONSTARTUP"}
 
 
+WAIT_NICE = 10  # how much nicer than the service entries start and wait: a refill yields to running work
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and the processes below it, from /proc/<pid>/task/<pid>/children (a few reads, not a /proc scan)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
 class WarmUnavailable(Exception):
     """This worker starts cold (the message says why)."""
 
@@ -101,6 +118,15 @@ class Entry:
         if not self.ready:
             raise WarmUnavailable(f"warm interpreter {self.pid} did not start ({line!r})")
         return True
+
+    def renice(self) -> None:
+        """Back to the service's own priority (an entry waits ``WAIT_NICE`` nicer): it is claimed, or awaited."""
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        for p in process_tree(self.pid):
+            try:
+                os.setpriority(os.PRIO_PROCESS, p, nice)
+            except OSError:  # ended meanwhile, or not allowed (not root): it keeps running nicer
+                pass
 
     def discard(self) -> None:
         """Let it go: both sockets closed, so the interpreter and the wrapper exit without a trace; the group killed
@@ -194,6 +220,8 @@ class WorkerPool:
                 return None
             self.waiting.remove(pick)
         try:
+            if not pick.ready:
+                pick.renice()  # awaited now: no longer a background refill
             if pick.check_ready(timeout):
                 return pick
         except WarmUnavailable as err:
@@ -207,6 +235,7 @@ class WorkerPool:
         answered ``ok``, ``worker`` (rank, log, exit file) to the wrapper. Returns the wrapper's pid (the worker's
         process group). Raises WarmUnavailable (the entry discarded, nothing recorded) on any failure."""
         try:
+            entry.renice()  # the job runs at the service's priority, as a cold worker does
             entry.claim_sock.settimeout(timeout)
             send_claim(entry.claim_sock, spec, mounts)
             answer = b""

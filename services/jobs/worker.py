@@ -21,10 +21,12 @@ that only the logging loop needs.
 The warm path (forkserver.py) reuses ``copy_output``, ``wait_exit_code`` and ``write_exit_file``,
 so warm and cold workers write the same log lines and exit files.
 
-``--warm FD``: a wrapper of the warm pool of isolated workers (warmpool.py). It starts ``cmd`` (a sandboxed warm
+``--warm FD [--nice N]``: a wrapper of the warm pool of isolated workers (warmpool.py). It starts ``cmd`` (a sandboxed warm
 interpreter) at once but learns its rank, log and exit file only when the launcher claims it: one JSON line on the
 Unix socket FD, sent after the interpreter has taken on its job. Until then it copies and records nothing; end of
-file on FD first (the launcher let it go, or went away) kills ``cmd`` and exits without a trace.
+file on FD first (the launcher let it go, or went away) kills ``cmd`` and exits without a trace. ``--nice N``: it
+and ``cmd`` wait N steps nicer than the launcher, so a refill yields the CPU to running work; the launcher renices
+the pair back when it claims them.
 """
 
 import os
@@ -32,13 +34,13 @@ import signal
 import sys
 
 USAGE = ("usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] [--sandboxed] -- cmd [args...]\n"
-         "       worker.py --warm FD [--sandboxed] -- cmd [args...]")
+         "       worker.py --warm FD [--nice N] [--sandboxed] -- cmd [args...]")
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     """``({"rank": int, "log": str, "exit_file": str, "cwd": str | None, "sandboxed": bool, "warm": int | None},
     cmd)``; SystemExit(2) when malformed (with ``--warm``, rank, log and exit file come at claim)."""
-    opts = {"--rank": None, "--log": None, "--exit-file": None, "--cwd": None, "--warm": None}
+    opts = {"--rank": None, "--log": None, "--exit-file": None, "--cwd": None, "--warm": None, "--nice": None}
     sandboxed = False
     i = 0
     while i < len(argv) and argv[i] != "--":
@@ -64,10 +66,13 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     try:
         rank = int(opts["--rank"]) if opts["--rank"] is not None else None
         warm_fd = int(opts["--warm"]) if warm else None
+        nice = int(opts["--nice"]) if opts["--nice"] is not None else 0
     except ValueError:
-        raise SystemExit(f"{USAGE}\n--rank and --warm must be numbers") from None
+        raise SystemExit(f"{USAGE}\n--rank, --warm and --nice must be numbers") from None
+    if nice and not warm:
+        raise SystemExit(f"{USAGE}\n--nice is for --warm wrappers only")
     return {"rank": rank, "log": opts["--log"], "exit_file": opts["--exit-file"], "cwd": opts["--cwd"],
-            "sandboxed": sandboxed, "warm": warm_fd}, cmd
+            "sandboxed": sandboxed, "warm": warm_fd, "nice": nice}, cmd
 
 
 def _stamper():
@@ -170,6 +175,8 @@ def main(argv=None) -> int:
     args, cmd = parse_args(sys.argv[1:] if argv is None else argv)
     if args["warm"] is not None:
         os.set_inheritable(args["warm"], False)  # the launcher's line to this wrapper only, never to the command
+        if args["nice"]:
+            os.nice(args["nice"])  # before the command starts: it inherits it
     else:
         log_path, exit_path = os.path.abspath(args["log"]), os.path.abspath(args["exit_file"])
 

@@ -51,6 +51,7 @@ report = {
     "home_files": sorted(os.listdir(os.environ["HOME"])),
     "writable": {p: os.access(p, os.W_OK) for p in json.loads(os.environ.get("WRITABLE", "[]"))},
     "heavy": sorted(m for m in ("torch", "numpy", "jupyter_server", "tornado") if m in sys.modules),
+    "nice": os.getpriority(os.PRIO_PROCESS, 0),
 }
 if leave:
     _j.LEAKED_BY = leave
@@ -85,10 +86,11 @@ def probe_of(state: dict) -> dict:
 
 
 # -- the pool's mechanics (no root) -----------------------------------------------------------------
-def plain_pool(size: int = 1, inside: str = WARM_INSIDE_SCRIPT) -> warmpool.WorkerPool:
+def plain_pool(size: int = 1, inside: str = WARM_INSIDE_SCRIPT, nice: int = 0) -> warmpool.WorkerPool:
     """Entries without sandbox or account: the wrapper and the inside exactly as isolated ones, minus bwrap."""
     def argv_for(claim_fd, ctl_fd):
-        return [sys.executable, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd), "--", sys.executable, "-u", inside, str(claim_fd)]
+        return [sys.executable, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd), "--nice", str(nice), "--",
+                sys.executable, "-u", inside, str(claim_fd)]
 
     return warmpool.WorkerPool(argv_for, warmpool.launch_env(), size, logging.getLogger("test-warm-jobs"))
 
@@ -114,6 +116,27 @@ def test_an_entry_runs_the_script_as_its_worker_and_the_wrapper_records_it(tmp_p
         assert exit_file.read_text() == "3"
         assert f"[4] hello warm {script} __main__" in log.read_text()
         assert entry.proc.wait(10) == 0
+    finally:
+        pool.close()
+
+
+@root_only
+def test_entries_wait_nicer_and_their_job_runs_at_the_services_priority(tmp_path):
+    pool = plain_pool(1, nice=warmpool.WAIT_NICE)
+    pool.fill()
+    try:
+        entry = pool.waiting[0]
+        wait_for(lambda: entry.check_ready(0.1), what="the entry to be ready", timeout=30)
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        tree = warmpool.process_tree(entry.pid)
+        assert len(tree) == 2 and {os.getpriority(os.PRIO_PROCESS, p) for p in tree} == {min(19, mine + warmpool.WAIT_NICE)}
+        script = tmp_path / "job.py"
+        script.write_text("import os\nprint('nice', os.getpriority(os.PRIO_PROCESS, 0))\n")
+        taken = pool.take(30)
+        log, exit_file = tmp_path / "w.log", tmp_path / "w.exit"
+        pool.claim(taken, spec_for(script, tmp_path), [], {"rank": 0, "log": str(log), "exit_file": str(exit_file)}, 30)
+        wait_for(exit_file.exists, what="the exit file", timeout=30, interval=0.02)
+        assert f"nice {mine}" in log.read_text()
     finally:
         pool.close()
 
@@ -283,7 +306,7 @@ async def test_two_users_warm_workers_share_nothing_and_match_a_cold_start(tmp_p
     assert (b["uid"], b["euid"], b["gid"], b["groups"]) == (acct_b.uid, acct_b.uid, acct_b.gid, [])
     assert b["caps"]["CapEff"] == b["caps"]["CapPrm"] == b["caps"]["CapAmb"] == "0000000000000000" and b["nnp"] == "1"
     for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "name", "file", "tmp", "umask", "nnp", "nodes",
-                "mounts", "home_files", "writable", "other", "heavy"):
+                "mounts", "home_files", "writable", "other", "heavy", "nice"):
         assert b[key] == c[key], (key, b[key], c[key])
     for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):  # the bounding set: warm empties it (stricter than setpriv)
         assert b["caps"][cap] == c["caps"][cap], cap
