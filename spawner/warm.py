@@ -22,12 +22,13 @@ import asyncio
 import fnmatch
 import json
 import os
+import signal
 import socket
 import subprocess
 import uuid
 from dataclasses import dataclass, field
 
-from trainhub.procs import HOLDER_VAR, INSTANCE_VAR, terminate
+from trainhub.procs import HOLDER_VAR, INSTANCE_VAR
 from trainhub.warmsandbox import current_umask, send_claim
 from trainhub.warmsandbox import startup_differences as _startup_differences
 
@@ -65,11 +66,17 @@ class WarmProcess:
         return self.proc.pid
 
     def discard(self) -> None:
+        """Let it go: its socket closed (it exits by itself), its session killed in case it cannot (a sandbox's bwrap:
+        its pid namespace dies with it). No wait and no reaping of other children here (this runs on the hub's loop;
+        ``procs.terminate`` would block it and reap any child, which a Popen then reads as exit code 0)."""
         try:
             self.sock.close()
         finally:
             if self.proc.poll() is None:
-                terminate([self.proc.pid], 1.0)
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 class WarmPool:
