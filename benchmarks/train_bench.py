@@ -18,16 +18,19 @@ POST), created -> started (engine pass, ledger), started -> first line written (
 worker wrapper, Python start of the job), written -> read back through the API (polling).
 
 The table also says how the train jobs' workers started (from their launch state in the platform
-database): "warm" (forked from the fork server, services/jobs/forkserver.py) or "cold" (a new
-interpreter under the worker wrapper: always so when the platform isolates users, as root or with
-bubblewrap installed, see docs/isolation.md), and the platform's isolation mode.
+database): "warm" (forked from the fork server, services/jobs/forkserver.py; platforms that do not
+isolate users), "warm-isolated" (claimed from the pool of pre-started sandboxed workers,
+services/jobs/warmpool.py: platforms that isolate users, as root or with bubblewrap installed, see
+docs/jobs-local.md) or "cold" (a new interpreter under the worker wrapper), and the platform's
+isolation mode. ``--isolated-pool 0`` measures the cold isolated path (before the pool) on the same
+machine.
 
 Targets: train p50 <= 1.0 s and train p50 <= 1.5 x raw p50. Prints a table and PASS/FAIL;
 exit status 0 on PASS, 1 on FAIL. Timings are wall-clock on a shared machine: run it on an
 otherwise idle one for stable numbers (the ratio against raw, measured in the same run,
 absorbs part of the noise).
 
-    .venv/bin/python benchmarks/train_bench.py [--runs 30] [--gpus 1] [--keep]
+    .venv/bin/python benchmarks/train_bench.py [--runs 30] [--gpus 1] [--keep] [--isolated-pool N]
 """
 
 from __future__ import annotations
@@ -196,13 +199,20 @@ def main(argv=None) -> int:
     ap.add_argument("--target-p50", type=float, default=1.0, help="seconds (default 1.0)")
     ap.add_argument("--target-ratio", type=float, default=1.5, help="train p50 / raw p50 (default 1.5)")
     ap.add_argument("--keep", action="store_true", help="keep the platform's data dir (logs) and print where")
+    ap.add_argument("--isolated-pool", type=int, default=None, metavar="N",
+                    help="c.LocalLauncher.isolated_warm_pool_size for this run (0: isolated workers start cold, the path "
+                    "before warm isolated workers; default: the platform's default)")
     args = ap.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="train-bench-"))
     platform = kernel = None
     try:
         t = time.monotonic()
-        platform = start_platform("train-bench", root)
+        from benchcommon import PLATFORM_CONFIG
+
+        config = PLATFORM_CONFIG + (f"\nc.LocalLauncher.isolated_warm_pool_size = {args.isolated_pool}\n"
+                                    if args.isolated_pool is not None else "")
+        platform = start_platform("train-bench", root, config=config)
         print(f"platform up at {platform.url} in {time.monotonic() - t:.1f} s", flush=True)
         user = "bench"
         token = platform.token(user)

@@ -43,6 +43,7 @@ from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.serverqueue import GRANTED, QueueView, ServerQueue
 from trainhub.storage import StorageConfig
+from trainhub.warmsandbox import sandbox_mounts
 
 from .errors import spawn_refusal
 from .profile_form import render_form
@@ -539,13 +540,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         cwd = self.home_dir
         if self.sandboxed:  # what a cold sandbox binds beyond the warm one's (Isolation.sandbox_argv), parents first
             cwd = os.path.realpath(self.home_dir)
-            found = [(os.path.realpath(p), False) for p in rw] + [(os.path.realpath(p), True) for p in ro]
-            found += [(n, False) for n in self.isolation.device_nodes(self.devices)]
-            seen = set()
-            for path, read_only in sorted(found, key=lambda m: m[0].count("/")):
-                if path not in seen and os.path.exists(path):
-                    seen.add(path)
-                    mounts.append((path, read_only, os.path.isdir(path)))
+            mounts = sandbox_mounts(rw, ro, self.isolation.device_nodes(self.devices))
         await pool.claim(wp, claim_spec(cmd, env, cwd, self.account, self.sandboxed), mounts, self.warm_claim_timeout)
 
     def _listening(self, port: int) -> bool:

@@ -18,23 +18,19 @@ difference, a custom command or ``popen_kwargs``, an empty pool or a failed clai
 
 from __future__ import annotations
 
-import array
 import asyncio
-import ctypes
 import fnmatch
 import json
 import os
+import signal
 import socket
 import subprocess
 import uuid
 from dataclasses import dataclass, field
 
-from trainhub.procs import HOLDER_VAR, INSTANCE_VAR, terminate
-
-_libc = ctypes.CDLL(None, use_errno=True)
-SYS_OPEN_TREE, SYS_MOUNT_SETATTR = 428, 442  # the unified syscall table: the same on every architecture
-OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_RECURSIVE, AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
-MOUNT_ATTR_RDONLY = 0x1
+from trainhub.procs import HOLDER_VAR, INSTANCE_VAR
+from trainhub.warmsandbox import current_umask, send_claim
+from trainhub.warmsandbox import startup_differences as _startup_differences
 
 # what a running interpreter cannot take on later: read by the interpreter, the loader or libc at start-up,
 # or by jupyterhub.singleuser when imported
@@ -53,31 +49,9 @@ class WarmUnavailable(Exception):
     """This spawn starts cold (the message says why)."""
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]
-
-
-def clone_mount(path: str, read_only: bool) -> int:
-    """A detached bind mount of ``path`` (recursive), read-only if asked: a descriptor another mount namespace
-    can attach (``move_mount``)."""
-    fd = _libc.syscall(SYS_OPEN_TREE, -100, os.fsencode(path), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"open_tree {path}: {os.strerror(err)}")
-    if read_only:
-        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-        if _libc.syscall(SYS_MOUNT_SETATTR, fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) < 0:
-            err = ctypes.get_errno()
-            os.close(fd)
-            raise OSError(err, f"mount_setattr {path}: {os.strerror(err)}")
-    return fd
-
-
 def startup_differences(env: dict, launched: dict, patterns=STARTUP_VARS) -> list[str]:
     """Start-up variables whose value in ``env`` differs from the one the warm interpreter started with."""
-    keys = {k for k in {*env, *launched} if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
-    return sorted(k for k in keys if env.get(k) != launched.get(k))
+    return _startup_differences(env, launched, patterns)
 
 
 @dataclass
@@ -92,11 +66,17 @@ class WarmProcess:
         return self.proc.pid
 
     def discard(self) -> None:
+        """Let it go: its socket closed (it exits by itself), its session killed in case it cannot (a sandbox's bwrap:
+        its pid namespace dies with it). No wait and no reaping of other children here (this runs on the hub's loop;
+        ``procs.terminate`` would block it and reap any child, which a Popen then reads as exit code 0)."""
         try:
             self.sock.close()
         finally:
             if self.proc.poll() is None:
-                terminate([self.proc.pid], 1.0)
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 class WarmPool:
@@ -169,22 +149,13 @@ class WarmPool:
     async def claim(self, wp: WarmProcess, spec: dict, mounts: list[tuple[str, bool, bool]], timeout: float) -> None:
         """Hand ``wp`` its server: ``spec`` (see warmstart.apply_claim) and ``mounts`` as (path, read-only, is a
         folder), attached at the same path inside its sandbox. Raises WarmUnavailable (``wp`` discarded) on failure."""
-        fds: list[int] = []
         try:
-            try:
-                for path, ro, _is_dir in mounts:
-                    fds.append(await asyncio.to_thread(clone_mount, path, ro))
-                spec = dict(spec, mounts=[{"dest": path, "dir": is_dir} for path, _ro, is_dir in mounts])
-                data = json.dumps(spec).encode() + b"\n"
-                loop = asyncio.get_running_loop()
-                wp.sock.setblocking(True)
-                wp.sock.settimeout(timeout)
-                await asyncio.to_thread(wp.sock.sendmsg, [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
-                wp.sock.setblocking(False)
-                answer = await asyncio.wait_for(loop.sock_recv(wp.sock, 4096), timeout)
-            finally:
-                for fd in fds:
-                    os.close(fd)
+            loop = asyncio.get_running_loop()
+            wp.sock.setblocking(True)
+            wp.sock.settimeout(timeout)
+            await asyncio.to_thread(send_claim, wp.sock, spec, mounts)
+            wp.sock.setblocking(False)
+            answer = await asyncio.wait_for(loop.sock_recv(wp.sock, 4096), timeout)
             reply = json.loads(answer or b"{}")
             if not reply.get("ok"):
                 raise WarmUnavailable(reply.get("error") or f"the warm interpreter exited (code {wp.proc.poll()})")
@@ -233,8 +204,7 @@ def claim_spec(cmd: list[str], env: dict, cwd: str, account, sandboxed: bool) ->
     env = dict(env)
     if sandboxed:
         env["PWD"] = cwd  # bwrap --chdir sets it in a cold sandbox
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     return {"module": cmd[2], "args": list(cmd[3:]), "env": env, "cwd": cwd, "umask": umask,
             "uid": account.uid if account else None, "gid": account.gid if account else None}
 

@@ -16,8 +16,6 @@ server does can never reach another user's server through this path.
 
 from __future__ import annotations
 
-import array
-import ctypes
 import json
 import os
 import runpy
@@ -25,65 +23,12 @@ import socket
 import sys
 import time
 
-_libc = ctypes.CDLL(None, use_errno=True)
-SYS_MOVE_MOUNT = 429  # the same number on every Linux architecture (the unified syscall table)
-MOVE_MOUNT_F_EMPTY_PATH = 0x4
-AT_FDCWD = -100
-PR_CAPBSET_DROP = 24
-PR_SET_NO_NEW_PRIVS = 38
-MAX_FDS = 64
-
-
-def _check(ret: int, what: str) -> None:
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(fd: int, dest: str, is_dir: bool) -> None:
-    """Attach the detached mount ``fd`` at ``dest``, making the mount point (and its parents, 0755, the
-    platform's) inside the sandbox as bwrap would have."""
-    parent = os.path.dirname(dest)
-    missing = []
-    while parent and not os.path.isdir(parent):
-        missing.append(parent)
-        parent = os.path.dirname(parent)
-    for folder in reversed(missing):
-        os.mkdir(folder)
-        os.chmod(folder, 0o755)  # whatever the umask: the account must pass through
-    if is_dir:
-        if not os.path.isdir(dest):
-            os.mkdir(dest)
-            os.chmod(dest, 0o755)
-    elif not os.path.exists(dest):
-        os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o600))
-    _check(_libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, os.fsencode(dest), MOVE_MOUNT_F_EMPTY_PATH), f"move_mount {dest}")
-    os.close(fd)
-
-
-def _become(uid: int, gid: int) -> None:
-    """The user's account for good: no capability can come back (bounding set emptied, then the ids change
-    from root, which clears the others; no_new_privs keeps setuid binaries from giving any)."""
-    cap = 0
-    while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0 or ctypes.get_errno() != 22:  # EINVAL: past the last
-        cap += 1
-        if cap > 128:
-            break
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid or os.getgroups():
-        raise OSError("the account switch did not hold")
+from trainhub.warmsandbox import attach_mounts, become, receive_claim
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:
     """Make this process the server ``spec`` describes; returns the module to run."""
-    mounts = spec.get("mounts", [])
-    if len(mounts) != len(fds):
-        raise ValueError(f"{len(mounts)} mounts described, {len(fds)} descriptors received")
-    for m, fd in zip(mounts, fds):
-        _mount(fd, m["dest"], m["dir"])
+    attach_mounts(spec.get("mounts", []), fds)
     os.chdir(spec["cwd"])
     os.umask(spec["umask"])
     os.environ.clear()
@@ -92,7 +37,7 @@ def apply_claim(spec: dict, fds: list[int]) -> str:
     sys.argv = [spec["module"], *spec["args"]]
     sys.path[0] = os.getcwd()  # as `python -m` started in the working folder would have it
     if spec.get("uid") is not None:
-        _become(spec["uid"], spec["gid"])
+        become(spec["uid"], spec["gid"])
     _recompute_import_time_defaults()
     return spec["module"]
 
@@ -121,32 +66,13 @@ def _set_static_default(cls, name: str, value) -> None:
         todo.extend(c.__subclasses__())
 
 
-def _receive(sock: socket.socket) -> tuple[dict, list[int]]:
-    data, fds = b"", []
-    while True:
-        msg, anc, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(MAX_FDS * 4))
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = array.array("i")
-                got.frombytes(payload[: len(payload) - len(payload) % 4])
-                fds.extend(got)
-        if not msg:
-            if not data:
-                raise EOFError
-            break
-        data += msg
-        if data.endswith(b"\n"):
-            break
-    return json.loads(data), fds
-
-
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     for name in argv[1:]:
         __import__(name)
     sock.sendall(b"ready\n")
     try:
-        spec, fds = _receive(sock)
+        spec, fds = receive_claim(sock)
     except (EOFError, ConnectionError):
         os._exit(0)  # the hub went away or let this one go
     try:

@@ -20,8 +20,10 @@ account (run as root) and/or in a bubblewrap sandbox that sees the user's home, 
 the device nodes of its GPUs. The wrapper stays outside as the platform: it writes the log and the
 exit file, which the job cannot touch. ``outputs/`` and the metrics files are the user's, the rest
 of the job's folder the platform's (0700: without a sandbox 0711, so the account reaches its files).
-Isolated workers always start cold: a fork of one shared interpreter cannot take a job's own
-account, mount namespace and device set.
+Isolated `script` workers start warm from their own pool (warmpool.py, ``isolated_warm_pool_size``): pre-started
+wrapper + sandbox pairs, each claimed once and given the job's mounts, account and environment; ``.warmpool.log``
+holds their wrappers' own errors. A fork of the one shared fork server cannot take a job's account, mount namespace
+and device set, so isolated workers never use it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import time
 import uuid
 from pathlib import Path
 
-from traitlets import Bool, Float, Instance, Unicode, default
+from traitlets import Bool, Float, Instance, Integer, TraitError, Unicode, default, validate
 
 from trainhub import envexec, procs
 from trainhub.accounts import Account, fs_identity, own_dir
@@ -47,12 +49,15 @@ from trainhub.ledger import pid_alive, process_start_time
 from trainhub.procs import HOLDER_VAR, processes_with
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
+from trainhub.warmsandbox import current_umask, sandbox_mounts
 
-from . import worker
+from . import warminside, worker
 from .forkserver import SOCKET_NAME, ForkServer, ForkServerError, server_environment
 from .launcher import JobView, Launcher, WorkerStatus
+from .warmpool import WAIT_NICE, WarmUnavailable, WorkerPool, launch_env, refusal
 
 WORKER_SCRIPT = os.path.abspath(worker.__file__)
+WARM_INSIDE_SCRIPT = os.path.abspath(warminside.__file__)
 ENVEXEC_SCRIPT = os.path.abspath(envexec.__file__)
 WORK_DIR = "work"  # $TRAINHUB_JOB_DIR of an isolated job: the part of its folder that is the user's
 
@@ -87,6 +92,26 @@ class LocalLauncher(Launcher):
     warm_start_timeout = Float(10.0, help="""Seconds to wait for the fork server to start or answer before starting a
         worker cold. After a failed start the server is not tried again for 60 s.""").tag(config=True)
 
+    isolated_warm_pool_size = Integer(2, help="""Isolated `script` workers (users' accounts and/or sandboxes, see
+        docs/isolation.md) start from a pool of this many pre-started wrappers, each with an interpreter waiting in a
+        sandbox of no user (site imported, nothing heavy), started with the first such job: at launch one is claimed
+        per worker and given the job's mounts, account, devices, environment and script (docs/jobs-local.md). Each is
+        claimed at most once and refilled after the launch. An empty pool, a job whose environment changes Python's start-up, an unprivileged
+        sandbox (not root) and any failed claim (logged) start the worker cold. 0: isolated workers always start
+        cold. Ignored when warm_start is False.""").tag(config=True)
+    isolated_warm_claim_timeout = Float(5.0, help="""Seconds a pooled isolated worker has to become ready (if it is
+        still starting) and to take on its job before the worker starts cold.""").tag(config=True)
+    isolated_refill_delay = Float(0.1, help="""Seconds after a launch before the pool of isolated workers starts the
+        entries it handed out again (their start-up competes for the CPU with the job just started).""").tag(config=True)
+
+    @validate("isolated_warm_pool_size", "isolated_warm_claim_timeout", "isolated_refill_delay")
+    def _not_negative(self, proposal):
+        if proposal["value"] < 0 or (proposal["trait"].name == "isolated_warm_claim_timeout" and proposal["value"] == 0):
+            raise TraitError(f"LocalLauncher.{proposal['trait'].name} must be "
+                             f"{'positive' if proposal['trait'].name == 'isolated_warm_claim_timeout' else 'zero or more'}, "
+                             f"not {proposal['value']}")
+        return proposal["value"]
+
     storage = Instance(StorageConfig, help="The platform's storage (users' areas are made theirs and bound into sandboxes).")
 
     @default("storage")
@@ -99,6 +124,8 @@ class LocalLauncher(Launcher):
         self._forkserver_lock = threading.Lock()
         self._warm_retry_at = 0.0
         self._said_cold = False
+        self._pool: WorkerPool | None = None
+        self._pool_lock = threading.Lock()
         self._on_exit = None  # watch_exits' callback
         self._exit_fds: dict[int, int] = {}  # wrapper pid -> its pidfd, watched on the loop
         self._watched: set[int] = set()  # wrapper pids ever watched (each is watched once: no wake loops)
@@ -153,9 +180,16 @@ class LocalLauncher(Launcher):
         return rw, ro, cwd
 
     async def launch(self, job, devices, env):
-        state = await asyncio.to_thread(self._launch, job, devices, env)
+        try:
+            state = await asyncio.to_thread(self._launch, job, devices, env)
+        finally:
+            if self._pool is not None:  # after the claim: the next entries do not slow this start
+                asyncio.get_running_loop().call_later(self.isolated_refill_delay, self._refill_in_thread)
         self._watch(state)
         return state
+
+    def _refill_in_thread(self) -> None:
+        threading.Thread(target=self._refill, name="trainhub-warm-pool-refill", daemon=True).start()
 
     # -- exit events: a pidfd per wrapper, readable once the wrapper (which writes the exit file first) has ended ----
     def watch_exits(self, callback) -> None:
@@ -220,11 +254,10 @@ class LocalLauncher(Launcher):
         procs_ = []
         pgids = []
         warm = job.script is not None and self.warm_start
+        pool = None
         if warm and self.isolating:
             warm = False
-            if not self._said_cold:
-                self._said_cold = True
-                self.log.info("workers start cold: warm start cannot give a forked worker its own account, sandbox and devices")
+            pool = self._isolated_pool()
         cores = available_cores()
         try:
             for rank in range(job.workers):
@@ -250,6 +283,18 @@ class LocalLauncher(Launcher):
                 })
                 log, exit_file = adir / f"worker-{rank}.log", adir / f"worker-{rank}.exit"
                 err = adir / f"worker-{rank}.wrapper.err"
+                if pool is not None:
+                    started = self._claim_isolated(pool, job, rank, cmd, wenv, cwd, account, rw, ro,
+                                                   devices[rank] if devices else [], adir, str(log), str(exit_file))
+                    if started is not None:
+                        entry_proc, holder = started
+                        procs_.append(entry_proc)
+                        pgids.append(entry_proc.pid)
+                        workers.append({"rank": rank, "pid": entry_proc.pid, "started": process_start_time(entry_proc.pid),
+                                        "log": str(log), "exit_file": str(exit_file), "start": "warm-isolated",
+                                        "holder": holder})
+                        continue
+                    pool = None  # the rest of the gang cold too
                 if warm:
                     pid = self._spawn_warm({"script": cmd[-1], "args": [], "env": wenv, "cwd": cwd, "log": str(log),
                                             "exit_file": str(exit_file), "rank": rank, "wrapper_err": str(err)}, job)
@@ -298,6 +343,66 @@ class LocalLauncher(Launcher):
             state["instance"] = os.environ[procs.INSTANCE_VAR]  # the platform run it started in (see JobEngine.recover)
         return state
 
+    # -- the warm pool of isolated workers (warmpool.py) ---------------------------------------
+    def _isolated_pool(self) -> WorkerPool | None:
+        """The pool of isolated workers (started on first use), or None where they start cold."""
+        if self.isolated_warm_pool_size <= 0:
+            return None
+        if self.isolation.use_sandbox and os.geteuid() != 0:
+            if not self._said_cold:
+                self._said_cold = True
+                self.log.info("isolated workers start cold: an unprivileged sandbox cannot take on mounts made outside it")
+            return None
+        with self._pool_lock:
+            if self._pool is None:
+                sandboxed = self.isolation.use_sandbox
+                python = sys.executable
+
+                def argv_for(claim_fd: int, ctl_fd: int) -> list[str]:
+                    inside = self.isolation.command([python, "-u", WARM_INSIDE_SCRIPT, str(claim_fd)], account=None, cwd="/")
+                    return [python, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd), "--nice", str(WAIT_NICE),
+                            *(["--sandboxed"] if sandboxed else []), "--", *inside]
+
+                jobs_dir = Path(self.jobs_dir)
+                jobs_dir.mkdir(parents=True, exist_ok=True)
+                self._pool = WorkerPool(argv_for, launch_env(), self.isolated_warm_pool_size, self.log,
+                                        str(jobs_dir / ".warmpool.log"))
+                self._pool.fill()
+            self._pool.size = self.isolated_warm_pool_size
+            return self._pool
+
+    def _claim_isolated(self, pool: WorkerPool, job: JobView, rank: int, cmd: list[str], wenv: dict, cwd: str,
+                        account: Account | None, rw: list[str], ro: list[str], devices: list[int], adir: Path,
+                        log: str, exit_file: str) -> tuple[subprocess.Popen, str] | None:
+        """Start worker ``rank`` from the pool: (its wrapper, the wrapper's marker), or None (after logging why) when
+        it must start cold."""
+        why = refusal(wenv, pool.env)
+        if why:
+            self.log.info("job %s: worker %d starts cold: %s", job.key, rank, why)
+            return None
+        sandboxed = self.isolation.use_sandbox
+        # what the cold sandbox of this worker would bind beyond the warm one's (Isolation.sandbox_argv's rw/ro/devices)
+        mounts = sandbox_mounts(rw + [str(adir / f"metrics-{rank}.jsonl")], ro, self.isolation.device_nodes(devices)) \
+            if sandboxed else []
+        spec = {"script": cmd[-1], "args": [], "env": wenv, "cwd": os.path.realpath(cwd) if sandboxed else cwd,
+                "umask": current_umask(), "uid": account.uid if account else None, "gid": account.gid if account else None}
+        entry = pool.take(self.isolated_warm_claim_timeout)  # from here on claim() discards it on any failure
+        if entry is None:
+            self.log.info("job %s: worker %d starts cold: no warm worker waiting", job.key, rank)
+            return None
+        try:
+            pid = pool.claim(entry, spec, mounts, {"rank": rank, "log": log, "exit_file": exit_file},
+                             self.isolated_warm_claim_timeout)
+        except WarmUnavailable as e:
+            self.log.warning("job %s: worker %d starts cold: the warm worker failed its claim (%s)", job.key, rank, e)
+            return None
+        self.log.info("job %s: worker %d started warm (pooled worker %d, claim %d)", job.key, rank, pid, pool.claims)
+        return entry.proc, entry.token
+
+    def _refill(self) -> None:
+        if self._pool is not None:
+            self._pool.fill()
+
     # -- the warm fork server ----------------------------------------------------------------
     def _spawn_warm(self, request: dict, job: JobView) -> int | None:
         """Fork one worker from the fork server; None (after logging why) when it must start cold."""
@@ -324,8 +429,10 @@ class LocalLauncher(Launcher):
             return None
 
     async def close(self) -> None:
-        """Stop the fork server (running workers are not its to stop: they keep running)."""
+        """Stop the fork server and let the pool's waiting workers go (running workers keep running)."""
         self._unwatch(list(self._exit_fds))
+        if self._pool is not None:
+            await asyncio.to_thread(self._pool.close)
         if self._forkserver is not None:
             await asyncio.to_thread(self._forkserver.stop)
 
@@ -374,8 +481,8 @@ class LocalLauncher(Launcher):
     async def _kill_tagged(self, state: dict) -> None:
         """Anything that left the workers' trees and groups (re-parented daemons without a sandbox) but still carries
         the job's marker."""
-        tag = state.get("tag")
-        if tag:
+        tags = [state.get("tag")] + [w.get("holder") for w in state.get("workers", [])]  # holder: a warm-isolated one's
+        for tag in filter(None, tags):
             for pid in await asyncio.to_thread(processes_with, HOLDER_VAR, tag):
                 try:
                     os.kill(pid, signal.SIGKILL)

@@ -20,19 +20,27 @@ that only the logging loop needs.
 
 The warm path (forkserver.py) reuses ``copy_output``, ``wait_exit_code`` and ``write_exit_file``,
 so warm and cold workers write the same log lines and exit files.
+
+``--warm FD [--nice N]``: a wrapper of the warm pool of isolated workers (warmpool.py). It starts ``cmd`` (a sandboxed warm
+interpreter) at once but learns its rank, log and exit file only when the launcher claims it: one JSON line on the
+Unix socket FD, sent after the interpreter has taken on its job. Until then it copies and records nothing; end of
+file on FD first (the launcher let it go, or went away) kills ``cmd`` and exits without a trace. ``--nice N``: it
+and ``cmd`` wait N steps nicer than the launcher, so a refill yields the CPU to running work; the launcher renices
+the pair back when it claims them.
 """
 
 import os
 import signal
 import sys
 
-USAGE = "usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] [--sandboxed] -- cmd [args...]"
+USAGE = ("usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] [--sandboxed] -- cmd [args...]\n"
+         "       worker.py --warm FD [--nice N] [--sandboxed] -- cmd [args...]")
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    """``({"rank": int, "log": str, "exit_file": str, "cwd": str | None, "sandboxed": bool}, cmd)``; SystemExit(2)
-    when malformed."""
-    opts = {"--rank": None, "--log": None, "--exit-file": None, "--cwd": None}
+    """``({"rank": int, "log": str, "exit_file": str, "cwd": str | None, "sandboxed": bool, "warm": int | None},
+    cmd)``; SystemExit(2) when malformed (with ``--warm``, rank, log and exit file come at claim)."""
+    opts = {"--rank": None, "--log": None, "--exit-file": None, "--cwd": None, "--warm": None, "--nice": None}
     sandboxed = False
     i = 0
     while i < len(argv) and argv[i] != "--":
@@ -51,15 +59,20 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
         opts[flag] = value
         i += 1
     cmd = argv[i + 1:]
-    missing = [f for f in ("--rank", "--log", "--exit-file") if opts[f] is None]
+    warm = opts["--warm"] is not None
+    missing = [f for f in ("--rank", "--log", "--exit-file") if opts[f] is None and not warm]
     if missing or not cmd:
         raise SystemExit(f"{USAGE}\nmissing: {', '.join(missing) or 'the command after --'}")
     try:
-        rank = int(opts["--rank"])
+        rank = int(opts["--rank"]) if opts["--rank"] is not None else None
+        warm_fd = int(opts["--warm"]) if warm else None
+        nice = int(opts["--nice"]) if opts["--nice"] is not None else 0
     except ValueError:
-        raise SystemExit(f"{USAGE}\n--rank must be a number") from None
+        raise SystemExit(f"{USAGE}\n--rank, --warm and --nice must be numbers") from None
+    if nice and not warm:
+        raise SystemExit(f"{USAGE}\n--nice is for --warm wrappers only")
     return {"rank": rank, "log": opts["--log"], "exit_file": opts["--exit-file"], "cwd": opts["--cwd"],
-            "sandboxed": sandboxed}, cmd
+            "sandboxed": sandboxed, "warm": warm_fd, "nice": nice}, cmd
 
 
 def _stamper():
@@ -119,9 +132,53 @@ def write_exit_file(exit_path: str, code: int) -> None:
     os.replace(tmp, exit_path)
 
 
+def wait_claim(fd: int) -> dict | None:
+    """The warm wrapper's claim: ``{"rank", "log", "exit_file"}`` read from the socket ``fd`` (closed on return);
+    None on end of file or anything else (let go)."""
+    import json
+    import socket
+
+    data = b""
+    with socket.socket(fileno=fd) as s:
+        while not data.endswith(b"\n") and len(data) < 1 << 16:
+            try:
+                chunk = s.recv(1 << 16)
+            except OSError:
+                return None
+            if not chunk:
+                break
+            data += chunk
+    try:
+        claim = json.loads(data)
+        return {"rank": int(claim["rank"]), "log": str(claim["log"]), "exit_file": str(claim["exit_file"])}
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _close_all_but(keep: set) -> None:
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)  # a sandbox's bwrap: its pid namespace dies with it
+    except ProcessLookupError:
+        pass
+
+
 def main(argv=None) -> int:
     args, cmd = parse_args(sys.argv[1:] if argv is None else argv)
-    log_path, exit_path = os.path.abspath(args["log"]), os.path.abspath(args["exit_file"])
+    if args["warm"] is not None:
+        os.set_inheritable(args["warm"], False)  # the launcher's line to this wrapper only, never to the command
+        if args["nice"]:
+            os.nice(args["nice"])  # before the command starts: it inherits it
+    else:
+        log_path, exit_path = os.path.abspath(args["log"]), os.path.abspath(args["exit_file"])
 
     # stay alive through the group's SIGTERM to record the command's exit (not SIG_IGN: exec would inherit it)
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -139,6 +196,21 @@ def main(argv=None) -> int:
     except OSError as e:
         error = e
     os.close(write_fd)
+
+    if args["warm"] is not None:
+        # what the launcher passed for the command (its end of the interpreter's socket) is the command's alone: held
+        # here too, the launcher would never see that end close when the interpreter dies
+        _close_all_but({0, 1, 2, read_fd, args["warm"]})
+        _stamper()  # its imports now, not on the way to the claimed job's first line
+        claim = wait_claim(args["warm"]) if error is None else None
+        if claim is None:  # never claimed: nothing ran for anyone, nothing is recorded
+            if pid is not None:
+                _kill(pid)
+                os.close(read_fd)
+                wait_exit_code(pid)
+            return 0
+        args.update(claim)
+        log_path, exit_path = os.path.abspath(args["log"]), os.path.abspath(args["exit_file"])
 
     if error is not None:
         log_line(log_path, args["rank"], f"trainhub: cannot start {cmd[:1]}: {error}")

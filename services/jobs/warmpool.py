@@ -1,0 +1,283 @@
+"""Warm starts for isolated job workers: a small pool of pre-started wrapper + sandbox pairs, each claimed once by
+one worker of one job (the launcher's side; warminside.py is the inside, trainhub.warmsandbox the shared mechanics).
+
+A cold isolated worker pays, before its first output line, for the wrapper's interpreter, bwrap, setpriv,
+envexec's interpreter and the script's own ``python -u`` start. A pool entry has paid for all but the claim::
+
+    jobs service ─Popen─> python -S -P worker.py --warm CTL --sandboxed -- bwrap ... -- python -u warminside.py FD
+                          (the wrapper: its own session,      (as root in a sandbox of no user: site imported,
+                           the platform's, outside)            says "ready" on FD and waits)
+
+At launch the launcher claims one per worker: the interpreter gets the job's mounts (``open_tree`` descriptors of
+what the cold sandbox would bind: home, storage area, ``datasets/`` read-only, the job's ``outputs/``, ``work/``,
+script and metrics file, the GPU device nodes the ledger gave it), its umask, account, environment, script and
+arguments; once it answered ``ok``, the wrapper gets the worker's rank, log and exit file, and from then on is a
+cold worker's wrapper (timestamps the output, writes the exit file; its pid is the worker's process group). A
+failure anywhere discards the entry (nothing of it ran for the job, nothing is recorded) and the worker starts cold.
+
+Nothing passes between users: an entry is claimed at most once and never returns to the pool; the process, its
+sandbox, /tmp and memory end with that worker. Before its claim an entry runs platform code only and reads no
+user's data. What an interpreter cannot take on after start-up (``STARTUP_VARS``) is compared with the job's
+environment first: any difference starts the worker cold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from trainhub.procs import HOLDER_VAR, INSTANCE_VAR
+from trainhub.warmsandbox import send_claim, startup_differences
+
+# read by the interpreter, the loader or libc at start-up; PYTHON* but those a started interpreter can honour at
+# claim (PYTHONPATH and PYTHONIOENCODING by forkserver.prepare_worker; PYTHONUNBUFFERED: it runs with -u;
+# PYTHONBREAKPOINT and PYTHONSTARTUP are read later or never)
+STARTUP_VARS = ("PYTHON*", "LD_*", "LANG", "LANGUAGE", "LC_*", "MALLOC_*", "GLIBC_TUNABLES")
+HONOURED = {"PYTHONPATH", "PYTHONIOENCODING", "PYTHONUNBUFFERED", "PYTHONBREAKPOINT", "PYTHONSTARTUP"}
+
+
+WAIT_NICE = 10  # how much nicer than the service entries start and wait: a refill yields to running work
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and the processes below it, from /proc/<pid>/task/<pid>/children (a few reads, not a /proc scan)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+class WarmUnavailable(Exception):
+    """This worker starts cold (the message says why)."""
+
+
+def launch_env() -> dict:
+    """The environment of a pool entry (wrapper, bwrap, interpreter): what every isolated worker's privileged steps
+    get alike (``local._platform_env`` less the job's own markers), never anything of a user or a job."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": os.environ.get("LANG", "C.UTF-8")}
+    if os.environ.get(INSTANCE_VAR):
+        env[INSTANCE_VAR] = os.environ[INSTANCE_VAR]
+    return env
+
+
+def refusal(env: dict, launched: dict) -> str:
+    """Why a worker with environment ``env`` cannot start from an interpreter launched with ``launched`` ("": it can)."""
+    import site
+
+    diff = [k for k in startup_differences(env, launched, STARTUP_VARS) if k not in HONOURED]
+    if diff:
+        return f"start-up variables differ from the warm interpreters': {', '.join(diff)}"
+    if site.ENABLE_USER_SITE:  # outside a venv the user's own site-packages depend on $HOME at start-up
+        return "user site-packages are enabled (not a virtualenv)"
+    return ""
+
+
+@dataclass
+class Entry:
+    """One pre-started wrapper (``proc``) and its sandboxed interpreter."""
+
+    proc: subprocess.Popen
+    ctl: socket.socket  # to the wrapper: the worker's rank, log and exit file, once claimed
+    claim_sock: socket.socket  # to the interpreter: "ready", then the claim and its answer
+    token: str  # the HOLDER_VAR marker in the initial environment of the wrapper, bwrap and the interpreter
+    started: float
+    ready: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def check_ready(self, timeout: float = 0.0) -> bool:
+        """Has the interpreter said ``ready`` (waiting up to ``timeout``)? WarmUnavailable once it said anything else
+        or ended."""
+        if self.ready:
+            return True
+        p = select.poll()  # not select(): a busy service's descriptors may pass FD_SETSIZE
+        p.register(self.claim_sock, select.POLLIN)
+        if not p.poll(max(timeout, 0.0) * 1000):
+            return False
+        try:
+            line = self.claim_sock.recv(64)
+        except OSError:
+            line = b""
+        self.ready = line == b"ready\n"
+        if not self.ready:
+            raise WarmUnavailable(f"warm interpreter {self.pid} did not start ({line!r})")
+        return True
+
+    def renice(self) -> None:
+        """Back to the service's own priority (an entry waits ``WAIT_NICE`` nicer): it is claimed, or awaited."""
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        for p in process_tree(self.pid):
+            try:
+                os.setpriority(os.PRIO_PROCESS, p, nice)
+            except OSError:  # ended meanwhile, or not allowed (not root): it keeps running nicer
+                pass
+
+    def discard(self) -> None:
+        """Let it go: both sockets closed, so the interpreter and the wrapper exit without a trace; the group killed
+        in case they cannot."""
+        for s in (self.ctl, self.claim_sock):
+            try:
+                s.close()
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+class WorkerPool:
+    """Up to ``size`` entries started with ``argv_for(claim_fd, ctl_fd)``; thread-safe (launches run on threads)."""
+
+    def __init__(self, argv_for, env: dict, size: int, log, log_path: str | None = None):
+        self.argv_for, self.env, self.size, self.log, self.log_path = argv_for, env, size, log, log_path
+        self.waiting: list[Entry] = []
+        self.claims = 0
+        self._lock = threading.Lock()
+        self._discarded: list[subprocess.Popen] = []
+        self.closed = False  # a refill scheduled before close() starts nothing
+
+    def _start(self) -> Entry:
+        inside_parent, inside_child = socket.socketpair()
+        ctl_parent, ctl_child = socket.socketpair()
+        token = uuid.uuid4().hex
+        err = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(self.argv_for(inside_child.fileno(), ctl_child.fileno()), env=dict(self.env, **{HOLDER_VAR: token}),
+                                    pass_fds=(inside_child.fileno(), ctl_child.fileno()), cwd="/", start_new_session=True,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        except BaseException:
+            for s in (inside_parent, ctl_parent):
+                s.close()
+            raise
+        finally:
+            inside_child.close()
+            ctl_child.close()
+            if err is not subprocess.DEVNULL:
+                err.close()
+        return Entry(proc, ctl_parent, inside_parent, token, time.monotonic())
+
+    def _reap(self) -> None:
+        self._discarded = [p for p in self._discarded if p.poll() is None]
+
+    def _drop(self, entry: Entry) -> None:
+        entry.discard()
+        self._discarded.append(entry.proc)
+
+    def fill(self) -> int:
+        """Start entries until ``size`` wait; returns how many were started."""
+        started = 0
+        with self._lock:
+            if self.closed:
+                return 0
+            self._reap()
+            for e in [e for e in self.waiting if e.proc.poll() is not None]:
+                self.waiting.remove(e)
+                self._drop(e)
+            while len(self.waiting) < self.size:
+                try:
+                    self.waiting.append(self._start())
+                    started += 1
+                except OSError as e:
+                    self.log.warning("Could not start a warm job worker: %s", e)
+                    break
+        return started
+
+    def take(self, timeout: float) -> Entry | None:
+        """A ready entry (the oldest), else the oldest still starting if it becomes ready within ``timeout``, else
+        None. The entry is out of the pool for good."""
+        with self._lock:
+            pick = None
+            for e in list(self.waiting):
+                try:
+                    if e.proc.poll() is None and e.check_ready():
+                        pick = e
+                        break
+                except WarmUnavailable as err:
+                    self.log.warning("%s; discarded", err)
+                    self.waiting.remove(e)
+                    self._drop(e)
+            if pick is None:
+                pick = next((e for e in self.waiting if e.proc.poll() is None), None)
+            if pick is None:
+                return None
+            self.waiting.remove(pick)
+        try:
+            if not pick.ready:
+                pick.renice()  # awaited now: no longer a background refill
+            if pick.check_ready(timeout):
+                return pick
+        except WarmUnavailable as err:
+            self.log.warning("%s; discarded", err)
+        with self._lock:
+            self._drop(pick)
+        return None
+
+    def claim(self, entry: Entry, spec: dict, mounts: list[tuple[str, bool, bool]], worker: dict, timeout: float) -> int:
+        """Hand ``entry`` its worker: ``spec`` and ``mounts`` to the interpreter (warminside.apply_claim), then, once it
+        answered ``ok``, ``worker`` (rank, log, exit file) to the wrapper. Returns the wrapper's pid (the worker's
+        process group). Raises WarmUnavailable (the entry discarded, nothing recorded) on any failure."""
+        try:
+            entry.renice()  # the job runs at the service's priority, as a cold worker does
+            entry.claim_sock.settimeout(timeout)
+            send_claim(entry.claim_sock, spec, mounts)
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = entry.claim_sock.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+            reply = json.loads(answer or b"{}")
+            if not reply.get("ok"):
+                raise WarmUnavailable(reply.get("error") or f"the warm interpreter ended (wrapper code {entry.proc.poll()})")
+            entry.ctl.settimeout(timeout)
+            entry.ctl.sendall(json.dumps(worker).encode() + b"\n")
+        except WarmUnavailable:
+            with self._lock:
+                self._drop(entry)
+            raise
+        except (OSError, ValueError) as e:
+            with self._lock:
+                self._drop(entry)
+            raise WarmUnavailable(f"{type(e).__name__}: {e}") from None
+        except BaseException:
+            with self._lock:
+                self._drop(entry)
+            raise
+        entry.claim_sock.close()
+        entry.ctl.close()
+        with self._lock:
+            self.claims += 1
+        return entry.pid
+
+    def close(self) -> None:
+        """Let every waiting entry go (running workers are not the pool's: they keep running)."""
+        with self._lock:
+            self.closed = True
+            waiting, self.waiting = self.waiting, []
+            for e in waiting:
+                self._drop(e)
+        deadline = time.monotonic() + 2.0
+        for p in self._discarded:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._reap()

@@ -1,0 +1,461 @@
+"""Warm isolated job workers (services/jobs/warmpool.py): a claimed pool entry is the user's worker exactly as a
+cold start would make it, and nothing one user's worker does reaches another's through the pool.
+
+The first tests need no root: the pool's mechanics with plain (unsandboxed, same-account) entries. The root ones use
+the real LocalLauncher with the real Isolation (as root: each user's own Unix account, in a bubblewrap sandbox where
+bwrap is installed), a local storage root and device nodes of their own: user A's warm worker leaves module state,
+environment, a /tmp file and a changed folder; user B's warm worker, from the same pool, sees none of it, and what
+it sees (uid, groups, capabilities, environment, devices, folder, mounts) matches B's same probe started cold. The
+last ones go through a real `trainhub up`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from waiting import await_for, wait_for
+
+from trainhub.accounts import UserAccounts
+from trainhub.isolation import Isolation
+from trainhub.services.jobs import warmpool
+from trainhub.services.jobs.launcher import JobView
+from trainhub.services.jobs.local import WARM_INSIDE_SCRIPT, WORKER_SCRIPT, LocalLauncher
+from trainhub.storage import StorageConfig
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="accounts need root (CI runs as root)")
+
+# what a worker sees, as one log line; with LEAVE set it also leaves traces for the next one
+PROBE = r'''
+import json, os, sys, json as _j
+leave = os.environ.get("LEAVE")
+nodes = json.loads(os.environ.get("NODES", "[]"))
+report = {
+    "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(), "cwd": os.getcwd(),
+    "path0": sys.path[0], "argv": sys.argv, "name": __name__, "file": __file__, "env": dict(os.environ),
+    "tmp": sorted(os.listdir("/tmp")), "leaked_attr": getattr(_j, "LEAKED_BY", None),
+    "leaked_module": "leaked_mod" in sys.modules, "umask": os.umask(0o22),
+    "other": {p: os.path.exists(p) for p in json.loads(os.environ.get("OTHER", "[]"))},
+    "caps": {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith("Cap")},
+    "nnp": [l.split()[1] for l in open("/proc/self/status") if l.startswith("NoNewPrivs")][0],
+    "nodes": {n: os.path.exists(n) for n in nodes},
+    "mounts": sorted((l.split()[4], l.split()[5]) for l in open("/proc/self/mountinfo")),
+    "home_files": sorted(os.listdir(os.environ["HOME"])),
+    "writable": {p: os.access(p, os.W_OK) for p in json.loads(os.environ.get("WRITABLE", "[]"))},
+    "heavy": sorted(m for m in ("torch", "numpy", "jupyter_server", "tornado") if m in sys.modules),
+    "nice": os.getpriority(os.PRIO_PROCESS, 0),
+}
+if leave:
+    _j.LEAKED_BY = leave
+    sys.modules["leaked_mod"] = sys
+    os.environ["LEAKED_ENV"] = leave
+    open("/tmp/leaked-" + leave, "w").write(leave)
+    open(os.path.join(os.environ["HOME"], "left-" + leave), "w").write(leave)
+    os.chdir("/")
+print("PROBE " + json.dumps(report), flush=True)
+'''
+
+
+def job_view(key: str, user: str, script: str, env: dict | None = None, workers: int = 1, attempt: int = 1) -> JobView:
+    return JobView(id=int(key.split("-")[1]), key=key, user=user, name=key, command=None, script=script, workers=workers,
+                   gpus=0, env=env or {}, attempt=attempt, time_limit=None)
+
+
+def base_env(**extra) -> dict:
+    return {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin", "LANG": os.environ.get("LANG", "C.UTF-8"), **extra}
+
+
+async def finish(launcher: LocalLauncher, job: JobView, state: dict, timeout: float = 60) -> list:
+    return await await_for(lambda: launcher.poll(job, state), lambda statuses: all(not s.running for s in statuses),
+                           what=f"every worker of {job.key} to end", timeout=timeout, interval=0.02)
+
+
+def probe_of(state: dict) -> dict:
+    text = Path(state["workers"][0]["log"]).read_text()
+    lines = [l for l in text.splitlines() if "PROBE " in l]
+    assert lines, text
+    return json.loads(lines[-1].split("PROBE ", 1)[1])
+
+
+# -- the pool's mechanics (no root) -----------------------------------------------------------------
+def plain_pool(size: int = 1, inside: str = WARM_INSIDE_SCRIPT, nice: int = 0) -> warmpool.WorkerPool:
+    """Entries without sandbox or account: the wrapper and the inside exactly as isolated ones, minus bwrap."""
+    def argv_for(claim_fd, ctl_fd):
+        return [sys.executable, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd), "--nice", str(nice), "--",
+                sys.executable, "-u", inside, str(claim_fd)]
+
+    return warmpool.WorkerPool(argv_for, warmpool.launch_env(), size, logging.getLogger("test-warm-jobs"))
+
+
+def spec_for(script: Path, cwd: Path, **env) -> dict:
+    return {"script": str(script), "args": [], "env": base_env(HOME=str(cwd), **env), "cwd": str(cwd), "umask": 0o077,
+            "uid": None, "gid": None}
+
+
+def test_an_entry_runs_the_script_as_its_worker_and_the_wrapper_records_it(tmp_path):
+    pool = plain_pool(2)
+    pool.fill()
+    try:
+        script = tmp_path / "job.py"
+        script.write_text("import os, sys\nprint('hello', os.environ['GREETING'], sys.argv[0], __name__)\nsys.exit(3)\n")
+        entry = pool.take(30)
+        assert entry is not None and entry.ready and entry not in pool.waiting
+        log, exit_file = tmp_path / "w.log", tmp_path / "w.exit"
+        pid = pool.claim(entry, spec_for(script, tmp_path, GREETING="warm"), [],
+                         {"rank": 4, "log": str(log), "exit_file": str(exit_file)}, 30)
+        assert pid == entry.pid and os.getpgid(pid) == pid and pool.claims == 1
+        wait_for(exit_file.exists, what="the exit file", timeout=30, interval=0.02)
+        assert exit_file.read_text() == "3"
+        assert f"[4] hello warm {script} __main__" in log.read_text()
+        assert entry.proc.wait(10) == 0
+    finally:
+        pool.close()
+
+
+@root_only
+def test_entries_wait_nicer_and_their_job_runs_at_the_services_priority(tmp_path):
+    pool = plain_pool(1, nice=warmpool.WAIT_NICE)
+    pool.fill()
+    try:
+        entry = pool.waiting[0]
+        wait_for(lambda: entry.check_ready(0.1), what="the entry to be ready", timeout=30)
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        tree = warmpool.process_tree(entry.pid)
+        assert len(tree) == 2 and {os.getpriority(os.PRIO_PROCESS, p) for p in tree} == {min(19, mine + warmpool.WAIT_NICE)}
+        script = tmp_path / "job.py"
+        script.write_text("import os\nprint('nice', os.getpriority(os.PRIO_PROCESS, 0))\n")
+        taken = pool.take(30)
+        log, exit_file = tmp_path / "w.log", tmp_path / "w.exit"
+        pool.claim(taken, spec_for(script, tmp_path), [], {"rank": 0, "log": str(log), "exit_file": str(exit_file)}, 30)
+        wait_for(exit_file.exists, what="the exit file", timeout=30, interval=0.02)
+        assert f"nice {mine}" in log.read_text()
+    finally:
+        pool.close()
+
+
+def test_a_failed_claim_discards_the_entry_and_records_nothing(tmp_path):
+    pool = plain_pool(1)
+    pool.fill()
+    try:
+        entry = pool.take(30)
+        log, exit_file = tmp_path / "w.log", tmp_path / "w.exit"
+        with pytest.raises(warmpool.WarmUnavailable, match="missing"):
+            pool.claim(entry, spec_for(tmp_path / "job.py", tmp_path / "missing"), [],
+                       {"rank": 0, "log": str(log), "exit_file": str(exit_file)}, 30)
+        assert entry.proc.wait(10) in (0, -signal.SIGKILL) and pool.claims == 0 and entry not in pool.waiting
+        assert not log.exists() and not exit_file.exists()
+    finally:
+        pool.close()
+
+
+def test_entries_let_go_leave_no_trace_and_no_process(tmp_path):
+    pool = plain_pool(2)
+    pool.fill()
+    entries = list(pool.waiting)
+    assert len(entries) == 2
+    wait_for(lambda: all(e.check_ready(0.1) for e in entries), what="both entries ready", timeout=30)
+    pool.close()
+    for e in entries:
+        assert e.proc.wait(10) in (0, -signal.SIGKILL)
+    assert pool.waiting == [] and not list(tmp_path.iterdir())
+
+
+OWNER = r"""
+import logging, os, sys, time
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]
+from test_warm_jobs import plain_pool
+pool = plain_pool(2)
+pool.fill()
+for e in pool.waiting:
+    e.check_ready(30)
+print(" ".join(str(e.pid) for e in pool.waiting), flush=True)
+time.sleep(300)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_entries_of_a_service_that_died_end_with_it(tmp_path):
+    """A jobs service killed outright (no close()): its entries see their sockets close and exit, leaving nothing."""
+    import subprocess
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, os.path.dirname(__file__)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in owner.stdout.readline().split()]
+        assert len(pids) == 2
+        owner.kill()
+        owner.wait(10)
+        wait_for(lambda: not any(alive(p) for p in pids), what="the dead service's entries to exit", timeout=20, interval=0.05)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
+def test_an_entry_that_does_not_start_is_never_handed_out(tmp_path):
+    bad = tmp_path / "broken_inside.py"
+    bad.write_text("raise SystemExit(5)\n")
+    pool = plain_pool(1, inside=str(bad))
+    pool.fill()
+    try:
+        assert pool.take(10) is None
+    finally:
+        pool.close()
+
+
+def test_start_up_variables_that_a_started_interpreter_cannot_take_on_mean_cold():
+    launched = warmpool.launch_env()
+    assert warmpool.refusal(dict(launched, PYTHONPATH="/x", PYTHONUNBUFFERED="1", HOME="/h"), launched) == ""
+    why = warmpool.refusal(dict(launched, PYTHONHASHSEED="0", LD_PRELOAD="/x.so", LC_ALL="C"), launched)
+    assert "LC_ALL" in why and "LD_PRELOAD" in why and "PYTHONHASHSEED" in why
+    assert "LANG" in warmpool.refusal(dict(launched, LANG="de_DE.UTF-8"), launched)
+
+
+def test_pool_settings_out_of_range_are_refused_clearly():
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError, match="isolated_warm_pool_size must be zero or more, not -1"):
+        LocalLauncher(isolated_warm_pool_size=-1)
+    with pytest.raises(TraitError, match="isolated_warm_claim_timeout must be positive"):
+        LocalLauncher(isolated_warm_claim_timeout=0)
+    assert LocalLauncher(isolated_warm_pool_size=0, isolated_refill_delay=0).isolated_warm_pool_size == 0
+
+
+# -- two users through the real launcher, as root ---------------------------------------------------
+@pytest.fixture
+def isolated(tmp_path):
+    os.chmod(tmp_path, 0o711)
+    from trainhub.app.up import code_paths
+
+    iso = Isolation(code_paths=code_paths(), gpu_device_nodes=[str(tmp_path / "dev" / "fakegpu{minor}")], gpu_shared_nodes=[])
+    iso.accounts = UserAccounts(parent=iso)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    os.chmod(dev, 0o755)
+    for minor in range(4):  # character devices (the null device's numbers): what a GPU's node looks like to a mount
+        os.mknod(dev / f"fakegpu{minor}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    data = tmp_path / "data"
+    data.mkdir()
+    storage = StorageConfig(url=f"file://{data / 'storage'}")
+
+    def launcher(**kw) -> LocalLauncher:
+        return LocalLauncher(data_dir=str(data), isolation=iso, storage=storage, **kw)
+
+    return iso, data, launcher
+
+
+@root_only
+async def test_two_users_warm_workers_share_nothing_and_match_a_cold_start(tmp_path, isolated):
+    iso, data, make = isolated
+    warm = make(isolated_warm_pool_size=2, isolated_refill_delay=30.0)  # both workers come from the one pool filled at first
+    cold = make(isolated_warm_pool_size=0)
+    nodes = [str(tmp_path / "dev" / f"fakegpu{m}") for m in range(4)]
+    homes = {u: str(data / "homes" / u) for u in ("wja", "wjb")}
+    try:
+        # A's warm worker leaves traces everywhere it can
+        a_env = {"LEAVE": "A-was-here", "NODES": json.dumps(nodes), "OTHER": json.dumps([homes["wjb"]])}
+        job_a = job_view("j-000001", "wja", PROBE, a_env)
+        state_a = await warm.launch(job_a, [[0]], base_env(HOME=homes["wja"]))
+        assert [w["start"] for w in state_a["workers"]] == ["warm-isolated"]
+        assert [s.exit_code for s in await finish(warm, job_a, state_a)] == [0]
+        a = probe_of(state_a)
+
+        # B: the same probe cold, then warm (same job, same paths)
+        jdir = data / "jobs" / "j-000002"
+        b_env = {"NODES": json.dumps(nodes), "WRITABLE": json.dumps([str(jdir / "outputs"), str(jdir / "work"), str(jdir / "script.py"), str(jdir)]),
+                 "OTHER": json.dumps([homes["wja"], str(data / "jobs" / "j-000001"), str(data / "storage" / "users" / "wja"),
+                                      os.path.join(homes["wja"], "left-A-was-here")])}
+        job_b = job_view("j-000002", "wjb", PROBE, b_env)
+        state_cold = await cold.launch(job_b, [[2, 3]], base_env(HOME=homes["wjb"]))
+        assert [w["start"] for w in state_cold["workers"]] == ["cold"]
+        assert [s.exit_code for s in await finish(cold, job_b, state_cold)] == [0]
+        c = probe_of(state_cold)
+        for w in state_cold["workers"]:
+            os.unlink(w["log"])
+            os.unlink(w["exit_file"])
+        state_b = await warm.launch(job_b, [[2, 3]], base_env(HOME=homes["wjb"]))
+        assert [w["start"] for w in state_b["workers"]] == ["warm-isolated"] and warm._pool.claims == 2
+        assert [s.exit_code for s in await finish(warm, job_b, state_b)] == [0]
+        b = probe_of(state_b)
+    finally:
+        await warm.close()
+        await cold.close()
+
+    # A ran as A, warm, with A's device only
+    acct_a, acct_b = iso.account("wja"), iso.account("wjb")
+    assert (a["uid"], a["gid"], a["groups"]) == (acct_a.uid, acct_a.gid, [])
+    assert a["other"] == {homes["wjb"]: False} and a["nodes"][nodes[0]] and not a["nodes"][nodes[1]]
+    # nothing of A's reached B's worker
+    assert "LEAKED_ENV" not in b["env"] and b["leaked_attr"] is None and not b["leaked_module"]
+    assert not any(n.startswith("leaked-") for n in b["tmp"]), b["tmp"]
+    assert not any(b["other"].values()), b["other"]  # A's home, job folder, storage area and files do not exist
+    # B's warm worker is B's worker as a cold start makes it
+    assert (b["uid"], b["euid"], b["gid"], b["groups"]) == (acct_b.uid, acct_b.uid, acct_b.gid, [])
+    assert b["caps"]["CapEff"] == b["caps"]["CapPrm"] == b["caps"]["CapAmb"] == "0000000000000000" and b["nnp"] == "1"
+    for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "name", "file", "tmp", "umask", "nnp", "nodes",
+                "mounts", "home_files", "writable", "other", "heavy", "nice"):
+        assert b[key] == c[key], (key, b[key], c[key])
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):  # the bounding set: warm empties it (stricter than setpriv)
+        assert b["caps"][cap] == c["caps"][cap], cap
+    differ = {"TRAINHUB_HOLDER", "MASTER_PORT", "PET_MASTER_PORT"}  # a launch's own marker and rendezvous port
+    assert {k: v for k, v in b["env"].items() if k not in differ} == {k: v for k, v in c["env"].items() if k not in differ}
+    assert b["nodes"] == {n: i in (2, 3) for i, n in enumerate(nodes)}
+    assert a["heavy"] == b["heavy"] == []  # the pool's interpreters import nothing heavy
+    assert b["writable"] == {str(jdir / "outputs"): True, str(jdir / "work"): True, str(jdir / "script.py"): False, str(jdir): False}
+
+
+@root_only
+async def test_cancel_time_limit_and_adoption_of_a_warm_isolated_worker(tmp_path, isolated):
+    """terminate() signals the warm worker's group as a cold one's: SIGTERM reaches the script (not bwrap), the exit is
+    recorded as -SIGTERM; a new launcher (a service restart) adopts and watches it; nothing of it is left."""
+    from trainhub import procs
+
+    _iso, data, make = isolated
+    launcher = make(isolated_warm_pool_size=1)
+    ended = asyncio.Event()
+    launcher.watch_exits(ended.set)
+    try:
+        job = job_view("j-000003", "wjc", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+        state = await launcher.launch(job, [[]], base_env(HOME=str(data / "homes" / "wjc")))
+        assert [w["start"] for w in state["workers"]] == ["warm-isolated"]
+        log = Path(state["workers"][0]["log"])
+        await await_for(lambda: log.read_text() if log.exists() else "", lambda t: "up" in t, what="'up' in the log",
+                        timeout=60, interval=0.02)
+        adopter = make()
+        assert await adopter.adopt(job, state)
+        assert [s.running for s in await adopter.poll(job, state)] == [True]
+        t0 = time.monotonic()
+        await launcher.terminate(job, state, grace=10)
+        assert time.monotonic() - t0 < 9, "SIGTERM did not end the script: it waited for the SIGKILL"
+        assert [s.exit_code for s in await launcher.poll(job, state)] == [-signal.SIGTERM]
+        await asyncio.wait_for(ended.wait(), 10)
+        await launcher.cleanup(job, state)
+        holder = state["workers"][0]["holder"]
+        assert wait_for(lambda: procs.processes_with("TRAINHUB_HOLDER", holder) == [], what="no process left", timeout=10)
+    finally:
+        await launcher.close()
+    assert launcher._pool.waiting == []
+
+
+@root_only
+async def test_a_gang_takes_what_the_pool_has_and_starts_the_rest_cold(tmp_path, isolated):
+    _iso, data, make = isolated
+    launcher = make(isolated_warm_pool_size=2, isolated_refill_delay=30.0)
+    try:
+        job = job_view("j-000005", "wje", "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n",
+                       workers=3)
+        state = await launcher.launch(job, [[], [], []], base_env(HOME=str(data / "homes" / "wje")))
+        assert [w["start"] for w in state["workers"]] == ["warm-isolated", "warm-isolated", "cold"]
+        assert len({w["pid"] for w in state["workers"]}) == 3 and all(os.getpgid(w["pid"]) == w["pid"] for w in state["workers"])
+        assert [s.exit_code for s in await finish(launcher, job, state)] == [0, 0, 0]
+        for w in state["workers"]:
+            assert f"[{w['rank']}] rank {w['rank']} of 3" in Path(w["log"]).read_text()
+        assert launcher._pool.claims == 2 and launcher._pool.waiting == []
+    finally:
+        await launcher.close()
+    assert launcher._pool.fill() == 0  # closed: a refill scheduled before close() starts nothing
+
+
+@root_only
+async def test_a_job_that_changes_python_start_up_starts_cold_with_a_log_line(tmp_path, isolated, caplog):
+    _iso, data, make = isolated
+    launcher = make(isolated_warm_pool_size=1)
+    try:
+        job = job_view("j-000004", "wjd", "import sys\nprint('hash', sys.flags.hash_randomization)\n", {"PYTHONHASHSEED": "0"})
+        with caplog.at_level(logging.INFO):
+            state = await launcher.launch(job, [[]], base_env(HOME=str(data / "homes" / "wjd")))
+        assert [w["start"] for w in state["workers"]] == ["cold"]
+        assert "starts cold: start-up variables differ" in caplog.text and "PYTHONHASHSEED" in caplog.text
+        assert [s.exit_code for s in await finish(launcher, job, state)] == [0]
+        assert "hash 0" in Path(state["workers"][0]["log"]).read_text()
+        assert len(launcher._pool.waiting) == 1 and launcher._pool.claims == 0  # not handed out: still waiting
+    finally:
+        await launcher.close()
+
+
+# -- through a real `trainhub up` ---------------------------------------------------------------------
+@root_only
+@pytest.mark.e2e
+def test_through_the_platform_an_isolated_script_job_runs_warm_and_cancel_kills_it(platform):
+    import pwd
+
+    import requests
+
+    from trainhub.states import JOB_TERMINAL
+
+    user = "warmjobber"
+    url = platform.url + "/services/trainhub/api"
+    h = {"Authorization": f"token {platform.token(user)}"}
+
+    def submit(**spec) -> str:
+        r = requests.post(url + "/jobs", json=spec, headers=h, timeout=120)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def get(jid) -> dict:
+        return requests.get(f"{url}/jobs/{jid}", headers=h, timeout=30).json()
+
+    def wait(jid, states=JOB_TERMINAL, timeout=120) -> dict:
+        return wait_for(lambda: get(jid), lambda job: job["state"] in states, what=f"job {jid} in {sorted(states)}",
+                        timeout=timeout)
+
+    def logs(jid) -> str:
+        return requests.get(f"{url}/jobs/{jid}/logs", headers=h, timeout=30).text
+
+    def launch_state(jid) -> dict:
+        from sqlalchemy import create_engine, select
+
+        from trainhub.services.jobs.models import Job, parse_job_key
+        from trainhub.settings import DataDir
+
+        engine = create_engine(DataDir(platform.data_dir).platform_db_url)
+        with engine.connect() as c:
+            state = c.execute(select(Job.launch_state).where(Job.id == parse_job_key(jid))).scalar_one()
+        engine.dispose()
+        return state or {}
+
+    def start_path(jid) -> list[str]:
+        return [w.get("start") for w in launch_state(jid).get("workers", [])]
+
+    script = ("import os, pathlib\n"
+              "pathlib.Path(os.environ['TRAINHUB_OUTPUTS_DIR'], 'result.txt').write_text('forty-two')\n"
+              "print('uid', os.getuid(), 'cwd', os.getcwd(), flush=True)\n")
+    first = submit(script=script, name="warm-warmup")  # the pool starts with the first isolated script job
+    assert wait(first)["state"] == "succeeded", logs(first)
+    jid = submit(script=script, name="warm-result")
+    job = wait(jid)
+    assert job["state"] == "succeeded", logs(jid)
+    assert start_path(jid) == ["warm-isolated"], start_path(jid)
+    acct = pwd.getpwnam(f"th-{user}")
+    assert f"uid {acct.pw_uid} cwd {platform.data_dir / 'homes' / user}" in logs(jid)
+    synced = platform.data_dir / "storage" / "users" / user / "jobs" / jid / "outputs" / "result.txt"
+    wait_for(synced.exists, what="the synced output", timeout=60)
+    assert synced.read_text() == "forty-two"
+
+    long = submit(script="import time, os\nprint('pid', os.getpid(), 'running', flush=True)\ntime.sleep(300)\n", name="warm-cancel")
+    wait_for(lambda: logs(long), lambda text: "running" in text, what="the long job to run", timeout=120)
+    assert start_path(long) == ["warm-isolated"]
+    t0 = time.monotonic()
+    requests.delete(f"{url}/jobs/{long}", headers=h, timeout=30)
+    assert wait(long, timeout=60)["state"] == "cancelled"
+    assert time.monotonic() - t0 < 30
+    from trainhub import procs
+
+    state = launch_state(long)
+    markers = [state["tag"], state["workers"][0]["holder"]]
+    left = wait_for(lambda: [p for m in markers for p in procs.processes_with("TRAINHUB_HOLDER", m)], lambda pids: not pids,
+                    what="no process of the cancelled job", timeout=30)
+    assert left == []

@@ -1,0 +1,191 @@
+"""The mechanics of a warm start in a sandbox, shared by warm servers (trainhub.spawner.warm) and warm isolated job
+workers (services/jobs/warmpool.py): one place for what must be right for both.
+
+A warm interpreter waits, as the platform (root) and in a sandbox of no user, for one claim. The platform's side
+makes the mounts a cold sandbox would bind beyond the warm one's (:func:`sandbox_mounts`) as detached
+``open_tree(OPEN_TREE_CLONE)`` descriptors (:func:`clone_mount`; read-only ones sealed with ``mount_setattr``
+before they leave it) and sends them with a JSON spec over a Unix socket (:func:`send_claim`, ``SCM_RIGHTS``).
+Inside, :func:`receive_claim` reads them, :func:`attach_mounts` attaches each at its own path (``move_mount``,
+parents made 0755 as bwrap makes them) and :func:`become` drops to the account for good (capability bounding set
+emptied, groups cleared, real/effective/saved ids, no_new_privs: what ``setpriv --reuid --regid --clear-groups
+--no-new-privs`` gives a cold start, and no capability left at all).
+
+Standard library only (it runs inside sandboxes before any user's code); no trainhub import.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import fnmatch
+import json
+import os
+import socket
+import stat
+
+_libc = ctypes.CDLL(None, use_errno=True)
+# the unified syscall table: the same numbers on every Linux architecture
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_RECURSIVE, AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+AT_FDCWD = -100
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+MAX_FDS = 64  # descriptors one claim may carry
+MAX_CLAIM = 16 << 20  # bytes of one claim's JSON
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def _check(ret: int, what: str) -> None:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+# -- the platform's side ---------------------------------------------------------------------------
+def clone_mount(path: str, read_only: bool) -> int:
+    """A detached bind mount of ``path`` (recursive) with the flags bwrap gives its binds (nosuid; nodev unless it
+    is a device node, as ``--dev-bind``; read-only if asked): a descriptor another mount namespace can attach
+    (``move_mount``)."""
+    is_device = stat.S_ISCHR(os.stat(path).st_mode) or stat.S_ISBLK(os.stat(path).st_mode)
+    fd = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(path), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+    _check(fd, f"open_tree {path}")
+    flags = MOUNT_ATTR_NOSUID | (0 if is_device else MOUNT_ATTR_NODEV) | (MOUNT_ATTR_RDONLY if read_only else 0)
+    attr = _MountAttr(flags, 0, 0, 0)
+    if _libc.syscall(SYS_MOUNT_SETATTR, fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) < 0:
+        err = ctypes.get_errno()
+        os.close(fd)
+        raise OSError(err, f"mount_setattr {path}: {os.strerror(err)}")
+    return fd
+
+
+def sandbox_mounts(rw, ro, device_nodes) -> list[tuple[str, bool, bool]]:
+    """What a cold sandbox binds beyond a warm one's (``Isolation.sandbox_argv``'s ``rw``, ``ro`` and device nodes):
+    ``(real path, read-only, is a folder)``, parents first, each path once (its first mount, as bwrap keeps it),
+    missing ones skipped (``--dev-bind-try``; a cold sandbox would fail on a missing folder, a claim then too)."""
+    found = [(os.path.realpath(p), False) for p in rw] + [(os.path.realpath(p), True) for p in ro]
+    found += [(n, False) for n in device_nodes]
+    mounts, seen = [], set()
+    for path, read_only in sorted(found, key=lambda m: m[0].count("/")):
+        if path not in seen and os.path.exists(path):
+            seen.add(path)
+            mounts.append((path, read_only, os.path.isdir(path)))
+    return mounts
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets one to read it: another thread creating a
+    file meanwhile would get that one)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return umask
+
+
+def send_claim(sock: socket.socket, spec: dict, mounts: list[tuple[str, bool, bool]]) -> None:
+    """Send ``spec`` with ``mounts`` (from :func:`sandbox_mounts`) as descriptors, in one message (blocking socket).
+    The descriptors are this process's only for the call."""
+    if len(mounts) > MAX_FDS:
+        raise ValueError(f"{len(mounts)} mounts: at most {MAX_FDS} fit one claim")
+    fds: list[int] = []
+    try:
+        for path, read_only, _is_dir in mounts:
+            fds.append(clone_mount(path, read_only))
+        spec = dict(spec, mounts=[{"dest": path, "dir": is_dir} for path, _ro, is_dir in mounts])
+        data = json.dumps(spec).encode() + b"\n"
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        sent = sock.sendmsg([data], anc)
+        if sent < len(data):
+            sock.sendall(data[sent:])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+# -- the inside ----------------------------------------------------------------------------------
+def receive_claim(sock: socket.socket) -> tuple[dict, list[int]]:
+    """One claim: its JSON spec and the descriptors that came with it. EOFError when the platform closed the socket
+    first (it let this interpreter go)."""
+    data, fds = b"", []
+    while True:
+        msg, anc, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(MAX_FDS * 4))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(payload[: len(payload) - len(payload) % 4])
+                fds.extend(got)
+        if not msg:
+            if not data:
+                raise EOFError
+            break
+        data += msg
+        if data.endswith(b"\n"):
+            break
+        if len(data) > MAX_CLAIM:
+            raise ValueError("claim too large")
+    return json.loads(data), fds
+
+
+def attach(fd: int, dest: str, is_dir: bool) -> None:
+    """Attach the detached mount ``fd`` at ``dest``, making the mount point (and its parents, 0755, the
+    platform's) inside the sandbox as bwrap would have; closes ``fd``."""
+    parent = os.path.dirname(dest)
+    missing = []
+    while parent and not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for folder in reversed(missing):
+        os.mkdir(folder)
+        os.chmod(folder, 0o755)  # whatever the umask: the account must pass through
+    if is_dir:
+        if not os.path.isdir(dest):
+            os.mkdir(dest)
+            os.chmod(dest, 0o755)
+    elif not os.path.exists(dest):
+        os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o600))
+    _check(_libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, os.fsencode(dest), MOVE_MOUNT_F_EMPTY_PATH), f"move_mount {dest}")
+    os.close(fd)
+
+
+def attach_mounts(described: list[dict], fds: list[int]) -> None:
+    """Attach the claim's descriptors at the paths its spec names (``[{"dest", "dir"}]``, in that order)."""
+    if len(described) != len(fds):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"{len(described)} mounts described, {len(fds)} descriptors received")
+    for m, fd in zip(described, fds):
+        attach(fd, m["dest"], m["dir"])
+
+
+def become(uid: int, gid: int) -> None:
+    """The user's account for good: no capability can come back (bounding set emptied, then the ids change
+    from root, which clears the others; no_new_privs keeps setuid binaries from giving any)."""
+    cap = 0
+    while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0 or ctypes.get_errno() != 22:  # EINVAL: past the last
+        cap += 1
+        if cap > 128:
+            break
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid or os.getgroups():
+        raise OSError("the account switch did not hold")
+
+
+def startup_differences(env: dict, launched: dict, patterns) -> list[str]:
+    """Start-up variables (names matching ``patterns``) whose value in ``env`` differs from the one a warm
+    interpreter started with (``launched``): what a running interpreter cannot take on later."""
+    keys = {k for k in {*env, *launched} if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    return sorted(k for k in keys if env.get(k) != launched.get(k))
