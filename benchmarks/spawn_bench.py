@@ -41,6 +41,7 @@ import requests
 
 from trainhub.app import up
 from trainhub.backoff import WaitTimeout, poll
+from trainhub.settings import DataDir
 from trainhub.extensions import LABEXTENSION_NAME, SERVER_EXTENSION
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,11 +154,12 @@ c.JupyterHub.load_roles = [{{"name": "bench", "scopes": ["admin:users", "admin:s
 """
 
 
-def find_proxy() -> str:
-    found = os.environ.get("TRAINHUB_PROXY_CMD") or shutil.which("configurable-http-proxy", path=env_with_venv()["PATH"])
-    if not found:
-        raise SystemExit("configurable-http-proxy not found (make install, or npm install -g configurable-http-proxy)")
-    return found
+def find_proxy(root: Path) -> str:
+    """The proxy `trainhub up` would use (the same lookup: $TRAINHUB_PROXY_CMD, PATH, the venv's npm install)."""
+    try:
+        return up.find_proxy(DataDir(root), install=False)
+    except up.UpError as e:
+        raise SystemExit(str(e)) from None
 
 
 def clean_jupyter_config(root: Path) -> Path:
@@ -208,7 +210,7 @@ def start_stock(tmp: Path) -> Hub:
     port, token = free_port(), secrets.token_hex(16)
     cfg = root / "jupyterhub_config.py"
     cfg.write_text(STOCK_CONFIG.format(
-        port=port, hub_port=free_port(), proxy_port=free_port(), proxy=find_proxy(), root=root, token=token,
+        port=port, hub_port=free_port(), proxy_port=free_port(), proxy=find_proxy(root), root=root, token=token,
         args=["--allow-root"] if os.geteuid() == 0 else [], jupyter_config=str(clean_jupyter_config(root)),
     ))
     log = open(tmp / "stock-jupyterhub.log", "wb")
