@@ -143,6 +143,7 @@ class JobEngine(LoggingConfigurable):
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
         await self.recover()
+        await self.launcher.start()
         self.launcher.watch_exits(self.wake)  # a worker's end wakes a pass at once (where the back end can tell)
         self._loop = PeriodicLoop("trainhub-job-engine", lambda: self.run_once(schedule=None), lambda: self.tick, self.log)
         self._loop.start()

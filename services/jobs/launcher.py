@@ -117,6 +117,9 @@ class Launcher(LoggingConfigurable):
     async def cleanup(self, job: JobView, state: dict) -> None:
         """Drop back-end objects once the job is terminal (files are kept). Default: nothing to drop."""
 
+    async def start(self) -> None:
+        """Get ready for the first launch, once the engine has re-adopted what runs (warm pools). Default: nothing."""
+
     def watch_exits(self, callback) -> None:
         """From now on call ``callback()`` on the event loop as soon as a worker of a running job may have ended, so
         the engine learns of an end without waiting for its next periodic pass. Spurious calls are allowed (the engine

@@ -344,8 +344,14 @@ class LocalLauncher(Launcher):
         return state
 
     # -- the warm pool of isolated workers (warmpool.py) ---------------------------------------
+    async def start(self) -> None:
+        # where users are isolated, the pool fills as the service starts, so the first `script` job starts warm
+        # too (its entries wait nicer than running work)
+        if self.isolating and self.warm_start:
+            await asyncio.to_thread(self._isolated_pool)
+
     def _isolated_pool(self) -> WorkerPool | None:
-        """The pool of isolated workers (started on first use), or None where they start cold."""
+        """The pool of isolated workers (started with the service, or on first use), or None where they start cold."""
         if self.isolated_warm_pool_size <= 0:
             return None
         if self.isolation.use_sandbox and os.geteuid() != 0:

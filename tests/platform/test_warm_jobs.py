@@ -370,6 +370,25 @@ async def test_a_gang_takes_what_the_pool_has_and_starts_the_rest_cold(tmp_path,
 
 
 @root_only
+async def test_the_pool_fills_when_the_service_starts_so_the_first_job_starts_warm(tmp_path, isolated):
+    _iso, data, make = isolated
+    launcher = make(isolated_warm_pool_size=2, isolated_refill_delay=30.0)
+    try:
+        assert launcher._pool is None
+        await launcher.start()  # the engine's start, after recovery
+        assert launcher._pool is not None and len(launcher._pool.waiting) == 2
+        job = job_view("j-000006", "wjf", "print('first', flush=True)\n")
+        state = await launcher.launch(job, [[]], base_env(HOME=str(data / "homes" / "wjf")))
+        assert [w["start"] for w in state["workers"]] == ["warm-isolated"]
+        assert [s.exit_code for s in await finish(launcher, job, state)] == [0]
+    finally:
+        await launcher.close()
+    plain = LocalLauncher(data_dir=str(tmp_path / "plain"), isolation=None)
+    await plain.start()  # nothing isolated: no pool
+    assert plain._pool is None
+
+
+@root_only
 async def test_a_job_that_changes_python_start_up_starts_cold_with_a_log_line(tmp_path, isolated, caplog):
     _iso, data, make = isolated
     launcher = make(isolated_warm_pool_size=1)
@@ -433,8 +452,9 @@ def test_through_the_platform_an_isolated_script_job_runs_warm_and_cancel_kills_
     script = ("import os, pathlib\n"
               "pathlib.Path(os.environ['TRAINHUB_OUTPUTS_DIR'], 'result.txt').write_text('forty-two')\n"
               "print('uid', os.getuid(), 'cwd', os.getcwd(), flush=True)\n")
-    first = submit(script=script, name="warm-warmup")  # the pool starts with the first isolated script job
+    first = submit(script=script, name="warm-first")  # the pool filled as the jobs service started
     assert wait(first)["state"] == "succeeded", logs(first)
+    assert start_path(first) == ["warm-isolated"], start_path(first)
     jid = submit(script=script, name="warm-result")
     job = wait(jid)
     assert job["state"] == "succeeded", logs(jid)
