@@ -16,14 +16,13 @@ server does can never reach another user's server through this path.
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import socket
 import sys
 import time
 
-from trainhub.warmsandbox import attach_mounts, become, receive_claim
+from trainhub.warmsandbox import attach_mounts, become, serve_claim
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:
@@ -70,20 +69,7 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     for name in argv[1:]:
         __import__(name)
-    sock.sendall(b"ready\n")
-    try:
-        spec, fds = receive_claim(sock)
-    except (EOFError, ConnectionError):
-        os._exit(0)  # the hub went away or let this one go
-    try:
-        module = apply_claim(spec, fds)
-    except BaseException as e:  # the hub starts the server cold
-        try:
-            sock.sendall(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
-        finally:
-            os._exit(1)
-    sock.sendall(json.dumps({"ok": True, "pid": os.getpid(), "uid": os.getuid()}).encode() + b"\n")
-    sock.close()
+    module = serve_claim(sock, apply_claim)  # the hub starts the server cold on an error
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

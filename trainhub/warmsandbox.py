@@ -137,6 +137,27 @@ def receive_claim(sock: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
+def serve_claim(sock: socket.socket, apply):
+    """The inside of a warm process, once: say ``ready``, take one claim, ``apply(spec, fds)`` it and answer ``ok``
+    (with the pid and uid it now runs as), returning what ``apply`` returned. End of file before a claim (let go)
+    exits 0; a failed claim answers the error and exits 1, before anything of the claimer's ran."""
+    sock.sendall(b"ready\n")
+    try:
+        spec, fds = receive_claim(sock)
+    except (EOFError, ConnectionError):
+        os._exit(0)
+    try:
+        result = apply(spec, fds)
+    except BaseException as e:  # the claimer starts it cold
+        try:
+            sock.sendall(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
+        finally:
+            os._exit(1)
+    sock.sendall(json.dumps({"ok": True, "pid": os.getpid(), "uid": os.getuid()}).encode() + b"\n")
+    sock.close()
+    return result
+
+
 def attach(fd: int, dest: str, is_dir: bool) -> None:
     """Attach the detached mount ``fd`` at ``dest``, making the mount point (and its parents, 0755, the
     platform's) inside the sandbox as bwrap would have; closes ``fd``."""

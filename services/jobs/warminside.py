@@ -15,14 +15,13 @@ interpreter then exits as after ``python -u script.py``. Any failure answers the
 the job's code ran: the launcher starts the worker cold. End of file first (the launcher let it go) exits 0.
 """
 
-import json
 import os
 import socket
 import sys
 import time
 
 from trainhub.services.jobs.forkserver import prepare_worker, run_script
-from trainhub.warmsandbox import attach_mounts, become, receive_claim
+from trainhub.warmsandbox import attach_mounts, become, serve_claim
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:
@@ -44,20 +43,7 @@ def main(argv: list[str]) -> None:
     import types  # noqa: F401  what run_script needs, imported before the claim (as the fork server does)
     from importlib.machinery import SourceFileLoader  # noqa: F401
 
-    sock.sendall(b"ready\n")
-    try:
-        spec, fds = receive_claim(sock)
-    except (EOFError, ConnectionError):
-        os._exit(0)  # let go before any claim
-    try:
-        script = apply_claim(spec, fds)
-    except BaseException as e:  # the launcher starts this worker cold
-        try:
-            sock.sendall(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
-        finally:
-            os._exit(1)
-    sock.sendall(json.dumps({"ok": True, "pid": os.getpid(), "uid": os.getuid()}).encode() + b"\n")
-    sock.close()
+    script = serve_claim(sock, apply_claim)  # the launcher starts the worker cold on an error
     run_script(script)
 
 
