@@ -34,6 +34,7 @@ from .engine import JobEngine, view
 from .handlers import default_handlers
 from .launcher import Launcher
 from .local import LocalLauncher
+from .logwatch import LogWatch
 from .outputs import OutputSyncer
 from .spec import JobSpec
 from .store import JobStore
@@ -177,6 +178,9 @@ class JobsService(Application):
         self.engine = JobEngine(self.store, self.allocator, self.launcher, self.quota, self.storage, self.syncer,
                                 catalog=self.catalog, metrics_source=self._metrics_source(), groups_of=self.groups, parent=self,
                                 api_url=(public + self.api_prefix.rstrip("/")) if public else "")
+        self.logwatch = LogWatch()
+        # an attempt's end wakes its log followers at once (they look at the job's state)
+        self.engine.on_job_end(lambda job: self.logwatch.notify(self.launcher.job_dir(view(job))))
         self.plugins = load_plugins()
         doc = merged_openapi(self.plugins, [p.slug for p in self.catalog.all()])
         self.openapi_text = json.dumps(doc, indent=2)
@@ -267,6 +271,7 @@ class JobsService(Application):
         for mod in reversed(self.plugins):
             await mod.stop(self)
         await self.engine.stop()
+        self.logwatch.close()
         await asyncio.to_thread(self.allocator.close)
 
     def start(self):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from tornado import iostream, web
 
-from trainhub.backoff import Backoff
 from trainhub.exceptions import InvalidRequest, NotFound
 from trainhub.httpapi import parse_id
 from trainhub.states import JOB_STATES, JOB_TERMINAL, QUEUED
@@ -133,6 +132,8 @@ def log_files(job_dir: str, worker: int | None) -> list[Path]:
 
 LOG_CHUNK = 1 << 20  # bytes of log read per pass: a log of any size is streamed, never held whole
 MAX_TAIL_LINES = 100_000
+FOLLOW_CHUNK = 64 << 10  # bytes a follow reads per wake on the event loop
+FOLLOW_CHECK = 2.0  # seconds: a follow looks at its job's state at least this often (new lines and the end wake it)
 
 
 def read_new(files: list[Path], offsets: dict, budget: int = LOG_CHUNK) -> list[bytes]:
@@ -180,6 +181,14 @@ def tail_lines(files: list[Path], n: int, offsets: dict, budget: int = 8 * LOG_C
 
 
 class JobLogsHandler(JobAccessMixin, APIHandler):
+    _follower = None
+    _gone = False  # the client went away: a follow ends at once, not when its job next prints or ends
+
+    def on_connection_close(self):
+        self._gone = True
+        if self._follower is not None:
+            self._follower.event.set()
+
     async def get(self, key):
         job = await self.load_job(key)
         worker = self.get_argument("worker", None)
@@ -197,6 +206,11 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         if follow:
             self.set_header("X-Accel-Buffering", "no")
+            # each line goes out as it is written: without TCP_NODELAY a small write after the headers waits for
+            # the proxy's delayed acknowledgement (Nagle's algorithm), tens of milliseconds per line
+            stream = getattr(self.request.connection, "stream", None)
+            if stream is not None:
+                stream.set_nodelay(True)
         offsets: dict = {}
         try:
             if tail is not None:
@@ -208,23 +222,27 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
             if not follow:
                 return self.finish()
             await self.flush()
-            idle_after_end = 0
-            pause = Backoff(f"new log lines of {job.key}", start=0.25, factor=1.0)  # until the job has ended
-            while True:
-                new = await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets))
-                if new:
-                    self.write(b"".join(new))
-                    await self.flush()
-                    continue
-                current = await self.service.store.read(self.service.store.record, job.id)
-                if current.state in JOB_TERMINAL:
-                    idle_after_end += 1
-                    if idle_after_end >= 2:
+            with self.service.logwatch.follow(job_dir) as self._follower:
+                ended = False  # seen in a final state: one more read takes what its workers wrote last
+                while not self._gone:
+                    # on the loop, a small share at a time: a wake's few new lines of a local file cost less than the
+                    # trip to a worker thread, which on a loaded machine is a wait between the line and its reader
+                    new = read_new(log_files(job_dir, worker), offsets, FOLLOW_CHUNK)
+                    if new:
+                        self.write(b"".join(new))
+                        await self.flush()
+                        continue
+                    if ended:
                         break
-                await pause.asleep()
+                    current = await self.service.store.read(self.service.store.record, job.id)
+                    if current.state in JOB_TERMINAL:
+                        ended = True
+                        continue
+                    await self._follower.changed(FOLLOW_CHECK)
         except iostream.StreamClosedError:
             return
-        self.finish()
+        if not self._gone:
+            self.finish()
 
 
 def default_handlers(prefix: str, service) -> list:
