@@ -2,7 +2,9 @@
 
 State, elapsed time, GPUs/devices, a log tail, small line charts of the reported metrics and a
 Cancel button. A daemon thread polls the API and sets widget values (value updates from a thread
-reach the browser; the kernel stays free). The ``render_*`` functions are pure: job/metrics dicts
+reach the browser; the kernel stays free); another follows the job's logs (``GET .../logs?follow=true``,
+which streams each line as it is written), so a line shows under the cell as it is printed, not at the
+next poll; where the follow cannot be had, the poll reads the log tail as before. The ``render_*`` functions are pure: job/metrics dicts
 in, HTML out, so tests feed them canned API answers.
 """
 
@@ -13,6 +15,7 @@ import math
 import re
 import threading
 import time
+from collections import deque
 from datetime import datetime, timezone
 
 from trainhub.backoff import Backoff
@@ -182,7 +185,11 @@ def panel_backoff(what: str, poll: float) -> Backoff:
 class JobPanel:
     """Live view of one job. ``update(job, metrics, logs)`` sets the widgets from API dicts;
     ``start()`` runs a daemon thread that polls every ``poll`` seconds (metrics every
-    ``metrics_every`` s) until the job ends or ``stop()``; ``done`` is set when it has ended."""
+    ``metrics_every`` s) until the job ends or ``stop()``, and one that streams its log lines as they come;
+    ``done`` is set when it has ended."""
+
+    #: seconds between two redraws of the log pane while lines stream in (the first line shows at once)
+    log_redraw = 0.1
 
     def __init__(self, client, job: dict, *, poll: float = 1.0, metrics_every: float = 3.0, log_lines: int = 15):
         import ipywidgets as w
@@ -196,6 +203,9 @@ class JobPanel:
         self.log_lines = log_lines
         self.resumed = ""  # "resumed from step S" when the attempt shown started from a checkpoint
         self._events_read = False
+        self._streamed: deque | None = None  # the followed lines, while the follow stream is up
+        self._drawn_at = 0.0
+        self._log_lock = threading.Lock()
         self.done = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -246,7 +256,7 @@ class JobPanel:
         job_id = self.job["id"]
         job = self.client.get(job_id)
         self._see_resume(job)
-        logs = self.client.logs(job_id, tail=self.log_lines * 4)
+        logs = self._draw_streamed() if self._streamed is not None else self.client.logs(job_id, tail=self.log_lines * 4)
         metrics = self.client.metrics(job_id) if with_metrics or job.get("state") in JOB_TERMINAL else None
         self.update(job, metrics, logs)
         if (with_metrics or job.get("state") in JOB_TERMINAL) and job.get("state") != QUEUED:
@@ -276,15 +286,50 @@ class JobPanel:
 
     def start(self) -> "JobPanel":
         if self._thread is None:
+            if hasattr(self.client, "follow_logs"):
+                self._streamed = deque(maxlen=self.log_lines * 4)
+                threading.Thread(target=self._follow, name=f"trainhub-panel-logs-{self.job['id']}", daemon=True).start()
             self._thread = threading.Thread(target=self._run, name=f"trainhub-panel-{self.job['id']}", daemon=True)
             self._thread.start()
         return self
+
+    def _follow(self) -> None:
+        """Stream the job's log lines into the pane until the job ends; on any failure (an older service, the
+        connection lost) the polling thread reads the tail again."""
+        try:
+            for line in self.client.follow_logs(self.job["id"], tail=self.log_lines * 4):
+                if self._stop.is_set():
+                    return
+                with self._log_lock:
+                    self._streamed.append(line)
+                if time.monotonic() - self._drawn_at >= self.log_redraw:
+                    self._draw_streamed()
+            self._draw_streamed()
+        except Exception:
+            pass
+        finally:
+            if not self.done.is_set():
+                self._streamed = None  # the poll reads the tail from now on
+
+    def _draw_streamed(self) -> str | None:
+        """Show the streamed lines (the poll also calls this, so a line that came within ``log_redraw`` of the last
+        redraw shows at the next poll at the latest)."""
+        streamed = self._streamed
+        if streamed is None:
+            return None
+        with self._log_lock:
+            text = "\n".join(streamed)
+        self._drawn_at = time.monotonic()
+        self.update(logs=text)
+        return text
 
     def stop(self) -> None:
         self._stop.set()
 
     def _run(self) -> None:
-        last_metrics = 0.0
+        # the metrics (and the advisor's line) from the first `metrics_every` on, or when the job ends: the first
+        # refresh, right after the submission, reads the state only
+        last_metrics = time.monotonic() if self._streamed is not None else 0.0
         errors = 0
         # every `poll` seconds; after failures twice as long each time (at most 30 s), back to `poll` once it works
         pause = panel_backoff(f"job {self.job['id']} to end", self.poll)

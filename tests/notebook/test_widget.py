@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from trainhub.kernels.widget import JobPanel, metric_series, render_chart, render_logs, short_log_line  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 NOW = datetime(2026, 11, 21, 20, 10, 5, tzinfo=timezone.utc)
 RUNNING = {"id": "j-000042", "name": "resnet", "user": "alice", "state": "running", "reason": "", "gpus": 2,
@@ -121,3 +122,45 @@ def test_tensorboard_link_through_the_users_server(monkeypatch):
     monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX")
     assert render_tensorboard_link(RUNNING) == ""  # outside a user's server there is no server to open it
     assert "href='/user/b&#x27;o/trainhub/tensorboard/open?jobs=j-000042'" in render_tensorboard_link(RUNNING, "/user/b'o/")
+
+
+def test_log_lines_stream_into_the_pane_between_polls():
+    import threading
+
+    lines, more = ["2026-11-21T20:09:00.001Z [0] first line"], threading.Event()
+    asked = []
+
+    class Following(FakeClient):
+        def logs(self, job_id, tail=None, worker=None):
+            asked.append(tail)
+            return ""
+
+        def follow_logs(self, job_id, worker=None, tail=None):
+            yield from lines
+            more.wait(10)
+            yield "2026-11-21T20:09:01.002Z [0] second line"
+
+    # one poll an hour: what shows in between came through the follow stream
+    panel = JobPanel(Following([RUNNING]), RUNNING, poll=3600)
+    panel.start()
+    try:
+        wait_for(lambda: "first line" in panel.logs.value, what="the first line in the pane", interval=0.01)
+        more.set()
+        wait_for(lambda: "second line" in panel.logs.value, what="the second line in the pane", interval=0.01)
+        assert asked == []  # the poll did not read the tail: the stream is up
+    finally:
+        panel.stop()
+
+
+def test_a_failed_follow_falls_back_to_the_polled_tail():
+    class NoFollow(FakeClient):
+        def follow_logs(self, job_id, worker=None, tail=None):
+            raise RuntimeError("404: an older service")
+            yield  # a generator, as the client's
+
+    client = NoFollow([RUNNING, RUNNING, dict(RUNNING, state="succeeded", finished="2026-11-21T20:10:00Z")])
+    panel = JobPanel(client, RUNNING, poll=0.01)
+    panel.start()
+    assert panel.done.wait(10)
+    assert "epoch 29" in panel.logs.value  # LOGS, read by the poll
+
