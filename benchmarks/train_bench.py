@@ -5,9 +5,10 @@ tests/conftest.py) and one IPython kernel (jupyter_client ``KernelManager``) wit
 ``$TRAINHUB_API_URL`` and ``$JUPYTERHUB_API_TOKEN`` set, as in a platform notebook, with
 ``%load_ext trainhub.kernels``. Then, alternating, N times each:
 
-* train: send a ``%%train --gpus 1`` cell to the kernel (execute_request) and poll
-  ``GET /jobs/{id}/logs`` every 10 ms until the job's first log line is readable; the job id is
-  the next one the service hands out (this platform runs nothing else; the name is checked);
+* train: send a ``%%train --gpus 1`` cell to the kernel (execute_request) and follow the job's logs
+  (``GET /jobs/{id}/logs?follow=true``, which streams each line as it is written; asked every 5 ms
+  until the job exists) until its first line arrives; the job id is the next one the service hands
+  out (this platform runs nothing else; the name is checked);
 * raw: ``subprocess.Popen([python, "-u", script.py])`` of the script that ``%%train`` generates
   for the same cell, timed to its first line on stdout.
 
@@ -15,7 +16,7 @@ One untimed warm-up of each runs first. Each train job is waited for (untimed) b
 next run, so every run starts on an idle queue. The phases of each train run are shown too,
 from the job's own timestamps (same clock, same machine): cell -> job created (kernel, magic,
 POST), created -> started (engine pass, ledger), started -> first line written (launcher,
-worker wrapper, Python start of the job), written -> read back through the API (polling).
+worker wrapper, Python start of the job), written -> read back through the API (the follow stream).
 
 The table also says how the train jobs' workers started (from their launch state in the platform
 database): "warm" (forked from the fork server, services/jobs/forkserver.py; platforms that do not
@@ -137,7 +138,7 @@ class Api:
             raise SystemExit(str(e)) from None
 
 
-def train_first_line(kernel: Kernel, api: Api, name: str, gpus: int, poll: float = 0.01) -> tuple[float, dict]:
+def train_first_line(kernel: Kernel, api: Api, name: str, gpus: int, poll: float = 0.005) -> tuple[float, dict]:
     """Seconds from sending the cell to the first log line readable through the API."""
     key = f"j-{api.newest_id() + 1:06d}"
     cell = f"%%train --gpus {gpus} --name {name}\n{CELL_BODY}"
@@ -145,17 +146,23 @@ def train_first_line(kernel: Kernel, api: Api, name: str, gpus: int, poll: float
     t0 = time.perf_counter()
     msg_id = kernel.send(cell)
 
-    def logs():
-        r = api.get(f"/jobs/{key}/logs")
+    def follow():
+        r = api.get(f"/jobs/{key}/logs", params={"follow": "true"}, stream=True)
         if r.status_code not in (200, 404):
-            raise SystemExit(f"GET /jobs/{key}/logs: {r.status_code} {r.text[:300]}")
+            raise SystemExit(f"GET /jobs/{key}/logs?follow=true: {r.status_code} {r.text[:300]}")
+        if r.status_code == 404:
+            r.close()
         return r
 
-    try:
-        r = poll_until(logs, lambda r: r.status_code == 200 and r.text.strip(), what=f"a log line from {key}",
-                       start=poll, factor=1.0, timeout=60)
+    try:  # the job exists once the magic's POST is answered: until then, 404
+        r = poll_until(follow, lambda r: r.status_code == 200, what=f"job {key} to exist", start=poll, factor=1.0,
+                       timeout=60)
     except WaitTimeout:
-        raise SystemExit(f"no log line from {key} within 60 s") from None
+        raise SystemExit(f"no job {key} within 60 s") from None
+    with r:
+        first = next((ln for ln in r.iter_lines(chunk_size=None) if ln.strip()), b"").decode()
+    if not first:
+        raise SystemExit(f"{key} ended without a log line")
     elapsed = time.perf_counter() - t0
     kernel.reply(msg_id)
     job = api.wait_done(key)
@@ -163,7 +170,7 @@ def train_first_line(kernel: Kernel, api: Api, name: str, gpus: int, poll: float
         raise SystemExit(f"{key} is {job['name']!r}, not this run's job {name!r}: is something else submitting?")
     if job["state"] != SUCCEEDED:
         raise SystemExit(f"{key} {job['state']}: {job['reason']}")
-    line_at = iso_ts(r.text.split(" ", 1)[0])
+    line_at = iso_ts(first.split(" ", 1)[0])
     phases = {"cell->created": iso_ts(job["created"]) - t_wall, "created->started": iso_ts(job["started"]) - iso_ts(job["created"]),
               "started->line written": line_at - iso_ts(job["started"]), "written->read": (t_wall + elapsed) - line_at,
               "key": key}
