@@ -17,7 +17,7 @@ the others):
    metric (from the job metrics table the engine fills) are reported as intermediate values, and a
    trial the pruner stops has its job cancelled and is recorded as pruned; the importance is fitted
    again; and the next trials are asked ahead where the sampler's suggestion cannot change
-   (:func:`ahead_allowed`), so that a slot that frees is refilled without any Optuna call.
+   (:func:`~.sampling.ahead_allowed`), so that a slot that frees is refilled without any Optuna call.
 
 All state lives in SQL (``sweeps``, ``sweep_trials``, the jobs) and in Optuna's RDB storage in the
 platform database, so a restarted service carries on: Optuna is told what the trial rows record,
@@ -29,7 +29,6 @@ trials asked ahead again, as many as are left to start (the others are failed). 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -39,149 +38,15 @@ from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import TrainhubError
 from trainhub.loops import PeriodicLoop
-from trainhub.searchspace import SpaceError, grid_count, grid_points, parse_space, to_distributions
+from trainhub.searchspace import SpaceError, grid_count, parse_space, to_distributions
 from trainhub.services.jobs.models import job_key
-from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, JOB_TERMINAL, PENDING, PRUNED, RUNNING, SUCCEEDED,
+from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, JOB_TERMINAL, PENDING, PRUNED, RUNNING,
                              TRIAL_CANCELLED, TRIAL_FAILED, TRIAL_FINAL, TRIAL_RUNNING)
 
 from .models import Sweep, SweepTrial, study_name
+from .sampling import ahead_allowed, make_pruner, make_sampler, no_fsync_of_its_own
 from .store import SweepStore, best_trial, now_utc
-
-
-# -- pure decisions (tests feed them plain values) ----------------------------------------------------
-def metric_points(records: list[dict], metric: str) -> list[tuple[int, float]]:
-    """``[(step, value), ...]`` of ``metric`` from the API's metrics records, lead worker only
-    (rank 0 when present); a record without a step gets its position among the metric's records."""
-    workers = {r.get("worker", 0) for r in records}
-    lead = 0 if 0 in workers or not workers else min(workers)
-    points = []
-    for rec in records:
-        if rec.get("worker", 0) != lead:
-            continue
-        v = (rec.get("values") or {}).get(metric)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            continue
-        step = rec.get("step")
-        points.append((int(step) if step is not None else len(points), float(v)))
-    return points
-
-
-def never_reported(metric: str) -> str:
-    return (f"metric {metric!r} was never reported (the trial must call "
-            f"trainhub.report(step=..., {metric}=...))")
-
-
-def trial_outcome(job_state: str, job_reason: str, job_id: str, points: list, metric: str,
-                  sweep_cancelled: bool = False) -> tuple[str, float | None, str]:
-    """(trial state, value, reason) for a trial whose job ended in ``job_state``."""
-    if job_state == SUCCEEDED:
-        if not points:
-            return TRIAL_FAILED, None, never_reported(metric)
-        value = points[-1][1]
-        return COMPLETE, value, f"{metric} = {value:.6g} (job {job_id} succeeded)"
-    if job_state == CANCELLED:
-        why = "the sweep was cancelled" if sweep_cancelled else f"its job {job_id} was cancelled: {job_reason}"
-        return TRIAL_CANCELLED, None, why
-    return TRIAL_FAILED, None, f"job {job_id} {job_state}: {job_reason}"
-
-
-def trials_to_start(n_trials: int, parallel: int, started: int, unfinished: int) -> int:
-    """How many new trials to ask for: fill the free slots, never beyond ``n_trials`` in all."""
-    return max(0, min(parallel - unfinished, n_trials - started))
-
-
-def failing_fast(trials: list, limit: int) -> str | None:
-    """A reason to stop the sweep when its first ``limit`` finished trials all failed (the trial code
-    is broken: running the rest would only burn GPU time); None otherwise."""
-    if limit <= 0:
-        return None
-    finished = [t for t in trials if t.state in TRIAL_FINAL]
-    if any(t.state in (COMPLETE, PRUNED) for t in finished):
-        return None
-    failed = [t for t in finished if t.state == TRIAL_FAILED]
-    if len(failed) >= limit:
-        last = max(failed, key=lambda t: t.number)
-        return f"the first {len(failed)} trials failed and none completed (trial {last.number}: {last.reason})"
-    return None
-
-
-def default_startup(n_trials: int) -> int:
-    """Trials finished before TPE models and before the median pruner compares: Optuna's defaults
-    (10 and 5) would leave a small sweep purely random and unpruned."""
-    return max(1, min(5, n_trials // 4))
-
-
-def tpe_startup(settings: dict, n_trials: int) -> int:
-    """Finished trials before TPE models (before that it samples at random)."""
-    startup = settings.get("startup_trials")
-    return startup if startup is not None else max(2, default_startup(n_trials))
-
-
-def ahead_allowed(settings: dict, n_trials: int, parallel: int, trials: list) -> int:
-    """How many next trials may be asked before their slots free (so that no ask is on the way from one trial's end
-    to the next one's start), each with exactly the parameters it would get when asked then: the random and grid
-    samplers' suggestions do not depend on finished trials (the grid skips running points as it skips finished
-    ones), and TPE samples at random while fewer than its startup trials have finished: the j-th next trial is
-    still a random one if, even when every unfinished trial and the j-1 before it finish first, fewer than that
-    have. Other samplers (CMA-ES, TPE once it models) learn from the trials still running: they ask when a slot
-    frees. ``trials``: the sweep's trial rows (those asked ahead have none); at most ``parallel``."""
-    left = max(0, min(parallel, n_trials - len(trials)))
-    kind = settings.get("sampler") or "tpe"
-    if kind in ("random", "grid"):
-        return left
-    if kind == "tpe":
-        counted = sum(t.state in (COMPLETE, PRUNED) for t in trials)
-        unfinished = sum(t.state not in TRIAL_FINAL for t in trials)
-        return max(0, min(left, tpe_startup(settings, n_trials) - counted - unfinished))
-    return 0
-
-
-def make_sampler(settings: dict, space: dict, n_trials: int):
-    import optuna
-
-    seed = settings.get("seed")
-    startup = settings.get("startup_trials")
-    kind = settings.get("sampler") or "tpe"
-    if kind == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if kind == "grid":
-        return optuna.samplers.GridSampler(grid_points(space), seed=seed)
-    if kind == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup if startup is not None else default_startup(n_trials))
-    return optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=tpe_startup(settings, n_trials))
-
-
-def make_pruner(settings: dict, n_trials: int):
-    import optuna
-
-    kind = settings.get("pruner") or "median"
-    warmup = int(settings.get("prune_after") or 0)
-    if kind == "none":
-        return optuna.pruners.NopPruner()
-    if kind == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup))
-    startup = settings.get("startup_trials")
-    return optuna.pruners.MedianPruner(n_startup_trials=startup if startup is not None else default_startup(n_trials),
-                                       n_warmup_steps=warmup)
-
-
-def no_fsync_of_its_own(engine) -> None:
-    """Optuna's SQLite connections commit without waiting for an fsync (``synchronous=NORMAL``; the platform
-    database is in WAL mode): an ask or a tell is 3-4 commits, each an fsync of several ms on a busy disk, all on
-    the way from one trial's end to the next one's start. Nothing is at risk beyond the platform database's own
-    setting (trainhub.db.sync_mode): a commit is atomic either way, and every Optuna write is followed by the
-    controller's own write of the trial row (with ``$TRAINHUB_DB_SYNC=full`` a full-sync commit of the same WAL,
-    which makes the Optuna frames before it durable too); a power cut between the two is the crash the
-    controller already reconciles after a restart."""
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "connect")
-    def _normal_sync(dbapi_conn, _record):
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
-    engine.dispose()  # connections opened while the storage set itself up get the setting when opened again
+from .trials import failing_fast, metric_points, trial_outcome, trials_to_start
 
 
 class BrokenSweep(Exception):

@@ -14,8 +14,9 @@ from waiting import await_for
 from trainhub.db import get_engine, sync_mode, write_session
 from trainhub.services.jobs.models import JobMetric
 from trainhub.services.jobs.store import JobStore
-from trainhub.services.sweeps.controller import (SweepController, failing_fast, metric_points, ahead_allowed, trial_outcome,
-                                                 trials_to_start)
+from trainhub.services.sweeps.controller import SweepController
+from trainhub.services.sweeps.sampling import ahead_allowed
+from trainhub.services.sweeps.trials import failing_fast, metric_points, trial_outcome, trials_to_start
 from trainhub.services.sweeps.spec import validate_sweep
 
 
