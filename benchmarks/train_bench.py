@@ -2,8 +2,10 @@
 
 One run starts a private `trainhub up --gpus 4` (simulated devices; the ``Platform`` helper of
 tests/conftest.py) and one IPython kernel (jupyter_client ``KernelManager``) with
-``$TRAINHUB_API_URL`` and ``$JUPYTERHUB_API_TOKEN`` set, as in a platform notebook, with
-``%load_ext trainhub.kernels``. Then, alternating, N times each:
+``$TRAINHUB_API_URL`` (what the platform gives its notebooks: the jobs service on loopback, see
+``Runtime.service_url``) and ``$JUPYTERHUB_API_TOKEN`` set, as in a platform notebook, with
+``%load_ext trainhub.kernels``; the first log line is read at the same URL, as the notebook's panel
+reads it. Then, alternating, N times each:
 
 * train: send a ``%%train --gpus 1`` cell to the kernel (execute_request) and follow the job's logs
   (``GET /jobs/{id}/logs?follow=true``, which streams each line as it is written; asked every 5 ms
@@ -223,7 +225,10 @@ def main(argv=None) -> int:
         print(f"platform up at {platform.url} in {time.monotonic() - t:.1f} s", flush=True)
         user = "bench"
         token = platform.token(user)
-        api_url = platform.url + "/services/trainhub/api"
+        from trainhub.settings import Runtime
+
+        # the URL the platform gives its notebooks (the spawner's api_url): the jobs service on loopback
+        api_url = Runtime.load(platform.data_dir).service_url("trainhub") + "api"
         api = Api(api_url, token)
         home = root / "home"
         home.mkdir()

@@ -198,6 +198,11 @@ class Runtime:
     def hub_api_url(self) -> str:
         return f"http://127.0.0.1:{self.hub_port}{self.base_url}hub/api"
 
+    def service_url(self, name: str) -> str:
+        """Hub service ``name`` at its own loopback port, under the prefix the hub gives it: how processes on this
+        machine reach it without the proxy's hop (its own token check is the same either way)."""
+        return f"http://127.0.0.1:{self.service_ports[name]}{self.base_url}services/{name}/"
+
     def save(self) -> None:
         path = DataDir(Path(self.data_dir)).runtime_file
         tmp = path.with_suffix(".tmp")

@@ -456,3 +456,28 @@ def test_train_magic_in_a_spawned_server_uses_its_own_token(platform, jobs):
     listed = requests.get(u.url + "/jobs", headers=u.h).json()["items"]
     job = next(j for j in listed if j["name"] == "from-server")
     assert "answer 42" in u.logs(job["id"])
+
+
+def test_notebooks_reach_the_service_on_loopback_with_the_same_checks(platform, jobs):
+    """The URL the spawner gives notebooks ($TRAINHUB_API_URL) is the service itself, not the proxy: it answers
+    the same API, a token it knows only for its own jobs, and nothing without one."""
+    from traitlets.config import Config
+
+    from trainhub.hub_config.embedded import configure
+    from trainhub.settings import Runtime
+
+    runtime = Runtime.load(platform.data_dir)
+    c = Config()
+    configure(c, str(platform.data_dir))
+    direct = c.LocalGPUSpawner.api_url
+    assert direct == runtime.service_url("trainhub") + "api" and not direct.startswith(platform.url)
+    alice, bob = jobs("direct-alice"), jobs("direct-bob")
+    job = alice.run(command="echo via loopback")
+    r = requests.get(f"{direct}/jobs/{job['id']}", headers=alice.h, timeout=30)
+    assert r.status_code == 200 and r.json()["id"] == job["id"]
+    assert requests.get(f"{direct}/jobs/{job['id']}", headers=bob.h, timeout=30).status_code == 404
+    assert requests.get(f"{direct}/jobs", timeout=30).status_code in (401, 403)
+    alice.wait(job["id"])
+    with requests.get(f"{direct}/jobs/{job['id']}/logs", params={"follow": 1}, headers=alice.h, stream=True,
+                      timeout=60) as r:
+        assert [line.decode().split("] ", 1)[1] for line in r.iter_lines() if line] == ["via loopback"]
