@@ -39,6 +39,8 @@ report = {
     "caps": {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith("Cap")},
     "nnp": [l.split()[1] for l in open("/proc/self/status") if l.startswith("NoNewPrivs")][0],
     "home_files": sorted(os.listdir(os.environ["HOME"])),
+    "proc_env": dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\0") if e),
+    "dumpable": __import__("ctypes").CDLL(None).prctl(3, 0, 0, 0, 0),
 }
 if leave:
     _j.LEAKED_BY = leave
@@ -139,6 +141,50 @@ def test_a_failed_claim_discards_the_interpreter_and_says_why(tmp_path):
     asyncio.run(scenario())
 
 
+def test_proc_environ_of_a_claimed_server_is_its_users_not_the_launch_one(tmp_path, caplog):
+    """/proc/<pid>/environ, read from outside as ``ps e``, procs.processes_with and the culler test's server_env read
+    it, is the launch environment before the claim and the server's own after it, as a cold start's execve gives
+    it (warmsandbox.show_environ), with no note in the hub's log."""
+    iso = Isolation(sandbox="none", user_accounts=False)
+    (tmp_path / "wsleep.py").write_text("import time\nopen('started', 'w').close()\ntime.sleep(120)\n")
+    launched = launch_env(["LANG"], {}, "/usr/bin:/bin")
+
+    def environ(pid: int) -> dict:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        assert raw.endswith(b"\0"), raw
+        return dict(e.split("=", 1) for e in raw.decode().split("\0") if e)
+
+    async def scenario():
+        pool = WarmPool(lambda fd: iso.command(warm_argv(sys.executable, fd, ["json"]), account=None, cwd="/"),
+                        launched, 1, logging.getLogger("test-warm"))
+        pool.fill()
+        wp = await pool.take()
+        try:
+            assert environ(wp.pid) == dict(launched, TRAINHUB_HOLDER=wp.token)  # no user yet
+            env = dict(launched, HOME=str(tmp_path), JUPYTERHUB_USER="envuser", JUPYTERHUB_API_TOKEN="token-of-envuser",
+                       TRAINHUB_HOLDER=wp.token, SPACED="a b=c")
+            spec = claim_spec([sys.executable, "-m", "wsleep"], env, str(tmp_path), None, False)
+            await pool.claim(wp, spec, [], 30)
+            await asyncio.to_thread(lambda: wait_for_file(tmp_path / "started"))
+            return env, environ(wp.pid)
+        finally:
+            wp.discard()
+
+    with caplog.at_level(logging.INFO, logger="test-warm"):
+        env, shown = asyncio.run(scenario())
+    assert shown == env and shown["JUPYTERHUB_USER"] == "envuser"
+    assert not [r for r in caplog.records if "environ" in r.getMessage()], caplog.text
+
+
+def wait_for_file(path: Path, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
 @root_only
 def test_a_warm_server_is_its_user_as_a_cold_one_and_inherits_nothing_from_the_previous_user(tmp_path, iso):
     """A's warm server leaves module state, environment, a /tmp file and a changed folder; B's warm server, from
@@ -180,6 +226,7 @@ def test_a_warm_server_is_its_user_as_a_cold_one_and_inherits_nothing_from_the_p
     a, b = by_user["warma"], by_user["warmb"]
     wp_b, env_b = results["warmb"]
     assert b["env"] == env_b  # exactly B's environment: B's token and devices, nothing of A's
+    assert b["proc_env"] == env_b  # and /proc/<pid>/environ shows it (ps e, the culler test), as a cold start's
     assert b["env"]["JUPYTERHUB_API_TOKEN"] == "token-of-warmb" and b["env"]["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert "LEAKED_ENV" not in b["env"] and b["leaked_attr"] is None and not b["leaked_module"]
     assert not any(name.startswith("leaked-") for name in b["tmp"])
@@ -191,10 +238,11 @@ def test_a_warm_server_is_its_user_as_a_cold_one_and_inherits_nothing_from_the_p
         assert b["caps"]["CapEff"] == "0000000000000000" and b["nnp"] == "1"
     # the same probe started cold for B sees the same
     cold = run_cold(iso, accounts["warmb"], homes["warmb"], dict(env_b, TRAINHUB_HOLDER="cold"))
-    for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "tmp", "other_home", "umask", "home_files", "nnp"):
+    for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "tmp", "other_home", "umask", "home_files", "nnp", "dumpable"):
         assert b[key] == cold[key], key
     assert {k: v for k, v in b["env"].items() if k != "TRAINHUB_HOLDER"} == {k: v for k, v in cold["env"].items() if k != "TRAINHUB_HOLDER"}
     assert b["caps"]["CapEff"] == cold["caps"]["CapEff"]
+    assert cold["proc_env"] == cold["env"]  # what the warm one's /proc shows is what a cold start's shows
     if iso.use_sandbox:
         assert b["other_home"] == {str(homes["warma"]): False}  # A's home does not exist in B's sandbox
     assert a["env"]["JUPYTERHUB_USER"] == "warma" and wp_b.token == env_b["TRAINHUB_HOLDER"]
