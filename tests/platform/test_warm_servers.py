@@ -120,6 +120,48 @@ def test_startup_variables_that_differ_are_named():
     assert "PYTHON*" in STARTUP_VARS
 
 
+def test_the_pool_filled_at_hub_start_is_the_one_every_spawner_claims_from():
+    """hub_config.embedded.prefill_warm_servers: the interpreters started as the hub starts wait in the pool the
+    spawners of that configuration take from (not a second pool beside it), so the first spawn is warm."""
+    from traitlets.config import Config
+
+    from trainhub.hub_config.embedded import prefill_warm_servers
+    from trainhub.spawner import warm
+    from trainhub.spawner.local import LocalGPUSpawner
+
+    c = Config()
+    c.JupyterHub.spawner_class = "trainhub.spawner.local.LocalGPUSpawner"
+    c.LocalGPUSpawner.warm_pool_size = 1
+    c.LocalGPUSpawner.warm_imports = ["json"]
+    c.Isolation.sandbox = "none"
+    c.Isolation.user_accounts = False
+    c.Spawner.environment = {"TRAINHUB_CULLER_URL": "http://x", "LANG": "C.UTF-8"}
+
+    async def scenario():
+        before = set(warm._pools)
+        prefill_warm_servers(c)
+        await asyncio.sleep(0)  # the fill runs on the loop, after the configuration is loaded
+        await asyncio.sleep(0)
+        new = [warm._pools[k] for k in set(warm._pools) - before]
+        assert len(new) == 1 and len(new[0].waiting) == 1
+        spawner = LocalGPUSpawner(config=c)  # as the hub makes one for a user's spawn
+        assert spawner._warm_pool() is new[0]
+        taken = await new[0].take()
+        assert taken is not None  # it becomes ready: a spawn would claim it
+        taken.discard()
+        for key in set(warm._pools) - before:
+            for wp in warm._pools.pop(key).waiting:
+                wp.discard()
+
+        other = Config(c)
+        other.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+        prefill_warm_servers(other)  # another spawner: nothing started
+        await asyncio.sleep(0)
+        assert set(warm._pools) == before
+
+    asyncio.run(scenario())
+
+
 def test_a_failed_claim_discards_the_interpreter_and_says_why(tmp_path):
     """The spawner starts the server cold on WarmUnavailable; the failed interpreter never serves anyone."""
     from trainhub.spawner.warm import WarmUnavailable
