@@ -26,6 +26,7 @@ import stat
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.sbrk.restype, _libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
+_libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 # the unified syscall table: the same numbers on every Linux architecture
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_RECURSIVE, AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
@@ -196,7 +197,6 @@ def attach_mounts(described: list[dict], fds: list[int]) -> None:
         attach(fd, m["dest"], m["dir"])
 
 
-_environ_blocks: list = []  # the blocks /proc/self/environ reads: referenced for the process's life
 environ_note = ""  # why /proc/self/environ could not be made the claimer's ("" when it was, or never asked)
 
 
@@ -242,17 +242,21 @@ def show_environ(env: dict) -> str:
 
     ``prctl(PR_SET_MM, PR_SET_MM_MAP)`` moves the environment's bounds in one call (``PR_SET_MM_ENV_START`` and
     ``_END`` one at a time need ``CAP_SYS_RESOURCE``, which containers often drop; the map needs no capability for
-    these fields) to a block that stays referenced for the process's life. The map rewrites every field: ``brk`` is
-    read just before, and the process is single-threaded at claim (were another thread to move ``brk`` in between,
-    only a later ``brk`` would fail, and malloc map memory instead). Where the call fails (a kernel without
+    these fields) to a block that is never freed (malloc'd outside Python: not even the interpreter's shutdown frees
+    it while the process still runs). The map rewrites every field: ``brk`` is read just before, and the process is
+    single-threaded at claim (were another thread to move ``brk`` in between, only a later ``brk`` would fail, and
+    malloc map memory instead). Where the call fails (a kernel without
     ``CONFIG_CHECKPOINT_RESTORE``, seccomp) the process carries on (``os.environ``, and so what it executes, is
     right either way): returns, and keeps in ``environ_note`` for the claim's answer, why; "" when it worked.
     ValueError for an environment no process could be given (:func:`environ_block`)."""
     global environ_note
-    block = ctypes.create_string_buffer(environ_block(env))  # one more NUL after the block: env_end lies inside it
-    _environ_blocks.append(block)
-    start = ctypes.addressof(block)
-    mm_map = _mm_map(start, start + len(block) - 1)
+    data = environ_block(env)
+    start = _libc.malloc(len(data) + 1)  # one more NUL after the block: env_end lies inside the allocation
+    if not start:
+        environ_note = f"/proc/{os.getpid()}/environ keeps the warm start's environment (no memory for it)"
+        return environ_note
+    ctypes.memmove(start, data + b"\0", len(data) + 1)
+    mm_map = _mm_map(start, start + len(data))
     if _libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm_map), ctypes.c_ulong(ctypes.sizeof(mm_map)),
                    ctypes.c_ulong(0)) < 0:
         err = ctypes.get_errno()
