@@ -338,6 +338,17 @@ def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous
         held = platform.held_by(b)
         report = json.loads((homes[b] / "warm-report.json").read_text())
         me = platform.api("GET", "/user", token=report["env"]["JUPYTERHUB_API_TOKEN"])  # while B's server runs
+        # found as a cold server is, by its user in /proc/<pid>/environ (ps e, the culler test's server_env)
+        from trainhub.procs import processes_with
+
+        shown = {}
+        for pid in processes_with("JUPYTERHUB_USER", b):
+            try:
+                if b"trainhub.spawner.warmstart" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    raw = Path(f"/proc/{pid}/environ").read_text()
+                    shown = dict(e.split("=", 1) for e in raw.split("\0") if e)
+            except OSError:
+                pass
     finally:
         platform.stop_server(a)
         platform.stop_server(b)
@@ -349,6 +360,8 @@ def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous
     assert env["JUPYTERHUB_USER"] == b and os.path.samefile(env["HOME"], homes[b])
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, held)) and len(held) == 1
     assert me.status_code == 200 and me.json()["name"] == b, me.text  # the token is B's
+    assert shown.get("JUPYTERHUB_API_TOKEN") == env["JUPYTERHUB_API_TOKEN"], "B's warm server not found by its /proc environ"
+    assert shown.get("TRAINHUB_INSTANCE") == platform.instance and shown.get("TRAINHUB_HOLDER")
     acct = pwd.getpwnam(f"th-{b}")
     assert (report["uid"], report["gid"], report["groups"]) == (acct.pw_uid, acct.pw_gid, [])
     if shutil.which("bwrap"):
