@@ -260,7 +260,8 @@ def show_environ(env: dict) -> str:
     if _libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm_map), ctypes.c_ulong(ctypes.sizeof(mm_map)),
                    ctypes.c_ulong(0)) < 0:
         err = ctypes.get_errno()
-        environ_note = f"/proc/{os.getpid()}/environ keeps the warm start's environment (prctl(PR_SET_MM_MAP): {os.strerror(err)})"
+        environ_note = (f"/proc/{os.getpid()}/environ keeps the warm start's environment "
+                        f"(prctl(PR_SET_MM_MAP): {os.strerror(err)})")
         return environ_note
     environ_note = ""
     return ""

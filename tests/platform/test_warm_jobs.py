@@ -138,7 +138,8 @@ def test_a_claimed_entrys_proc_environ_is_the_jobs_not_the_pools(tmp_path, caplo
         assert launched == dict(warmpool.launch_env(), TRAINHUB_HOLDER=entry.token)
         spec = spec_for(script, tmp_path, STARTED=str(tmp_path / "started"), TRAINHUB_HOLDER=entry.token, JOB_ONLY="x y")
         with caplog.at_level(logging.INFO, logger="test-warm-jobs"):
-            pool.claim(entry, spec, [], {"rank": 0, "log": str(tmp_path / "w.log"), "exit_file": str(tmp_path / "w.exit")}, 30)
+            worker = {"rank": 0, "log": str(tmp_path / "w.log"), "exit_file": str(tmp_path / "w.exit")}
+            pool.claim(entry, spec, [], worker, 30)
         wait_for((tmp_path / "started").exists, what="the job to start", timeout=30, interval=0.02)
         raw = Path(f"/proc/{inside[0]}/environ").read_bytes()
         assert raw.endswith(b"\0")

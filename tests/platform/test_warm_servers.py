@@ -280,7 +280,8 @@ def test_a_warm_server_is_its_user_as_a_cold_one_and_inherits_nothing_from_the_p
         assert b["caps"]["CapEff"] == "0000000000000000" and b["nnp"] == "1"
     # the same probe started cold for B sees the same
     cold = run_cold(iso, accounts["warmb"], homes["warmb"], dict(env_b, TRAINHUB_HOLDER="cold"))
-    for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "tmp", "other_home", "umask", "home_files", "nnp", "dumpable"):
+    for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "tmp", "other_home", "umask", "home_files", "nnp",
+                "dumpable"):
         assert b[key] == cold[key], key
     assert {k: v for k, v in b["env"].items() if k != "TRAINHUB_HOLDER"} == {k: v for k, v in cold["env"].items() if k != "TRAINHUB_HOLDER"}
     assert b["caps"]["CapEff"] == cold["caps"]["CapEff"]
@@ -360,7 +361,7 @@ def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous
     assert env["JUPYTERHUB_USER"] == b and os.path.samefile(env["HOME"], homes[b])
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, held)) and len(held) == 1
     assert me.status_code == 200 and me.json()["name"] == b, me.text  # the token is B's
-    assert shown.get("JUPYTERHUB_API_TOKEN") == env["JUPYTERHUB_API_TOKEN"], "B's warm server not found by its /proc environ"
+    assert shown.get("JUPYTERHUB_API_TOKEN") == env["JUPYTERHUB_API_TOKEN"], "B's server not found by its /proc environ"
     assert shown.get("TRAINHUB_INSTANCE") == platform.instance and shown.get("TRAINHUB_HOLDER")
     acct = pwd.getpwnam(f"th-{b}")
     assert (report["uid"], report["gid"], report["groups"]) == (acct.pw_uid, acct.pw_gid, [])
