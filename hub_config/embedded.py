@@ -93,6 +93,36 @@ def reconcile_ledger(c) -> None:
     start_ledger_reconciler(allocator, lambda: interval, logging.getLogger("JupyterHub"))
 
 
+def prefill_warm_servers(c) -> None:
+    """On hub start, start the warm server interpreters (``trainhub.spawner.local.fill_warm_pool``) when the
+    spawner is trainhub's: the first spawn after a start is then warm too, not only the ones after it."""
+    import asyncio
+    import logging
+
+    from traitlets.utils.importstring import import_item
+
+    from trainhub.spawner.local import LocalGPUSpawner, fill_warm_pool
+
+    try:
+        loop = asyncio.get_running_loop()  # JupyterHub loads its config inside its event loop
+    except RuntimeError:
+        return
+    cls = c.JupyterHub.spawner_class
+    if isinstance(cls, str):
+        cls = import_item(cls)
+    if not (isinstance(cls, type) and issubclass(cls, LocalGPUSpawner)):
+        return
+    log = logging.getLogger("JupyterHub")
+
+    def fill():
+        try:
+            fill_warm_pool(c, log)
+        except Exception:  # the spawns start cold, as before
+            log.warning("Could not start the warm server interpreters at hub start", exc_info=True)
+
+    loop.call_soon(fill)
+
+
 def configure(c, data_dir: str) -> None:
     dd = DataDir(data_dir)
     runtime = Runtime.load(dd.root)
@@ -167,3 +197,4 @@ def configure(c, data_dir: str) -> None:
     c.JupyterHub.load_roles = roles + list(c.JupyterHub.get("load_roles", []))
 
     reconcile_ledger(c)
+    prefill_warm_servers(c)

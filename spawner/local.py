@@ -80,6 +80,17 @@ def reserved_holders(allocator: GPUAllocator) -> set[str]:
     return queue.granted_holders()
 
 
+def fill_warm_pool(config, log) -> WarmPool | None:
+    """Start the hub's warm server interpreters now (as the hub starts), so that the first spawn after a start is
+    warm too. The pool is the one every spawner of this configuration claims from (``warm.pool_for``: one pool per
+    launch command and environment, which come from the configuration alone, never from a user). Needs a running
+    loop; None where servers start cold."""
+    pool = LocalGPUSpawner(config=config, log=log)._warm_pool()
+    if pool is not None:
+        pool.fill()
+    return pool
+
+
 def start_ledger_reconciler(allocator: GPUAllocator, interval, log) -> PeriodicLoop:
     """The hub's loop that frees, every ``interval()`` seconds, the devices of servers that are gone (a release
     that failed on a locked database, a crash); one per allocator class in the hub process. Needs a running loop."""

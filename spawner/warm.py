@@ -159,6 +159,8 @@ class WarmPool:
             reply = json.loads(answer or b"{}")
             if not reply.get("ok"):
                 raise WarmUnavailable(reply.get("error") or f"the warm interpreter exited (code {wp.proc.poll()})")
+            for note in reply.get("notes", []):  # e.g. its /proc environ could not be set: it runs all the same
+                self.log.warning("Warm server interpreter %s: %s", wp.pid, note)
         except WarmUnavailable:
             wp.discard()
             raise

@@ -5,10 +5,11 @@ Run as ``python -m trainhub.spawner.warmstart FD MODULE...``, as the platform (r
 when sandboxes are on. It imports the MODULEs, says ``ready`` on the Unix socket FD and blocks. The claim is
 one message: a JSON spec and the mount descriptors (``open_tree`` clones of the user's home, storage area,
 datasets and device nodes, made by the hub). In this order it then mounts them at their paths, replaces the
-environment, the arguments and ``sys.path[0]``, enters the working folder, drops to the user's account (bounding
-set emptied, groups cleared, real/effective/saved ids set, no_new_privs, as ``setpriv`` does for a cold start),
-answers ``ok`` and runs the module as ``python -m`` would. Any failure answers the error and exits: the hub then
-starts the server cold. End of file on the socket before a claim (the hub went away) exits quietly.
+environment (``os.environ`` and what ``/proc/<pid>/environ`` shows), the arguments and ``sys.path[0]``, enters
+the working folder, drops to the user's account (bounding set emptied, groups cleared, real/effective/saved ids
+set, no_new_privs, as ``setpriv`` does for a cold start; dumpable, as its ``execve`` leaves it), answers ``ok``
+and runs the module as ``python -m`` would. Any failure answers the error and exits: the hub then starts the
+server cold. End of file on the socket before a claim (the hub went away) exits quietly.
 
 Nothing here reads a user's data before the claim, and a process is claimed at most once: what one user's
 server does can never reach another user's server through this path.
@@ -22,7 +23,7 @@ import socket
 import sys
 import time
 
-from trainhub.warmsandbox import attach_mounts, become, serve_claim
+from trainhub.warmsandbox import attach_mounts, become, serve_claim, show_environ
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:
@@ -32,6 +33,7 @@ def apply_claim(spec: dict, fds: list[int]) -> str:
     os.umask(spec["umask"])
     os.environ.clear()
     os.environ.update(spec["env"])
+    show_environ(spec["env"])  # /proc/<pid>/environ too, as a cold start's execve gives it (before dropping root)
     time.tzset()  # the server's TZ, not the one the interpreter started with
     sys.argv = [spec["module"], *spec["args"]]
     sys.path[0] = os.getcwd()  # as `python -m` started in the working folder would have it

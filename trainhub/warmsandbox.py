@@ -6,7 +6,8 @@ makes the mounts a cold sandbox would bind beyond the warm one's (:func:`sandbox
 ``open_tree(OPEN_TREE_CLONE)`` descriptors (:func:`clone_mount`; read-only ones sealed with ``mount_setattr``
 before they leave it) and sends them with a JSON spec over a Unix socket (:func:`send_claim`, ``SCM_RIGHTS``).
 Inside, :func:`receive_claim` reads them, :func:`attach_mounts` attaches each at its own path (``move_mount``,
-parents made 0755 as bwrap makes them) and :func:`become` drops to the account for good (capability bounding set
+parents made 0755 as bwrap makes them), :func:`show_environ` makes ``/proc/<pid>/environ`` the claimer's environment
+and :func:`become` drops to the account for good (capability bounding set
 emptied, groups cleared, real/effective/saved ids, no_new_privs: what ``setpriv --reuid --regid --clear-groups
 --no-new-privs`` gives a cold start, and no capability left at all).
 
@@ -24,14 +25,18 @@ import socket
 import stat
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.sbrk.restype, _libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
+_libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 # the unified syscall table: the same numbers on every Linux architecture
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_RECURSIVE, AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 AT_FDCWD = -100
+PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_MM, PR_SET_MM_MAP = 35, 14
 MAX_FDS = 64  # descriptors one claim may carry
 MAX_CLAIM = 16 << 20  # bytes of one claim's JSON
 
@@ -153,7 +158,10 @@ def serve_claim(sock: socket.socket, apply):
             sock.sendall(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
         finally:
             os._exit(1)
-    sock.sendall(json.dumps({"ok": True, "pid": os.getpid(), "uid": os.getuid()}).encode() + b"\n")
+    reply = {"ok": True, "pid": os.getpid(), "uid": os.getuid()}
+    if environ_note:
+        reply["notes"] = [environ_note]
+    sock.sendall(json.dumps(reply).encode() + b"\n")
     sock.close()
     return result
 
@@ -189,9 +197,84 @@ def attach_mounts(described: list[dict], fds: list[int]) -> None:
         attach(fd, m["dest"], m["dir"])
 
 
+environ_note = ""  # why /proc/self/environ could not be made the claimer's ("" when it was, or never asked)
+
+
+def environ_block(env: dict) -> bytes:
+    """``env`` as ``execve`` lays out a new process's environment: ``KEY=VALUE`` entries, each ended by a NUL.
+    ValueError where ``execve`` could not pass it (a NUL anywhere, ``=`` or nothing in a name), as Popen says."""
+    out = []
+    for k, v in env.items():
+        key, value = os.fsencode(k), os.fsencode(v)
+        if not key or b"=" in key or b"\0" in key or b"\0" in value:
+            raise ValueError(f"environment variable {k!r} cannot be passed to a process")
+        out.append(key + b"=" + value + b"\0")
+    return b"".join(out)
+
+
+class _MmMap(ctypes.Structure):
+    """``struct prctl_mm_map`` (linux/prctl.h)."""
+    _fields_ = [(name, ctypes.c_uint64) for name in ("start_code", "end_code", "start_data", "end_data", "start_brk",
+                                                     "brk", "start_stack", "arg_start", "arg_end", "env_start",
+                                                     "env_end")] + \
+               [("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+
+def _mm_map(env_start: int, env_end: int) -> _MmMap:
+    """This process's memory map descriptor as it is now (/proc/self/stat, ``brk`` from libc), with the environment
+    at ``[env_start, env_end)``; auxv and /proc/self/exe left as they are."""
+    with open("/proc/self/stat", "rb") as f:
+        stat_line = f.read()
+    fields = stat_line[stat_line.rindex(b")") + 2:].split()  # field 3 (state) onwards: the name may hold anything
+
+    def field(n: int) -> int:  # proc(5)'s 1-based numbering
+        return int(fields[n - 3])
+
+    brk = _libc.sbrk(0)
+    return _MmMap(start_code=field(26), end_code=field(27), start_data=field(45), end_data=field(46),
+                  start_brk=field(47), brk=brk, start_stack=field(28), arg_start=field(48), arg_end=field(49),
+                  env_start=env_start, env_end=env_end, auxv=None, auxv_size=0, exe_fd=0xFFFFFFFF)
+
+
+def show_environ(env: dict) -> str:
+    """Make what ``/proc/<pid>/environ`` of this process reads (``ps e``, the platform's and tests' scans) ``env``,
+    as ``execve`` of a cold start would have it, not the environment this process was started with.
+
+    ``prctl(PR_SET_MM, PR_SET_MM_MAP)`` moves the environment's bounds in one call (``PR_SET_MM_ENV_START`` and
+    ``_END`` one at a time need ``CAP_SYS_RESOURCE``, which containers often drop; the map needs no capability for
+    these fields) to a block that is never freed (malloc'd outside Python: not even the interpreter's shutdown frees
+    it while the process still runs). The map rewrites every field: ``brk`` is read just before, and the process is
+    single-threaded at claim (were another thread to move ``brk`` in between, only a later ``brk`` would fail, and
+    malloc map memory instead). Where the call fails (a kernel without
+    ``CONFIG_CHECKPOINT_RESTORE``, seccomp) the process carries on (``os.environ``, and so what it executes, is
+    right either way): returns, and keeps in ``environ_note`` for the claim's answer, why; "" when it worked.
+    ValueError for an environment no process could be given (:func:`environ_block`)."""
+    global environ_note
+    data = environ_block(env)
+    start = _libc.malloc(len(data) + 1)  # one more NUL after the block: env_end lies inside the allocation
+    if not start:
+        environ_note = f"/proc/{os.getpid()}/environ keeps the warm start's environment (no memory for it)"
+        return environ_note
+    ctypes.memmove(start, data + b"\0", len(data) + 1)
+    mm_map = _mm_map(start, start + len(data))
+    if _libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm_map), ctypes.c_ulong(ctypes.sizeof(mm_map)),
+                   ctypes.c_ulong(0)) < 0:
+        err = ctypes.get_errno()
+        environ_note = (f"/proc/{os.getpid()}/environ keeps the warm start's environment "
+                        f"(prctl(PR_SET_MM_MAP): {os.strerror(err)})")
+        return environ_note
+    environ_note = ""
+    return ""
+
+
 def become(uid: int, gid: int) -> None:
     """The user's account for good: no capability can come back (bounding set emptied, then the ids change
-    from root, which clears the others; no_new_privs keeps setuid binaries from giving any)."""
+    from root, which clears the others; no_new_privs keeps setuid binaries from giving any).
+
+    The id change also makes the process non-dumpable; it is made dumpable again, as the ``execve`` of a cold start
+    leaves a process whose ids all are the user's: the user's own processes may then read its /proc files
+    (``/proc/<pid>/environ``, which a non-dumpable process cannot open even as itself) and debug it, as they may a
+    cold one. Nothing of anyone else is in it: before its claim it ran only the platform's code."""
     cap = 0
     while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0 or ctypes.get_errno() != 22:  # EINVAL: past the last
         cap += 1
@@ -201,6 +284,7 @@ def become(uid: int, gid: int) -> None:
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
     if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid or os.getgroups():
         raise OSError("the account switch did not hold")
 

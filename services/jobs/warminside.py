@@ -8,11 +8,12 @@ per-job mounts: as root, in a bwrap sandbox with its own /tmp, /dev/shm, pid and
 a ``python -u`` start does (``site``) and imported only the standard-library modules the fork server imports
 (never torch, numpy or CUDA). It says ``ready`` on the Unix socket FD and blocks. The claim is one message
 (trainhub.warmsandbox): a JSON spec and the job's mounts as descriptors. In a cold start's order it then attaches
-the mounts, enters the working folder, sets the umask, drops to the account (trainhub.warmsandbox.become), takes
-on the job's environment, ``sys.argv`` and ``sys.path`` as ``python -u script.py`` would have them
-(forkserver.prepare_worker), answers ``ok`` and runs the script as ``__main__`` (forkserver.run_script): the
-interpreter then exits as after ``python -u script.py``. Any failure answers the error and exits 1 before any of
-the job's code ran: the launcher starts the worker cold. End of file first (the launcher let it go) exits 0.
+the mounts, enters the working folder, sets the umask, makes ``/proc/<pid>/environ`` the job's environment
+(trainhub.warmsandbox.show_environ), drops to the account (trainhub.warmsandbox.become), takes on the job's
+environment, ``sys.argv`` and ``sys.path`` as ``python -u script.py`` would have them (forkserver.prepare_worker),
+answers ``ok`` and runs the script as ``__main__`` (forkserver.run_script): the interpreter then exits as after
+``python -u script.py``. Any failure answers the error and exits 1 before any of the job's code ran: the launcher
+starts the worker cold. End of file first (the launcher let it go) exits 0.
 """
 
 import os
@@ -21,7 +22,7 @@ import sys
 import time
 
 from trainhub.services.jobs.forkserver import prepare_worker, run_script
-from trainhub.warmsandbox import attach_mounts, become, serve_claim
+from trainhub.warmsandbox import attach_mounts, become, serve_claim, show_environ
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:
@@ -29,6 +30,7 @@ def apply_claim(spec: dict, fds: list[int]) -> str:
     attach_mounts(spec.get("mounts", []), fds)
     os.chdir(spec["cwd"])  # bwrap --chdir, as root
     os.umask(spec["umask"])
+    show_environ(spec["env"])  # what /proc/<pid>/environ shows: the job's, as envexec's execve gives a cold worker
     if spec.get("uid") is not None:
         become(spec["uid"], spec["gid"])  # setpriv
     script = prepare_worker({"env": spec["env"], "script": spec["script"], "args": spec.get("args", [])})  # envexec

@@ -247,6 +247,8 @@ class WorkerPool:
             reply = json.loads(answer or b"{}")
             if not reply.get("ok"):
                 raise WarmUnavailable(reply.get("error") or f"the warm interpreter ended (wrapper code {entry.proc.poll()})")
+            for note in reply.get("notes", []):  # e.g. its /proc environ could not be set: it runs all the same
+                self.log.warning("Warm job worker %s: %s", entry.pid, note)
             entry.ctl.settimeout(timeout)
             entry.ctl.sendall(json.dumps(worker).encode() + b"\n")
         except WarmUnavailable:

@@ -52,6 +52,8 @@ report = {
     "writable": {p: os.access(p, os.W_OK) for p in json.loads(os.environ.get("WRITABLE", "[]"))},
     "heavy": sorted(m for m in ("torch", "numpy", "jupyter_server", "tornado") if m in sys.modules),
     "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    "proc_env": dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\0") if e),
+    "dumpable": __import__("ctypes").CDLL(None).prctl(3, 0, 0, 0, 0),
 }
 if leave:
     _j.LEAKED_BY = leave
@@ -117,6 +119,40 @@ def test_an_entry_runs_the_script_as_its_worker_and_the_wrapper_records_it(tmp_p
         assert f"[4] hello warm {script} __main__" in log.read_text()
         assert entry.proc.wait(10) == 0
     finally:
+        pool.close()
+
+
+def test_a_claimed_entrys_proc_environ_is_the_jobs_not_the_pools(tmp_path, caplog):
+    """/proc/<pid>/environ of the claimed interpreter, read from outside (``ps e``, procs.processes_with), is the
+    job's environment as envexec's execve gives a cold worker, not the pool entry's launch environment."""
+    pool = plain_pool(1)
+    pool.fill()
+    entry = None
+    try:
+        script = tmp_path / "job.py"
+        script.write_text("import os, time\nopen(os.environ['STARTED'], 'w').close()\ntime.sleep(120)\n")
+        entry = pool.take(30)
+        inside = [p for p in warmpool.process_tree(entry.pid) if p != entry.pid]
+        assert len(inside) == 1
+        launched = dict(e.split("=", 1) for e in Path(f"/proc/{inside[0]}/environ").read_text().split("\0") if e)
+        assert launched == dict(warmpool.launch_env(), TRAINHUB_HOLDER=entry.token)
+        spec = spec_for(script, tmp_path, STARTED=str(tmp_path / "started"), TRAINHUB_HOLDER=entry.token, JOB_ONLY="x y")
+        with caplog.at_level(logging.INFO, logger="test-warm-jobs"):
+            worker = {"rank": 0, "log": str(tmp_path / "w.log"), "exit_file": str(tmp_path / "w.exit")}
+            pool.claim(entry, spec, [], worker, 30)
+        wait_for((tmp_path / "started").exists, what="the job to start", timeout=30, interval=0.02)
+        raw = Path(f"/proc/{inside[0]}/environ").read_bytes()
+        assert raw.endswith(b"\0")
+        assert dict(e.split("=", 1) for e in raw.decode().split("\0") if e) == spec["env"]
+        assert not [r for r in caplog.records if "environ" in r.getMessage()], caplog.text
+    finally:
+        if entry is not None:
+            for p in warmpool.process_tree(entry.pid)[::-1]:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            entry.proc.wait(10)
         pool.close()
 
 
@@ -306,12 +342,14 @@ async def test_two_users_warm_workers_share_nothing_and_match_a_cold_start(tmp_p
     assert (b["uid"], b["euid"], b["gid"], b["groups"]) == (acct_b.uid, acct_b.uid, acct_b.gid, [])
     assert b["caps"]["CapEff"] == b["caps"]["CapPrm"] == b["caps"]["CapAmb"] == "0000000000000000" and b["nnp"] == "1"
     for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "name", "file", "tmp", "umask", "nnp", "nodes",
-                "mounts", "home_files", "writable", "other", "heavy", "nice"):
+                "mounts", "home_files", "writable", "other", "heavy", "nice", "dumpable"):
         assert b[key] == c[key], (key, b[key], c[key])
     for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):  # the bounding set: warm empties it (stricter than setpriv)
         assert b["caps"][cap] == c["caps"][cap], cap
     differ = {"TRAINHUB_HOLDER", "MASTER_PORT", "PET_MASTER_PORT"}  # a launch's own marker and rendezvous port
     assert {k: v for k, v in b["env"].items() if k not in differ} == {k: v for k, v in c["env"].items() if k not in differ}
+    assert b["proc_env"] == b["env"] and c["proc_env"] == c["env"]  # /proc/<pid>/environ: the job's, warm as cold
+    assert a["proc_env"]["HOME"] == homes["wja"] and b["proc_env"]["HOME"] == homes["wjb"]
     assert b["nodes"] == {n: i in (2, 3) for i, n in enumerate(nodes)}
     assert a["heavy"] == b["heavy"] == []  # the pool's interpreters import nothing heavy
     assert b["writable"] == {str(jdir / "outputs"): True, str(jdir / "work"): True, str(jdir / "script.py"): False, str(jdir): False}

@@ -39,6 +39,8 @@ report = {
     "caps": {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith("Cap")},
     "nnp": [l.split()[1] for l in open("/proc/self/status") if l.startswith("NoNewPrivs")][0],
     "home_files": sorted(os.listdir(os.environ["HOME"])),
+    "proc_env": dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\0") if e),
+    "dumpable": __import__("ctypes").CDLL(None).prctl(3, 0, 0, 0, 0),
 }
 if leave:
     _j.LEAKED_BY = leave
@@ -118,6 +120,48 @@ def test_startup_variables_that_differ_are_named():
     assert "PYTHON*" in STARTUP_VARS
 
 
+def test_the_pool_filled_at_hub_start_is_the_one_every_spawner_claims_from():
+    """hub_config.embedded.prefill_warm_servers: the interpreters started as the hub starts wait in the pool the
+    spawners of that configuration take from (not a second pool beside it), so the first spawn is warm."""
+    from traitlets.config import Config
+
+    from trainhub.hub_config.embedded import prefill_warm_servers
+    from trainhub.spawner import warm
+    from trainhub.spawner.local import LocalGPUSpawner
+
+    c = Config()
+    c.JupyterHub.spawner_class = "trainhub.spawner.local.LocalGPUSpawner"
+    c.LocalGPUSpawner.warm_pool_size = 1
+    c.LocalGPUSpawner.warm_imports = ["json"]
+    c.Isolation.sandbox = "none"
+    c.Isolation.user_accounts = False
+    c.Spawner.environment = {"TRAINHUB_CULLER_URL": "http://x", "LANG": "C.UTF-8"}
+
+    async def scenario():
+        before = set(warm._pools)
+        prefill_warm_servers(c)
+        await asyncio.sleep(0)  # the fill runs on the loop, after the configuration is loaded
+        await asyncio.sleep(0)
+        new = [warm._pools[k] for k in set(warm._pools) - before]
+        assert len(new) == 1 and len(new[0].waiting) == 1
+        spawner = LocalGPUSpawner(config=c)  # as the hub makes one for a user's spawn
+        assert spawner._warm_pool() is new[0]
+        taken = await new[0].take()
+        assert taken is not None  # it becomes ready: a spawn would claim it
+        taken.discard()
+        for key in set(warm._pools) - before:
+            for wp in warm._pools.pop(key).waiting:
+                wp.discard()
+
+        other = Config(c)
+        other.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+        prefill_warm_servers(other)  # another spawner: nothing started
+        await asyncio.sleep(0)
+        assert set(warm._pools) == before
+
+    asyncio.run(scenario())
+
+
 def test_a_failed_claim_discards_the_interpreter_and_says_why(tmp_path):
     """The spawner starts the server cold on WarmUnavailable; the failed interpreter never serves anyone."""
     from trainhub.spawner.warm import WarmUnavailable
@@ -137,6 +181,50 @@ def test_a_failed_claim_discards_the_interpreter_and_says_why(tmp_path):
             other.discard()
 
     asyncio.run(scenario())
+
+
+def test_proc_environ_of_a_claimed_server_is_its_users_not_the_launch_one(tmp_path, caplog):
+    """/proc/<pid>/environ, read from outside as ``ps e``, procs.processes_with and the culler test's server_env read
+    it, is the launch environment before the claim and the server's own after it, as a cold start's execve gives
+    it (warmsandbox.show_environ), with no note in the hub's log."""
+    iso = Isolation(sandbox="none", user_accounts=False)
+    (tmp_path / "wsleep.py").write_text("import time\nopen('started', 'w').close()\ntime.sleep(120)\n")
+    launched = launch_env(["LANG"], {}, "/usr/bin:/bin")
+
+    def environ(pid: int) -> dict:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        assert raw.endswith(b"\0"), raw
+        return dict(e.split("=", 1) for e in raw.decode().split("\0") if e)
+
+    async def scenario():
+        pool = WarmPool(lambda fd: iso.command(warm_argv(sys.executable, fd, ["json"]), account=None, cwd="/"),
+                        launched, 1, logging.getLogger("test-warm"))
+        pool.fill()
+        wp = await pool.take()
+        try:
+            assert environ(wp.pid) == dict(launched, TRAINHUB_HOLDER=wp.token)  # no user yet
+            env = dict(launched, HOME=str(tmp_path), JUPYTERHUB_USER="envuser", JUPYTERHUB_API_TOKEN="token-of-envuser",
+                       TRAINHUB_HOLDER=wp.token, SPACED="a b=c")
+            spec = claim_spec([sys.executable, "-m", "wsleep"], env, str(tmp_path), None, False)
+            await pool.claim(wp, spec, [], 30)
+            await asyncio.to_thread(lambda: wait_for_file(tmp_path / "started"))
+            return env, environ(wp.pid)
+        finally:
+            wp.discard()
+
+    with caplog.at_level(logging.INFO, logger="test-warm"):
+        env, shown = asyncio.run(scenario())
+    assert shown == env and shown["JUPYTERHUB_USER"] == "envuser"
+    assert not [r for r in caplog.records if "environ" in r.getMessage()], caplog.text
+
+
+def wait_for_file(path: Path, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
 
 
 @root_only
@@ -180,6 +268,7 @@ def test_a_warm_server_is_its_user_as_a_cold_one_and_inherits_nothing_from_the_p
     a, b = by_user["warma"], by_user["warmb"]
     wp_b, env_b = results["warmb"]
     assert b["env"] == env_b  # exactly B's environment: B's token and devices, nothing of A's
+    assert b["proc_env"] == env_b  # and /proc/<pid>/environ shows it (ps e, the culler test), as a cold start's
     assert b["env"]["JUPYTERHUB_API_TOKEN"] == "token-of-warmb" and b["env"]["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert "LEAKED_ENV" not in b["env"] and b["leaked_attr"] is None and not b["leaked_module"]
     assert not any(name.startswith("leaked-") for name in b["tmp"])
@@ -191,10 +280,12 @@ def test_a_warm_server_is_its_user_as_a_cold_one_and_inherits_nothing_from_the_p
         assert b["caps"]["CapEff"] == "0000000000000000" and b["nnp"] == "1"
     # the same probe started cold for B sees the same
     cold = run_cold(iso, accounts["warmb"], homes["warmb"], dict(env_b, TRAINHUB_HOLDER="cold"))
-    for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "tmp", "other_home", "umask", "home_files", "nnp"):
+    for key in ("uid", "euid", "gid", "groups", "cwd", "path0", "argv", "tmp", "other_home", "umask", "home_files", "nnp",
+                "dumpable"):
         assert b[key] == cold[key], key
     assert {k: v for k, v in b["env"].items() if k != "TRAINHUB_HOLDER"} == {k: v for k, v in cold["env"].items() if k != "TRAINHUB_HOLDER"}
     assert b["caps"]["CapEff"] == cold["caps"]["CapEff"]
+    assert cold["proc_env"] == cold["env"]  # what the warm one's /proc shows is what a cold start's shows
     if iso.use_sandbox:
         assert b["other_home"] == {str(homes["warma"]): False}  # A's home does not exist in B's sandbox
     assert a["env"]["JUPYTERHUB_USER"] == "warma" and wp_b.token == env_b["TRAINHUB_HOLDER"]
@@ -248,6 +339,17 @@ def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous
         held = platform.held_by(b)
         report = json.loads((homes[b] / "warm-report.json").read_text())
         me = platform.api("GET", "/user", token=report["env"]["JUPYTERHUB_API_TOKEN"])  # while B's server runs
+        # found as a cold server is, by its user in /proc/<pid>/environ (ps e, the culler test's server_env)
+        from trainhub.procs import processes_with
+
+        shown = {}
+        for pid in processes_with("JUPYTERHUB_USER", b):
+            try:
+                if b"trainhub.spawner.warmstart" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    raw = Path(f"/proc/{pid}/environ").read_text()
+                    shown = dict(e.split("=", 1) for e in raw.split("\0") if e)
+            except OSError:
+                pass
     finally:
         platform.stop_server(a)
         platform.stop_server(b)
@@ -259,6 +361,8 @@ def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous
     assert env["JUPYTERHUB_USER"] == b and os.path.samefile(env["HOME"], homes[b])
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, held)) and len(held) == 1
     assert me.status_code == 200 and me.json()["name"] == b, me.text  # the token is B's
+    assert shown.get("JUPYTERHUB_API_TOKEN") == env["JUPYTERHUB_API_TOKEN"], "B's server not found by its /proc environ"
+    assert shown.get("TRAINHUB_INSTANCE") == platform.instance and shown.get("TRAINHUB_HOLDER")
     acct = pwd.getpwnam(f"th-{b}")
     assert (report["uid"], report["gid"], report["groups"]) == (acct.pw_uid, acct.pw_gid, [])
     if shutil.which("bwrap"):
