@@ -4,8 +4,8 @@ State, elapsed time, GPUs/devices, a log tail, small line charts of the reported
 Cancel button. A daemon thread polls the API and sets widget values (value updates from a thread
 reach the browser; the kernel stays free); another follows the job's logs (``GET .../logs?follow=true``,
 which streams each line as it is written), so a line shows under the cell as it is printed, not at the
-next poll; where the follow cannot be had, the poll reads the log tail as before. The ``render_*`` functions are pure: job/metrics dicts
-in, HTML out, so tests feed them canned API answers.
+next poll; where the follow cannot be had, the poll reads the log tail as before. The ``render_*``
+functions are pure: job/metrics dicts in, HTML out, so tests feed them canned API answers.
 """
 
 from __future__ import annotations
