@@ -102,10 +102,12 @@ class LogWatch:
         except OSError:
             return
         for ev in events:
-            folder = self._wd_dir.get(ev.wd)
-            if ev.wd < 0 or folder is None:  # the queue overflowed: events were lost, wake everyone
+            if ev.wd < 0:  # the queue overflowed: events were lost, wake everyone
                 for key in list(self._followers):
                     self._wake(key)
+                continue
+            folder = self._wd_dir.get(ev.wd)
+            if folder is None:  # a watch dropped meanwhile (its last events, IN_IGNORED)
                 continue
             if ev.mask & _flags.IGNORED:  # the folder went: its watch is gone
                 self._wd_dir.pop(ev.wd, None)
