@@ -224,12 +224,13 @@ class LogsHandler(Base):
                 lines = [ln for ln in lines if re.search(rf" \[{int(worker)}\] ", ln)]
             return lines
 
-        lines = select(self.svc.log_lines(job_id))
+        everything = select(self.svc.log_lines(job_id))
+        lines = everything
         if tail is not None:
             lines = lines[-int(tail):] if int(tail) else []
         if not self.get_argument("follow", None):
             return self.finish("".join(ln + "\n" for ln in lines))
-        sent = len(select(self.svc.log_lines(job_id)))
+        sent = len(everything)  # one read: a line written between two reads was neither sent nor followed
         for ln in lines:
             self.write(ln + "\n")
         await self.flush()
