@@ -24,6 +24,7 @@ import pytest
 from trainhub.accounts import UserAccounts, own_dir
 from trainhub.isolation import Isolation
 from trainhub.spawner.warm import STARTUP_VARS, WarmPool, claim_spec, launch_env, startup_differences, warm_argv
+from waiting import await_for
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="accounts need root (CI runs as root)")
 
@@ -207,7 +208,7 @@ def test_proc_environ_of_a_claimed_server_is_its_users_not_the_launch_one(tmp_pa
                        TRAINHUB_HOLDER=wp.token, SPACED="a b=c")
             spec = claim_spec([sys.executable, "-m", "wsleep"], env, str(tmp_path), None, False)
             await pool.claim(wp, spec, [], 30)
-            await asyncio.to_thread(lambda: wait_for_file(tmp_path / "started"))
+            await await_for(lambda: (tmp_path / "started").exists(), what="the claimed server to start", interval=0.02)
             return env, environ(wp.pid)
         finally:
             wp.discard()
@@ -216,15 +217,6 @@ def test_proc_environ_of_a_claimed_server_is_its_users_not_the_launch_one(tmp_pa
         env, shown = asyncio.run(scenario())
     assert shown == env and shown["JUPYTERHUB_USER"] == "envuser"
     assert not [r for r in caplog.records if "environ" in r.getMessage()], caplog.text
-
-
-def wait_for_file(path: Path, timeout: float = 30) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
 
 
 @root_only
