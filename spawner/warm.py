@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from trainhub.procs import HOLDER_VAR, INSTANCE_VAR
-from trainhub.warmsandbox import current_umask, send_claim
+from trainhub.warmsandbox import claim_answer, current_umask, send_claim
 from trainhub.warmsandbox import startup_differences as _startup_differences
 
 # what a running interpreter cannot take on later: read by the interpreter, the loader or libc at start-up,
@@ -156,10 +156,10 @@ class WarmPool:
             await asyncio.to_thread(send_claim, wp.sock, spec, mounts)
             wp.sock.setblocking(False)
             answer = await asyncio.wait_for(loop.sock_recv(wp.sock, 4096), timeout)
-            reply = json.loads(answer or b"{}")
-            if not reply.get("ok"):
-                raise WarmUnavailable(reply.get("error") or f"the warm interpreter exited (code {wp.proc.poll()})")
-            for note in reply.get("notes", []):  # e.g. its /proc environ could not be set: it runs all the same
+            error, notes = claim_answer(answer)
+            if error is not None:
+                raise WarmUnavailable(error or f"the warm interpreter exited (code {wp.proc.poll()})")
+            for note in notes:  # e.g. its /proc environ could not be set: it runs all the same
                 self.log.warning("Warm server interpreter %s: %s", wp.pid, note)
         except WarmUnavailable:
             wp.discard()

@@ -166,6 +166,16 @@ def serve_claim(sock: socket.socket, apply):
     return result
 
 
+def claim_answer(answer: bytes) -> tuple[str | None, list[str]]:
+    """The claimer's reading of :func:`serve_claim`'s answer line: ``(None, notes)`` when the process took the claim
+    on (notes: what it could not do and runs without, to be logged), ``(error, [])`` when not (``""`` when it ended
+    without a word). ValueError for an answer that is not JSON."""
+    reply = json.loads(answer or b"{}")
+    if not reply.get("ok"):
+        return reply.get("error") or "", []
+    return None, [str(n) for n in reply.get("notes", [])]
+
+
 def attach(fd: int, dest: str, is_dir: bool) -> None:
     """Attach the detached mount ``fd`` at ``dest``, making the mount point (and its parents, 0755, the
     platform's) inside the sandbox as bwrap would have; closes ``fd``."""

@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 from trainhub.procs import HOLDER_VAR, INSTANCE_VAR
-from trainhub.warmsandbox import send_claim, startup_differences
+from trainhub.warmsandbox import claim_answer, send_claim, startup_differences
 
 # read by the interpreter, the loader or libc at start-up; PYTHON* but those a started interpreter can honour at
 # claim (PYTHONPATH and PYTHONIOENCODING by forkserver.prepare_worker; PYTHONUNBUFFERED: it runs with -u;
@@ -244,10 +244,10 @@ class WorkerPool:
                 if not chunk:
                     break
                 answer += chunk
-            reply = json.loads(answer or b"{}")
-            if not reply.get("ok"):
-                raise WarmUnavailable(reply.get("error") or f"the warm interpreter ended (wrapper code {entry.proc.poll()})")
-            for note in reply.get("notes", []):  # e.g. its /proc environ could not be set: it runs all the same
+            error, notes = claim_answer(answer)
+            if error is not None:
+                raise WarmUnavailable(error or f"the warm interpreter ended (wrapper code {entry.proc.poll()})")
+            for note in notes:  # e.g. its /proc environ could not be set: it runs all the same
                 self.log.warning("Warm job worker %s: %s", entry.pid, note)
             entry.ctl.settimeout(timeout)
             entry.ctl.sendall(json.dumps(worker).encode() + b"\n")
