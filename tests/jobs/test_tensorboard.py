@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 import pytest
 import requests
 
@@ -168,6 +169,20 @@ def test_cli_gathers_and_serves(platform, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+    # the CLI's SIGTERM stopped its TensorBoard too (it used to keep running, holding its port)
+    logdir = str(tmp_path / "logdir")
+
+    def servers() -> list[str]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and logdir in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(entry.name)
+            except OSError:
+                pass
+        return found
+
+    wait_for(servers, lambda pids: not pids, what="the CLI's TensorBoard to stop with it", interval=0.2, timeout=30)
     r = subprocess.run([sys.executable, "-m", "trainhub.cli", "jobs", "tensorboard", "j-999999", "--url", api, "--token", token],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "j-999999" in r.stderr and "Traceback" not in r.stderr

@@ -368,6 +368,7 @@ def cmd_metrics(args):
 
 def cmd_tensorboard(args):
     import hashlib
+    import signal
     import socket
     import subprocess
 
@@ -402,6 +403,9 @@ def cmd_tensorboard(args):
     server = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
     prefix = tb.proxy_prefix(server, port) if server else ""
     proc = subprocess.Popen(tb.command(logdir, port, prefix), stdin=subprocess.DEVNULL)
+    # a SIGTERM (kill, a closing terminal's supervisor) stops TensorBoard too, as Ctrl-C does: by default it would end
+    # this process at once and leave the server running, holding its port
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     where = f"{prefix}/ (under this hub's address)" if server else f"http://127.0.0.1:{port}/"
     print(f"TensorBoard for {', '.join(j['id'] for j in jobs)} ({got.files} event files): {where}  [Ctrl-C to stop]",
           flush=True)
