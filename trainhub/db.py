@@ -170,11 +170,22 @@ def write_session(url: str) -> Iterator[Session]:
     transaction-scoped advisory lock. Taking the lock is retried while the database is locked
     (up to :func:`lock_timeout`, then :class:`DatabaseBusy`); the body runs once, holding it.
     """
-    conn, trans = _begin_write(get_engine(url), url)
-    try:
+    with write_connection(url) as conn:
         with Session(bind=conn, expire_on_commit=False) as session:
             yield session
             session.flush()
+
+
+@contextlib.contextmanager
+def write_connection(url: str) -> Iterator[Connection]:
+    """:func:`write_session`'s transaction as a plain Core connection, for writers of Core statements.
+
+    The ORM session around a single ``UPDATE`` or ``INSERT`` (its bulk-update evaluation, flush and
+    identity bookkeeping) costs several times the statement, and a job's life makes a dozen such
+    writes (see benchmarks/README.md, jobs load)."""
+    conn, trans = _begin_write(get_engine(url), url)
+    try:
+        yield conn
         trans.commit()
     except BaseException:
         if trans.is_active:

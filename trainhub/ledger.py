@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Iterable, Mapping
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select, update
 from traitlets import Instance, List, Unicode
 from traitlets.config import LoggingConfigurable
 
-from trainhub.db import SQLiteReader, get_engine, init_db, session_factory, write_session
+from trainhub.db import SQLiteReader, get_engine, init_db, write_connection
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs
 from trainhub.gpus import GPUDevice
 from trainhub.models import GPUAllocation, GPUAllocationRecord, utcnow
@@ -136,14 +136,11 @@ class GPUAllocator(LoggingConfigurable):
         return quota.status(user, user_groups, per_user, group_members or {})
 
 
-def _close_history(session, holders) -> None:
-    from sqlalchemy import update
+_HELD, _HISTORY = GPUAllocation.__table__, GPUAllocationRecord.__table__
 
-    session.execute(
-        update(GPUAllocationRecord)
-        .where(GPUAllocationRecord.holder.in_(list(holders)), GPUAllocationRecord.end.is_(None))
-        .values(end=utcnow())
-    )
+
+def _close_history(conn, holders) -> None:
+    conn.execute(update(_HISTORY).where(_HISTORY.c.holder.in_(list(holders)), _HISTORY.c.end.is_(None)).values(end=utcnow()))
 
 
 def _model_ok(device: GPUDevice, gpu_model: str | None) -> bool:
@@ -166,7 +163,6 @@ class LocalGPUAllocator(GPUAllocator):
         if not self.db_url:
             raise ValueError("LocalGPUAllocator.db_url is required")
         init_db(self.db_url)
-        self._session = session_factory(self.db_url)
         self._reader = SQLiteReader.for_engine(get_engine(self.db_url))
         self.inline_reads = self._reader is not None
 
@@ -180,13 +176,14 @@ class LocalGPUAllocator(GPUAllocator):
         if count < 0:
             raise InvalidRequest(f"GPU count must be 0 or more, not {count}")
         pool = [d for d in self.devices() if _model_ok(d, gpu_model)]
-        with write_session(self.db_url) as s:
+        # Core statements on the write transaction (write_connection): every job's start and end passes here
+        with write_connection(self.db_url) as c:
             # re-allocation for the same holder (a restart after a crash) replaces what it had
-            _close_history(s, [holder])
-            s.execute(delete(GPUAllocation).where(GPUAllocation.holder == holder))
+            _close_history(c, [holder])
+            c.execute(delete(_HELD).where(_HELD.c.holder == holder))
             if count == 0:
                 return []
-            rows = s.scalars(select(GPUAllocation)).all()
+            rows = c.execute(select(_HELD.c.device, _HELD.c.user)).all()
             if quota is not None:  # admission, atomic with the allocation (same write lock)
                 per_user = Counter(r.user for r in rows)
                 quota.admit(Demand(user, tuple(user_groups), 1, count, kind),
@@ -207,17 +204,17 @@ class LocalGPUAllocator(GPUAllocator):
                 )
             chosen = free[:count]
             now = utcnow()
-            for idx in chosen:
-                s.add(GPUAllocation(device=idx, holder=holder, kind=kind, user=user, profile=profile, since=now))
-                s.add(GPUAllocationRecord(device=idx, holder=holder, kind=kind, user=user, profile=profile, start=now))
+            common = {"holder": holder, "kind": kind, "user": user, "profile": profile}
+            c.execute(insert(_HELD), [{"device": i, "since": now, **common} for i in chosen])
+            c.execute(insert(_HISTORY), [{"device": i, "start": now, **common} for i in chosen])
         self.log.info("GPU allocate holder=%s user=%s devices=%s", holder, user, chosen)
         return chosen
 
     def release(self, holder):
-        with write_session(self.db_url) as s:
-            devices = list(s.scalars(select(GPUAllocation.device).where(GPUAllocation.holder == holder)))
-            _close_history(s, [holder])
-            s.execute(delete(GPUAllocation).where(GPUAllocation.holder == holder))
+        with write_connection(self.db_url) as c:
+            devices = list(c.execute(select(_HELD.c.device).where(_HELD.c.holder == holder)).scalars())
+            _close_history(c, [holder])
+            c.execute(delete(_HELD).where(_HELD.c.holder == holder))
         if devices:
             self.log.info("GPU release holder=%s devices=%s", holder, devices)
         return devices
@@ -231,9 +228,8 @@ class LocalGPUAllocator(GPUAllocator):
 
     def set_pid(self, holder, pid):
         started = process_start_time(pid)
-        with write_session(self.db_url) as s:
-            for r in s.scalars(select(GPUAllocation).where(GPUAllocation.holder == holder)):
-                r.pid, r.pid_started = pid, started
+        with write_connection(self.db_url) as c:
+            c.execute(update(_HELD).where(_HELD.c.holder == holder).values(pid=pid, pid_started=started))
 
     def reconcile(self, is_alive):
         released = []
@@ -242,9 +238,9 @@ class LocalGPUAllocator(GPUAllocator):
                 released.append(h)
         if released:
             holders = {h.holder for h in released}
-            with write_session(self.db_url) as s:
-                _close_history(s, holders)
-                s.execute(delete(GPUAllocation).where(GPUAllocation.holder.in_(holders)))
+            with write_connection(self.db_url) as c:
+                _close_history(c, holders)
+                c.execute(delete(_HELD).where(_HELD.c.holder.in_(holders)))
             for holder in sorted(holders):
                 self.log.warning("GPU reconcile: released devices of %s (holder is gone)", holder)
         return released

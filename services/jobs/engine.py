@@ -403,7 +403,7 @@ class JobEngine(LoggingConfigurable):
             except FileNotFoundError:
                 continue
             key = (job.id, job.attempt, w["rank"])
-            if self._metrics_size.get(key) == size:
+            if size == 0 or self._metrics_size.get(key) == size:
                 continue
             while await self.store.write(self.store.ingest_metrics, job.id, job.attempt, w["rank"], path):
                 if not final:
@@ -604,7 +604,7 @@ class JobEngine(LoggingConfigurable):
             await self._end_attempt(job, FAILED, f"could not start its workers: {e}")
             return True
         await self.store.write(self.store.update, job.id, launch_state=state)
-        for w in state.get("workers", []):
+        for w in state.get("workers", []) if any(per_worker) else ():  # the pid is the record of held devices
             try:
                 await asyncio.to_thread(self.allocator.set_pid, job_holder(job.id), w["pid"])
                 break

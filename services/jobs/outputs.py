@@ -62,7 +62,7 @@ class OutputSyncer(LoggingConfigurable):
         self._last_small[key] = now
         if large_due:
             self._last_large[key] = now
-        fs = self.storage.filesystem(user)
+        fs = None  # made at the first file to copy: most passes over a job's outputs copy nothing
         target = self.storage.strip(self.target_url(user, key))
         seen = self._seen.setdefault(key, {})
         copied = 0
@@ -86,6 +86,7 @@ class OutputSyncer(LoggingConfigurable):
                     continue
                 dest = f"{target}/{rel}"
                 try:
+                    fs = fs or self.storage.filesystem(user)
                     self._copy(fs, user, root, rel, dest)
                 except Exception as e:  # storage hiccup: try again next round, never lose the local copy
                     self.log.warning("output sync of %s to %s failed: %s", path, dest, e)

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from trainhub.db import SQLiteReader, get_engine, init_db, write_session
+from trainhub.db import SQLiteReader, get_engine, init_db, write_connection, write_session
 from trainhub.exceptions import NotFound
 from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
@@ -261,20 +261,22 @@ class JobStore:
             return [JobRecord(r) for r in c.execute(stmt, params)]
 
     def update(self, job_id: int, event: tuple[str, str] | None = None, only_if_state: tuple | None = None, **fields) -> bool:
-        with write_session(self.db_url) as s:
-            if not fields:  # just an event
-                if event:
-                    s.add(JobEvent(job_id=job_id, kind=event[0], message=event[1]))
-                    s.commit()
-                return True
-            q = update(Job).where(Job.id == job_id)
-            if only_if_state:
-                q = q.where(Job.state.in_(only_if_state))
-            r = s.execute(q.values(**fields))
-            if r.rowcount and event:
-                s.add(JobEvent(job_id=job_id, kind=event[0], message=event[1]))
-            s.commit()
-            return bool(r.rowcount)
+        """Set ``fields`` of one job (only while in ``only_if_state``, when given) and add ``event`` if it
+        changed; True when it did. Core statements (``write_connection``): the engine makes several of
+        these per job."""
+        if not fields and not event:
+            return True
+        jobs = Job.__table__
+        with write_connection(self.db_url) as c:
+            changed = True
+            if fields:
+                q = update(jobs).where(jobs.c.id == job_id)
+                if only_if_state:
+                    q = q.where(jobs.c.state.in_(only_if_state))
+                changed = bool(c.execute(q.values(**fields)).rowcount)
+            if changed and event:
+                c.execute(insert(JobEvent.__table__).values(job_id=job_id, kind=event[0], message=event[1]))
+            return changed
 
     def request_cancel(self, job_id: int, by: str) -> Job:
         """Queued jobs are cancelled at once; running ones are flagged for the engine to stop."""
