@@ -29,7 +29,7 @@ import time
 from collections import namedtuple
 from typing import Iterator
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import bindparam, create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -193,6 +193,18 @@ def write_connection(url: str) -> Iterator[Connection]:
         raise
     finally:
         conn.close()
+
+
+def plain_in(column, count: int, name: str = "state"):
+    """``column IN (:state0, :state1, ...)`` with ``count`` plain parameters rather than one expanding parameter, so
+    that the statement compiles to one SQL text, which :class:`SQLiteReader` prepares once. Fill them with
+    :func:`plain_in_params`."""
+    return column.in_([bindparam(f"{name}{i}") for i in range(count)])
+
+
+def plain_in_params(values, name: str = "state") -> dict:
+    """The parameters of :func:`plain_in` for ``values``, in order."""
+    return {f"{name}{i}": value for i, value in enumerate(values)}
 
 
 class SQLiteReader:

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from trainhub.db import SQLiteReader, get_engine, init_db, write_connection, write_session
+from trainhub.db import SQLiteReader, get_engine, init_db, plain_in, plain_in_params, write_connection, write_session
 from trainhub.exceptions import NotFound
 from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
@@ -141,7 +141,7 @@ _in_states: dict[int, object] = {}
 def _in_states_stmt(states: int):
     """The engine's read of every job in ``states`` states, oldest first (built once per count)."""
     if states not in _in_states:
-        where = _JOBS.c.state.in_([bindparam(f"state{i}") for i in range(states)])
+        where = plain_in(_JOBS.c.state, states)
         _in_states[states] = select(*_JOBS.columns).where(where).order_by(_JOBS.c.id)
     return _in_states[states]
 _listings: dict[tuple[bool, int, bool], tuple] = {}
@@ -158,7 +158,7 @@ def _listing(user: bool, states: int, sweep: bool) -> tuple:
         if user:
             where.append(_JOBS.c.user == bindparam("user"))
         if states:
-            where.append(_JOBS.c.state.in_([bindparam(f"state{i}") for i in range(states)]))
+            where.append(plain_in(_JOBS.c.state, states))
         if sweep:
             where.append(_JOBS.c.sweep_id == bindparam("sweep_id"))
         count = select(func.count()).select_from(_JOBS).where(*where)
@@ -240,7 +240,7 @@ class JobStore:
         states = sorted(set(states or ()))
         count, page = _listing(user is not None, len(states), sweep_id is not None)
         params = {"user": user, "sweep_id": sweep_id, "limit": limit, "offset": offset,
-                  **{f"state{i}": state for i, state in enumerate(states)}}
+                  **plain_in_params(states)}
         if self.fast_reads is not None:
             with self.fast_reads.snapshot():
                 total, rows = self.fast_reads.scalar(count, params), self.fast_reads.rows(page, params)
@@ -254,7 +254,7 @@ class JobStore:
         """Every job in these states, oldest first (the engine's view of the queue and of what runs, each
         pass: with 10,000 queued, Core rows cost a third of what the ORM's instances did)."""
         states = sorted(set(states))
-        stmt, params = _in_states_stmt(len(states)), {f"state{i}": state for i, state in enumerate(states)}
+        stmt, params = _in_states_stmt(len(states)), plain_in_params(states)
         if self.fast_reads is not None:
             return [JobRecord(r) for r in self.fast_reads.rows(stmt, params)]
         with self.engine.connect() as c:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, load_only
 
-from trainhub.db import SQLiteReader, get_engine, init_db, write_session
+from trainhub.db import SQLiteReader, get_engine, init_db, plain_in, plain_in_params, write_session
 from trainhub.exceptions import NotFound
 from trainhub.services.jobs.models import Job, JobMetric
 from trainhub.services.jobs.store import iso
@@ -28,7 +28,7 @@ def _any_in_states(states: int):
     """One sweep id in ``states`` states, if any (built once per count, see trainhub.db.SQLiteReader)."""
     if states not in _any:
         table = Sweep.__table__
-        _any[states] = select(table.c.id).where(table.c.state.in_([bindparam(f"state{i}") for i in range(states)])).limit(1)
+        _any[states] = select(table.c.id).where(plain_in(table.c.state, states)).limit(1)
     return _any[states]
 
 
@@ -78,8 +78,7 @@ class SweepStore:
         # the controller asks for the running sweeps on every pass (twice a second, and at each trial's end): where
         # there are none, which is most of the time, one row's read through SQLiteReader answers instead of a session
         states = sorted(set(states))
-        if self.fast_reads is not None and not self.fast_reads.rows(
-                _any_in_states(len(states)), {f"state{i}": state for i, state in enumerate(states)}):
+        if self.fast_reads is not None and not self.fast_reads.rows(_any_in_states(len(states)), plain_in_params(states)):
             return []
         with self.session() as s:
             return list(s.scalars(select(Sweep).where(Sweep.state.in_(states)).order_by(Sweep.id)))
