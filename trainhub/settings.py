@@ -168,6 +168,28 @@ class StopRecord:
             return None
 
 
+class StopRecordFile:
+    """The stop record of one data dir for a reader that asks often (the jobs engine, on every pass): the file is
+    read again only when it changed (:meth:`StopRecord.save` writes it whole and renames it into place, so a new
+    record is a new inode)."""
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self._dd = DataDir(data_dir)
+        self._seen: tuple | None = None
+        self._record: StopRecord | None = None
+
+    def read(self) -> StopRecord | None:
+        try:
+            st = os.stat(self._dd.stop_record)
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            seen = None
+        if seen != self._seen:
+            self._seen, self._record = seen, StopRecord.load(self._dd) if seen else None
+        return self._record
+
+
 @dataclass
 class Runtime:
     """Facts about the running platform, written by `trainhub up`."""

@@ -49,7 +49,7 @@ from trainhub.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
 from trainhub.scheduler import Allocation, JobRequest, Scheduler, TrainhubScheduler
 from trainhub.serverqueue import GRANTED, STALE_AFTER, WAITING, ServerQueue
-from trainhub.settings import DataDir, StopRecord
+from trainhub.settings import StopRecord, StopRecordFile
 from trainhub.states import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 from trainhub.storage import StorageConfig
 
@@ -133,10 +133,7 @@ class JobEngine(LoggingConfigurable):
         self.servers = ServerQueue(store.db_url)  # notebook servers waiting for GPUs: in the same passes as jobs
         self.passes = 0
         self._end_listeners: list = []  # on_job_end callbacks
-        self._data_dir: tuple | None = None  # (launcher.data_dir, its DataDir): the stop record's, and what was last
-        # read of it (see _stop_record)
-        self._stop_seen: tuple | None = None
-        self._stop_cached: StopRecord | None = None
+        self._stop_file: StopRecordFile | None = None  # see _stop_record
 
     def on_job_end(self, callback) -> None:
         """Call ``callback(job)`` (on the loop; it must not block) each time an attempt of a job ends and its
@@ -170,20 +167,12 @@ class JobEngine(LoggingConfigurable):
             self._loop.wake()
 
     def _stop_record(self) -> StopRecord | None:
-        """The data dir's stop record, read again only when its file changed (every pass asks)."""
+        """The data dir's stop record (every pass asks: read again only when its file changed)."""
         if not self.launcher.data_dir:
             return None
-        if self._data_dir is None or self._data_dir[0] != self.launcher.data_dir:
-            self._data_dir, self._stop_seen, self._stop_cached = (self.launcher.data_dir, DataDir(self.launcher.data_dir)), None, None
-        dd = self._data_dir[1]
-        try:
-            st = os.stat(dd.stop_record)
-            seen = (st.st_ino, st.st_mtime_ns, st.st_size)  # written whole and renamed into place: a new inode
-        except OSError:
-            seen = None
-        if seen != self._stop_seen:
-            self._stop_seen, self._stop_cached = seen, StopRecord.load(dd) if seen else None
-        return self._stop_cached
+        if self._stop_file is None or self._stop_file.data_dir != self.launcher.data_dir:
+            self._stop_file = StopRecordFile(self.launcher.data_dir)
+        return self._stop_file.read()
 
     def platform_stopping(self) -> bool:
         """The platform run this service belongs to has begun to stop."""
