@@ -208,6 +208,7 @@ class JobPanel:
         self._log_lock = threading.Lock()
         self.done = threading.Event()
         self._stop = threading.Event()
+        self._nudge = threading.Event()  # the polling thread reads now (set by stop() and by the stream's end)
         self._thread: threading.Thread | None = None
         self.header = w.HTML()
         self.chart = w.HTML()
@@ -310,6 +311,7 @@ class JobPanel:
         finally:
             if not self.done.is_set():
                 self._streamed = None  # the poll reads the tail from now on
+            self._nudge.set()  # the job ended (its final state at once) or the poll takes over the lines
 
     def _draw_streamed(self) -> str | None:
         """Show the streamed lines (the poll also calls this, so a line that came within ``log_redraw`` of the last
@@ -325,15 +327,26 @@ class JobPanel:
 
     def stop(self) -> None:
         self._stop.set()
+        self._nudge.set()
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` or until nudged; True when stopped."""
+        self._nudge.wait(seconds)
+        self._nudge.clear()
+        return self._stop.is_set()
 
     def _run(self) -> None:
-        # the metrics (and the advisor's line) from the first `metrics_every` on, or when the job ends: the first
-        # refresh, right after the submission, reads the state only
+        # the metrics (and the advisor's line) from the first `metrics_every` on, or when the job ends
         last_metrics = time.monotonic() if self._streamed is not None else 0.0
         errors = 0
         # every `poll` seconds; after failures twice as long each time (at most 30 s), back to `poll` once it works
         pause = panel_backoff(f"job {self.job['id']} to end", self.poll)
         try:
+            # the state the submission answered is on show and the stream brings the lines: a read right away would
+            # repeat that answer while the job starts (the same cores, the same service). The first read comes after
+            # `poll`, or as soon as the stream ends (the job ended, or the poll must take over the lines)
+            if self._streamed is not None and self._pause(self.poll):
+                return
             while not self._stop.is_set():
                 try:
                     due = time.monotonic() - last_metrics >= self.metrics_every
@@ -350,7 +363,7 @@ class JobPanel:
                     errors += 1
                     self.message.value = (f"<span style='color:#8a6d00'>cannot refresh ({html.escape(str(e))}); "
                                           f"retrying</span>")
-                if pause.sleep(until=self._stop):
+                if self._pause(pause.next_delay()):
                     break
         finally:
             self.done.set()

@@ -139,9 +139,12 @@ def test_log_lines_stream_into_the_pane_between_polls():
             yield from lines
             more.wait(10)
             yield "2026-11-21T20:09:01.002Z [0] second line"
+            over.wait(10)  # the stream stays up (its end would hand the lines to the poll)
 
     # one poll an hour: what shows in between came through the follow stream
+    over = threading.Event()
     panel = JobPanel(Following([RUNNING]), RUNNING, poll=3600)
+    panel.log_redraw = 0  # each line drawn as it comes (else the second, close behind, waits for the next)
     panel.start()
     try:
         wait_for(lambda: "first line" in panel.logs.value, what="the first line in the pane", interval=0.01)
@@ -149,6 +152,7 @@ def test_log_lines_stream_into_the_pane_between_polls():
         wait_for(lambda: "second line" in panel.logs.value, what="the second line in the pane", interval=0.01)
         assert asked == []  # the poll did not read the tail: the stream is up
     finally:
+        over.set()
         panel.stop()
 
 
@@ -164,3 +168,30 @@ def test_a_failed_follow_falls_back_to_the_polled_tail():
     assert panel.done.wait(10)
     assert "epoch 29" in panel.logs.value  # LOGS, read by the poll
 
+
+
+def test_with_its_lines_streaming_the_state_is_read_after_a_poll_or_when_the_stream_ends():
+    import threading
+
+    ended, gets = threading.Event(), []
+
+    class Streaming(FakeClient):
+        def get(self, job_id):
+            gets.append(job_id)
+            return dict(RUNNING, state="succeeded", finished="2026-11-21T20:10:00Z")
+
+        def follow_logs(self, job_id, worker=None, tail=None):
+            yield "2026-11-21T20:09:00.001Z [0] first line"
+            ended.wait(10)
+
+    # submitted a moment ago: the POST's answer is on show, the poll is an hour
+    panel = JobPanel(Streaming([RUNNING]), dict(RUNNING, state="queued", started=None), poll=3600)
+    panel.start()
+    try:
+        wait_for(lambda: "first line" in panel.logs.value, what="the first line in the pane", interval=0.01)
+        assert gets == []  # no read of the state while the job starts: it would only repeat the submission's answer
+        ended.set()  # the job ended: its stream ends, and the final state shows at once, not after the poll
+        assert panel.done.wait(10)
+        assert gets and ">succeeded<" in panel.header.value
+    finally:
+        panel.stop()
