@@ -58,7 +58,6 @@ from .warmpool import WAIT_NICE, WarmUnavailable, WorkerPool, launch_env, refusa
 
 WORKER_SCRIPT = os.path.abspath(worker.__file__)
 WARM_INSIDE_SCRIPT = os.path.abspath(warminside.__file__)
-ENVEXEC_SCRIPT = os.path.abspath(envexec.__file__)
 WORK_DIR = "work"  # $TRAINHUB_JOB_DIR of an isolated job: the part of its folder that is the user's
 
 
@@ -308,13 +307,12 @@ class LocalLauncher(Launcher):
                 if self.isolating:
                     # the job's environment reaches it only as its user (envexec): the wrapper, bwrap and setpriv run as
                     # the platform with its own environment (LD_PRELOAD & co. of a job must never steer a root process)
-                    env_fd = os.memfd_create("trainhub-job-env", 0)
-                    os.write(env_fd, envexec.encode_environment(wenv))
+                    wrapper_env = _platform_env(wenv)
+                    env_fd = envexec.environment_fd(wenv)
                     run = self.isolation.command(
-                        [sys.executable, "-I", "-S", ENVEXEC_SCRIPT, str(env_fd), "--", *cmd], account=account, cwd=cwd,
+                        envexec.command(env_fd, cmd, wenv, wrapper_env), account=account, cwd=cwd,
                         rw=rw + [str(adir / f"metrics-{rank}.jsonl")], ro=ro, devices=devices[rank] if devices else [],
                     )
-                    wrapper_env = _platform_env(wenv)
                 sandboxed = self.isolating and self.isolation.use_sandbox
                 # the wrapper by path without site (-S) or its folder on sys.path (-P): it needs only the standard
                 # library, and its start-up is on the way to the job's first output line

@@ -75,3 +75,52 @@ def test_the_job_environment_travels_in_a_descriptor():
     os.write(fd, envexec.encode_environment(env))
     got = envexec.read_environment(fd)
     assert got == {k.encode(): v.encode() for k, v in env.items()}
+
+
+SHELL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "FROM_THE_PLATFORM": "never the job's"}
+TRICKY = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "A": "1", "B": "v=w\nsecond line", "EMPTY": "",
+          "QUOTED": "$(echo run) `echo run` 'single' \"double\" \\ * ; exit 3", "SPACES": "  lead and trail  ",
+          "LD_PRELOAD": "", "_UNDERSCORE": "x", "HOME": "/nowhere"}
+
+
+def handed_over(env: dict, cmd: list[str], argv_for, quiet: bool = True) -> dict:
+    """The environment ``cmd`` (which prints its own, NUL-separated) gets through the step ``argv_for(fd, cmd)``."""
+    fd = envexec.environment_fd(env)
+    try:
+        r = subprocess.run(argv_for(fd, cmd), pass_fds=(fd,), env=SHELL_ENV, capture_output=True, timeout=60)
+    finally:
+        os.close(fd)
+    assert r.returncode == 0 and not (quiet and r.stderr), r.stderr
+    return dict(item.split(b"=", 1) for item in r.stdout.split(b"\0") if item)
+
+
+def python_step(fd: int, cmd: list[str]) -> list[str]:
+    return [sys.executable, "-I", "-S", envexec.__file__, str(fd), "--", *cmd]
+
+
+def test_a_command_jobs_environment_reaches_it_through_bash_exactly_as_through_the_interpreter():
+    cmd = ["/bin/bash", "-c", "env -0; true"]
+    argv = envexec.command(99, cmd, TRICKY, SHELL_ENV)
+    assert argv[:3] == ["/bin/bash", "-c", envexec.BASH_STEP], argv  # the light step was chosen
+    by_bash = handed_over(TRICKY, cmd, lambda fd, c: envexec.command(fd, c, TRICKY, SHELL_ENV))
+    assert by_bash == handed_over(TRICKY, cmd, python_step)
+    assert {k: v for k, v in by_bash.items() if k.decode() in TRICKY} == {k.encode(): v.encode() for k, v in TRICKY.items()}
+    assert b"FROM_THE_PLATFORM" not in by_bash
+
+
+@pytest.mark.parametrize("extra", [{"A.B": "dotted"}, {"1X": "digit first"}, {"SHLVL": "7"}, {"IFS": ":"},
+                                   {"BASH_ENV": "/tmp/x"}, {"SHELLOPTS": "xtrace"}, {"LC_ALL": "C"},
+                                   {"LANG": "POSIX"}, {"ÜBER": "non-ascii name"}])
+def test_what_bash_cannot_hand_over_exactly_goes_through_the_interpreter(extra):
+    env = dict(TRICKY, **extra)
+    if "LANG" in extra:
+        env["LANG"] = extra["LANG"]
+    cmd = ["/bin/bash", "-c", "env -0"]
+    argv = envexec.command(99, cmd, env, SHELL_ENV)
+    assert argv[:3] == python_step(99, cmd)[:3], argv
+    got = handed_over(env, cmd, lambda fd, c: envexec.command(fd, c, env, SHELL_ENV), quiet=False)  # e.g. xtrace
+    for key, value in extra.items():
+        if key not in ("SHLVL", "IFS", "SHELLOPTS"):  # the job's own bash sets these, as it would anywhere
+            assert got[key.encode()] == value.encode(), got
+    # a script job's command is the interpreter itself: no shell of ours in between
+    assert envexec.command(99, [sys.executable, "-u", "x.py"], TRICKY, SHELL_ENV)[:3] == python_step(99, [])[:3]
