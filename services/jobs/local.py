@@ -86,7 +86,9 @@ class LocalLauncher(Launcher):
         restarted if it dies. Saves one interpreter start per worker (tens of ms before the first output line). Each
         worker is the fork of a fresh interpreter, never of one that imported torch or CUDA. `command` jobs, jobs whose
         environment changes Python's start-up (PYTHONHASHSEED, PYTHONOPTIMIZE, another locale...) and any fork server
-        failure (a warning is logged) take the cold path: `python -u script.py` under the worker.py wrapper.
+        failure (a warning is logged) take the cold path: `python -u script.py` under the worker.py wrapper. Where
+        users are isolated, the same server forks the worker.py wrapper of each worker that starts cold (its sandbox,
+        account switch and command start as before): one interpreter start less per cold isolated worker.
         False: always cold.""").tag(config=True)
     warm_start_timeout = Float(10.0, help="""Seconds to wait for the fork server to start or answer before starting a
         worker cold. After a failed start the server is not tried again for 60 s.""").tag(config=True)
@@ -295,8 +297,9 @@ class LocalLauncher(Launcher):
                         continue
                     pool = None  # the rest of the gang cold too
                 if warm:
-                    pid = self._spawn_warm({"script": cmd[-1], "args": [], "env": wenv, "cwd": cwd, "log": str(log),
-                                            "exit_file": str(exit_file), "rank": rank, "wrapper_err": str(err)}, job)
+                    request = {"script": cmd[-1], "args": [], "env": wenv, "cwd": cwd, "log": str(log),
+                               "exit_file": str(exit_file), "rank": rank, "wrapper_err": str(err)}
+                    pid = self._from_fork_server(job, lambda server: server.spawn(request))
                     if pid is not None:
                         pgids.append(pid)
                         workers.append({"rank": rank, "pid": pid, "started": process_start_time(pid), "log": str(log),
@@ -316,19 +319,27 @@ class LocalLauncher(Launcher):
                 sandboxed = self.isolating and self.isolation.use_sandbox
                 # the wrapper by path without site (-S) or its folder on sys.path (-P): it needs only the standard
                 # library, and its start-up is on the way to the job's first output line
-                wrapper = [sys.executable, "-S", "-P", WORKER_SCRIPT, "--rank", str(rank), "--log", str(log),
-                           "--exit-file", str(exit_file), "--cwd", cwd, *(["--sandboxed"] if sandboxed else []), "--", *run]
+                args = ["--rank", str(rank), "--log", str(log), "--exit-file", str(exit_file), "--cwd", cwd,
+                        *(["--sandboxed"] if sandboxed else []), "--", *run]
                 try:
-                    proc = subprocess.Popen(wrapper, env=wrapper_env, start_new_session=True, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL, stderr=open(err, "ab"),
-                                            pass_fds=(env_fd,) if env_fd is not None else ())
+                    pid = None
+                    if env_fd is not None and self.warm_start:
+                        # an isolated worker's wrapper forked instead of started (the command chain starts cold all the
+                        # same): one interpreter start less per cold isolated worker
+                        pid = self._from_fork_server(job, lambda server: server.wrap(args, wrapper_env, str(err), env_fd))
+                    forked = pid is not None
+                    if not forked:
+                        proc = subprocess.Popen([sys.executable, "-S", "-P", WORKER_SCRIPT, *args], env=wrapper_env,
+                                                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                stderr=open(err, "ab"), pass_fds=(env_fd,) if env_fd is not None else ())
+                        procs_.append(proc)
+                        pid = proc.pid
                 finally:
                     if env_fd is not None:
                         os.close(env_fd)
-                procs_.append(proc)
-                pgids.append(proc.pid)
-                workers.append({"rank": rank, "pid": proc.pid, "started": process_start_time(proc.pid),
-                                "log": str(log), "exit_file": str(exit_file), "start": "cold"})
+                pgids.append(pid)
+                workers.append({"rank": rank, "pid": pid, "started": process_start_time(pid), "log": str(log),
+                                "exit_file": str(exit_file), "start": "cold", **({"wrapper": "forked"} if forked else {})})
         except BaseException:
             for pgid in pgids:  # gang: all or none
                 procs.signal_all(procs.tree_and_groups([pgid]), signal.SIGKILL)
@@ -408,8 +419,9 @@ class LocalLauncher(Launcher):
             self._pool.fill()
 
     # -- the warm fork server ----------------------------------------------------------------
-    def _spawn_warm(self, request: dict, job: JobView) -> int | None:
-        """Fork one worker from the fork server; None (after logging why) when it must start cold."""
+    def _from_fork_server(self, job: JobView, fork) -> int | None:
+        """``fork(server)`` (a worker, or an isolated worker's wrapper, forked by the fork server): its pid, or None
+        (after logging why) when it must start cold."""
         if time.monotonic() < self._warm_retry_at:
             return None
         with self._forkserver_lock:
@@ -420,7 +432,7 @@ class LocalLauncher(Launcher):
                                               server_environment(os.environ), timeout=self.warm_start_timeout)
             server = self._forkserver
         try:
-            return server.spawn(request)
+            return fork(server)
         except ForkServerError as e:
             if e.cold:
                 self.log.info("job %s: starting cold: %s", job.key, e)

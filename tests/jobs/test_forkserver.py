@@ -215,6 +215,36 @@ def test_no_go_from_the_launcher_means_nothing_runs(server, tmp_path):
     assert not (tmp_path / "never.log").exists() and not (tmp_path / "never.exit").exists()
 
 
+def test_a_forked_wrapper_runs_a_cold_command_as_a_started_one_would(server, tmp_path):
+    """``wrap``: worker.py's main in a fork, with the platform's environment (not the server's), stderr to its file,
+    its own session, and the descriptor sent along under the number its command line names."""
+    from trainhub import envexec
+
+    job_env = {"PATH": "/usr/bin:/bin", "SECRET_OF_THE_JOB": "only through the descriptor"}
+    probe = ("echo \"fd $1: $(tr '\\0' , <&\"$1\")\"; echo \"env: $(env | sort | tr '\\n' ' ')\"; "
+             "echo \"session: $(ps -o sid= -p $$) own: $(ps -o sid= -p $PPID)\"; exit 5")
+    fd = envexec.environment_fd(job_env)
+    os.dup2(fd, 47)  # a number the server's child must give it (its own connection may sit there)
+    os.close(fd)
+    log, exit_file, err = tmp_path / "w.log", tmp_path / "w.exit", tmp_path / "w.wrapper.err"
+    platform = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MARK": "platform"}
+    try:
+        pid = server.wrap(["--rank", "0", "--log", str(log), "--exit-file", str(exit_file), "--cwd", str(tmp_path), "--",
+                           "/bin/bash", "-c", probe, "probe", "47"], platform, str(err), 47)
+    finally:
+        os.close(47)
+    wait_for(exit_file.exists, what="the forked wrapper's exit file", timeout=20, interval=0.01)
+    assert exit_file.read_text() == "5"
+    text = log.read_text()
+    assert "fd 47: PATH=/usr/bin:/bin,SECRET_OF_THE_JOB=only through the descriptor" in text, text
+    env_line = next(line for line in text.splitlines() if "env: " in line)
+    assert "MARK=platform" in env_line and "SECRET_OF_THE_JOB" not in env_line, env_line  # the platform's environment
+    sids = re.search(r"session: *(\d+) own: *(\d+)", text).groups()
+    assert sids == (str(pid), str(pid)), (sids, pid)  # the wrapper leads a session of its own, as a started one
+    wait_for(lambda: zombie_children(server.pid), lambda z: not z, what="no zombie child of the fork server", timeout=10,
+             interval=0.02)
+
+
 @pytest.mark.parametrize("extra, reason", [
     ({"PYTHONHASHSEED": "0"}, "PYTHONHASHSEED is set"),
     ({"PYTHONOPTIMIZE": "1"}, "PYTHONOPTIMIZE is set"),
