@@ -26,6 +26,7 @@ from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, Enum, Instance, Integer, List, Unicode, default
 
+from trainhub.backoff import within
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
 from trainhub.kube import kueue
 from trainhub.kube.pods import shm_parts
@@ -381,7 +382,7 @@ class GPUKubeSpawner(KubeSpawner):
         api = shared_client("CustomObjectsApi")
         meta = pod.get("metadata") or {}
         try:
-            resp = await asyncio.wait_for(api.list_namespaced_custom_object(
+            resp = await within(api.list_namespaced_custom_object(
                 kueue.GROUP, kueue.VERSION, meta.get("namespace") or self.namespace, kueue.WORKLOADS,
             ), self.k8s_api_request_timeout)
         except (ApiException, asyncio.TimeoutError) as e:
@@ -415,7 +416,7 @@ class GPUKubeSpawner(KubeSpawner):
         try:
             while True:
                 try:
-                    event = await asyncio.wait_for(events.get(), kueue.POLL_SECONDS)
+                    event = await within(events.get(), kueue.POLL_SECONDS)
                 except asyncio.TimeoutError:
                     event = False
                 if event is None:
@@ -660,7 +661,7 @@ class GPUKubeSpawner(KubeSpawner):
         delay = 0.2
         while True:
             try:
-                return await asyncio.wait_for(call(*args, **kwargs), self.k8s_api_request_timeout)
+                return await within(call(*args, **kwargs), self.k8s_api_request_timeout)
             except ApiException as e:
                 if e.status < 500 and e.status != 429:
                     raise

@@ -28,6 +28,7 @@ import subprocess
 import uuid
 from dataclasses import dataclass, field
 
+from trainhub.backoff import within
 from trainhub.procs import HOLDER_VAR, INSTANCE_VAR
 from trainhub.warmsandbox import claim_answer, current_umask, send_claim
 from trainhub.warmsandbox import startup_differences as _startup_differences
@@ -106,7 +107,7 @@ class WarmPool:
     async def _wait_ready(self, wp: WarmProcess) -> bool:
         loop = asyncio.get_running_loop()
         try:
-            line = await asyncio.wait_for(loop.sock_recv(wp.sock, 64), self.ready_timeout)
+            line = await within(loop.sock_recv(wp.sock, 64), self.ready_timeout)
         except (asyncio.TimeoutError, OSError):
             line = b""
         if line != b"ready\n":
@@ -155,7 +156,7 @@ class WarmPool:
             wp.sock.settimeout(timeout)
             await asyncio.to_thread(send_claim, wp.sock, spec, mounts)
             wp.sock.setblocking(False)
-            answer = await asyncio.wait_for(loop.sock_recv(wp.sock, 4096), timeout)
+            answer = await within(loop.sock_recv(wp.sock, 4096), timeout)
             error, notes = claim_answer(answer)
             if error is not None:
                 raise WarmUnavailable(error or f"the warm interpreter exited (code {wp.proc.poll()})")

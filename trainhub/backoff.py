@@ -25,6 +25,23 @@ import time
 from typing import Any, Callable
 
 
+async def within(awaitable, timeout: float | None):
+    """``await awaitable`` for at most ``timeout`` seconds (TimeoutError after that). Every bounded await of the
+    services goes through here, not ``asyncio.wait_for``: on Python 3.11 that swallows a cancellation which comes as
+    the awaited thing finishes, so a cancelled loop goes round again (and a service's stop waits for it forever)."""
+    async with asyncio.timeout(timeout):
+        return await awaitable
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set (True) or ``timeout`` seconds pass (False); see :func:`within`."""
+    try:
+        await within(event.wait(), timeout)
+        return True
+    except TimeoutError:
+        return event.is_set()
+
+
 class WaitTimeout(TimeoutError):
     """The deadline of a wait passed. ``last`` is the last value fetched (None if none was)."""
 
@@ -102,11 +119,7 @@ class Backoff:
         if until is None:
             await asyncio.sleep(delay)
             return False
-        try:
-            await asyncio.wait_for(until.wait(), delay)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return await wait_event(until, delay)
 
 
 def poll(fetch: Callable[[], Any], done: Callable[[Any], bool] = bool, *, what: str,

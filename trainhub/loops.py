@@ -12,6 +12,8 @@ import logging
 import random
 from typing import Awaitable, Callable
 
+from trainhub.backoff import wait_event
+
 
 class PeriodicLoop:
     def __init__(self, name: str, body: Callable[[], Awaitable[None]], interval: Callable[[], float] | float,
@@ -49,8 +51,5 @@ class PeriodicLoop:
                 raise
             except Exception:
                 self.log.exception("%s: pass failed; retrying in %.1f s", self.name, self.interval)
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, self.interval)
             self._wake.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from trainhub.backoff import wait_event
 from trainhub.exceptions import Conflict, InvalidRequest, TrainhubError
 from trainhub.services.culler.policy import Decision, ServerInfo, iso_ts
 
@@ -137,10 +138,7 @@ class RegainMixin:
                         raise RuntimeError("the server stopped while it waited for GPUs")
                 if asyncio.get_running_loop().time() - started > self.regain_max_wait:
                     raise RuntimeError(f"no GPU was granted within {self.regain_max_wait:g} s (last: {row.reason})")
-                try:
-                    await asyncio.wait_for(wake.wait(), self.regain_heartbeat)
-                except asyncio.TimeoutError:
-                    pass
+                await wait_event(wake, self.regain_heartbeat)
                 if state.get("cancel"):
                     raise asyncio.CancelledError
             # the GPUs are held for the server: keep the request alive while the server moves onto them

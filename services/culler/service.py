@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from traitlets import Any, Bool, Float, Instance, Integer, Type, Unicode, default
 from traitlets.config import Application
 
+from trainhub.backoff import within
 from trainhub.exceptions import Conflict
 from trainhub.httpapi import MAX_SERVER_BODY_BYTES
 from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator
@@ -573,8 +574,7 @@ class GPUCuller(RegainMixin, Application):
     async def _snapshot(self, info: ServerInfo, server_url: str) -> dict:
         """The server's kernels save their variables; never raises (a release goes on without them)."""
         try:
-            result = await asyncio.wait_for(self.client.snapshot(server_url, self.snapshot_timeout),
-                                            self.snapshot_timeout + 30)
+            result = await within(self.client.snapshot(server_url, self.snapshot_timeout), self.snapshot_timeout + 30)
         except Exception as e:
             self.prom.errors.labels("snapshot").inc()
             self.log.warning(json.dumps({"event": "culler.snapshot", "user": info.user, "server": info.server_name,

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from traitlets import Any, Dict, Enum, Float, Instance, Integer, List, Unicode, default
 
-from trainhub.backoff import Backoff, WaitTimeout, apoll
+from trainhub.backoff import Backoff, WaitTimeout, apoll, within
 from trainhub.exceptions import TrainhubError
 from trainhub.fmt import fmt_duration
 from trainhub.kube.names import SECRET_ENV_KEYS
@@ -232,7 +232,7 @@ class KubernetesLauncher(Launcher):
                           request_timeout=max(int(self.request_timeout), 1))
             jobs, pods = JobReflector(api=batch, **caches), PodReflector(api=core, **caches)
             try:
-                await asyncio.wait_for(asyncio.gather(jobs.start(), pods.start()), self.retry_timeout)
+                await within(asyncio.gather(jobs.start(), pods.start()), self.retry_timeout)
             except BaseException:
                 await asyncio.gather(jobs.stop(), pods.stop(), return_exceptions=True)
                 await api_client.close()
@@ -281,7 +281,7 @@ class KubernetesLauncher(Launcher):
         pause = Backoff(f"kubernetes: {what}", start=0.2, cap=5.0, jitter=0.5, timeout=self.retry_timeout)
         while True:
             try:
-                return await asyncio.wait_for(call(*args, **kwargs), self.request_timeout)
+                return await within(call(*args, **kwargs), self.request_timeout)
             except ApiException as e:
                 if e.status < 500 and e.status != 429:
                     raise

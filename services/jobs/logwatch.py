@@ -17,6 +17,8 @@ import logging
 import os
 from pathlib import Path
 
+from trainhub.backoff import wait_event
+
 log = logging.getLogger(__name__)
 
 try:
@@ -172,8 +174,7 @@ class Follower:
         if not ok:
             timeout = min(timeout, self.watch.fallback)
         if not self.event.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.event.wait(), timeout)
+            await wait_event(self.event, timeout)
         self.event.clear()
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from traitlets import Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
+from trainhub.backoff import within
 from trainhub.exceptions import Conflict, Forbidden, InvalidRequest, NotFound
 from trainhub.loops import PeriodicLoop
 from trainhub.services.jobs.models import Job, JobEvent, parse_job_key
@@ -105,7 +106,7 @@ class Registry(LoggingConfigurable):
         self.log.info("dataset %s v%d registered by %s: %s (scanning)", name, v.version, caller.name, url)
         task = self._spawn(self._scan_dataset(v.id, url))
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout=max(0.0, wait))
+            await within(asyncio.shield(task), timeout=max(0.0, wait))
         except asyncio.TimeoutError:
             pass
         ds, v = await self.service.store.read(self.store.get_dataset_version, name, v.version)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -115,3 +116,36 @@ def test_apoll_awaits_async_fetches():
                         start=0.001, timeout=0.5, clock=clock)
 
     asyncio.run(main())
+
+
+async def test_wait_event_says_whether_the_event_came():
+    from trainhub.backoff import wait_event
+
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await wait_event(event, 10) is True
+
+
+async def test_a_periodic_loop_stops_even_when_woken_as_it_is_cancelled():
+    """asyncio.wait_for on Python 3.11 swallowed a cancellation that came as the event was set: the loop went round
+    again and its stop() waited forever (seen as a jobs-engine test hanging until pytest's timeout)."""
+    import logging
+
+    from trainhub.loops import PeriodicLoop
+
+    for _ in range(20):
+        passes = []
+
+        async def body():
+            passes.append(1)
+
+        loop = PeriodicLoop("race", body, 60.0, logging.getLogger("test"))
+        loop.start()
+        while not passes:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the loop waits for its wake now
+        loop.wake()  # the wake and the stop's cancel in the same step of the event loop
+        started = time.monotonic()
+        await asyncio.wait_for(loop.stop(), 2)  # (a hung stop is cut here and returns all the same)
+        assert time.monotonic() - started < 1.5, "the loop went round again after its stop"
