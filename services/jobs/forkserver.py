@@ -347,14 +347,7 @@ def _wrapper(conn: socket.socket, listener: socket.socket, req: dict) -> dict:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     os.close(write_fd)
     os.close(go_r)
-    _send(conn, {"pid": os.getpid()})
-    conn.settimeout(_WAIT_GO)
-    try:
-        go = _read_line(conn, 16)
-    except OSError:
-        go = b""
-    conn.close()
-    if go != GO:  # the launcher gave up on this request: nothing ran
+    if not _reply_and_wait_go(conn):  # the launcher gave up on this request: nothing ran
         os.close(go_w)
         os.close(read_fd)
         worker.wait_exit_code(pid)
@@ -391,6 +384,13 @@ def _wrap(conn: socket.socket, listener: socket.socket, req: dict, fd: int) -> N
     os.environ.clear()
     os.environ.update(req["env"])
     argv = [str(a) for a in req["argv"]]
+    if not _reply_and_wait_go(conn):  # the launcher gave up on this request: nothing ran
+        os._exit(0)
+    os._exit(worker.main(argv))
+
+
+def _reply_and_wait_go(conn: socket.socket) -> bool:
+    """A forked wrapper tells the launcher its pid, then waits for its "go" (closes ``conn``); False: none came."""
     _send(conn, {"pid": os.getpid()})
     conn.settimeout(_WAIT_GO)
     try:
@@ -398,9 +398,7 @@ def _wrap(conn: socket.socket, listener: socket.socket, req: dict, fd: int) -> N
     except OSError:
         go = b""
     conn.close()
-    if go != GO:  # the launcher gave up on this request: nothing ran
-        os._exit(0)
-    os._exit(worker.main(argv))
+    return go == GO
 
 
 def _worker_signals() -> None:
