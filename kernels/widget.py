@@ -210,18 +210,22 @@ class JobPanel:
         self._stop = threading.Event()
         self._nudge = threading.Event()  # the polling thread reads now (set by stop() and by the stream's end)
         self._thread: threading.Thread | None = None
-        self.header = w.HTML()
-        self.chart = w.HTML()
-        self.logs = w.HTML()
-        self.message = w.HTML()
-        self.diagnosis = w.HTML()
+        # the plain parts share one layout and one text style: each widget model is a message to the frontend as the
+        # job starts (the panel is built while the job's first line is on its way, on the same cores)
+        plain = w.Layout()
+        self.header = w.HTML(layout=plain)
+        text = self.header.style
+        self.chart = w.HTML(layout=plain, style=text)
+        self.logs = w.HTML(layout=plain, style=text)
+        self.message = w.HTML(layout=plain, style=text)
+        self.diagnosis = w.HTML(layout=plain, style=text)
         self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop",
                                       tooltip="cancel this job", layout=w.Layout(width="auto"))
         self.cancel_button.on_click(lambda _b: self.cancel())
-        self.tensorboard = w.HTML()  # a link through the user's server (trainhub.extensions.tensorboard)
-        self.widget = w.VBox([w.HBox([self.header, w.HBox([self.tensorboard, self.cancel_button])],
+        self.tensorboard = w.HTML(layout=plain, style=text)  # a link through the user's server (extensions.tensorboard)
+        self.widget = w.VBox([w.HBox([self.header, w.HBox([self.tensorboard, self.cancel_button], layout=plain)],
                                      layout=w.Layout(justify_content="space-between", align_items="flex-start")),
-                              self.diagnosis, self.chart, self.logs, self.message])
+                              self.diagnosis, self.chart, self.logs, self.message], layout=plain)
         self.update(job, logs="")
 
     # -- display ----------------------------------------------------------------------------------
