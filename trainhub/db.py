@@ -14,6 +14,10 @@ fsync per commit cost a submission 3-9 ms here, and a job start takes three comm
 stays consistent through any crash; a power loss or OS crash (not a process crash) may lose the
 last transactions before it. ``$TRAINHUB_DB_SYNC=full`` makes every commit durable at once.
 
+A short write made on an event loop (a job's start) must never wait for another writer: inside
+:func:`no_waiting`, a write transaction takes SQLite's write lock at once or raises
+:class:`WriteLockTaken` before anything is written, and the caller makes it on a worker thread instead.
+
 The files are the platform's alone (0600: they hold
 password hashes and jobs' environment values): see ``trainhub.settings.secure_file``.
 """
@@ -21,6 +25,7 @@ password hashes and jobs' environment values): see ``trainhub.settings.secure_fi
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import sqlite3
@@ -68,6 +73,31 @@ def lock_timeout() -> float:
         return DEFAULT_LOCK_TIMEOUT
 
 
+class WriteLockTaken(Exception):
+    """A write in :func:`no_waiting` would have had to wait (another writer holds the lock, or this database's
+    commits wait for the disk); nothing was written."""
+
+
+_NO_WAIT = contextvars.ContextVar("trainhub_db_no_wait", default=False)
+
+
+@contextlib.contextmanager
+def no_waiting() -> Iterator[None]:
+    """Write transactions opened in this block take the write lock at once or raise :class:`WriteLockTaken` (no
+    retry, no SQLite busy handler): for a write of a few statements on an event loop. Only SQLite with commits that
+    do not wait for the disk (``synchronous=NORMAL``) writes here at all; any other database raises at once."""
+    token = _NO_WAIT.set(True)
+    try:
+        yield
+    finally:
+        _NO_WAIT.reset(token)
+
+
+def _busy_ms() -> int:
+    """SQLite's own busy wait (ms); write transactions retry beyond it up to lock_timeout()."""
+    return int(min(lock_timeout(), 5.0) * 1000)
+
+
 def is_locked(error: BaseException) -> bool:
     """SQLite's "database is locked" / "database table is locked" (SQLITE_BUSY, SQLITE_LOCKED)."""
     text = str(getattr(error, "orig", error)).lower()
@@ -87,8 +117,7 @@ def get_engine(url: str) -> Engine:
     engine = _engines.get(key)
     if engine is None:
         if url.startswith("sqlite"):
-            # one wait of SQLite's own busy handler; write_session retries beyond it up to lock_timeout()
-            busy_ms = int(min(lock_timeout(), 5.0) * 1000)
+            busy_ms = _busy_ms()
             sync = sync_mode().upper()
             engine = create_engine(url, connect_args={"timeout": busy_ms / 1000, "check_same_thread": False})
 
@@ -134,21 +163,29 @@ def session_factory(url: str) -> sessionmaker:
 
 
 def _begin_write(engine: Engine, url: str) -> tuple[Connection, object]:
-    """A connection in a transaction that holds the write lock; a locked database is retried with backoff."""
+    """A connection in a transaction that holds the write lock; a locked database is retried with backoff
+    (in :func:`no_waiting`: WriteLockTaken at once)."""
+    no_wait = _NO_WAIT.get()
+    if no_wait and (engine.dialect.name != "sqlite" or sync_mode() != "normal"):
+        raise WriteLockTaken(f"writes to {engine.dialect.name} with synchronous={sync_mode()} may wait")
     pause = Backoff(f"the write lock of {url}", start=0.05, factor=2.0, cap=2.0, jitter=0.2, timeout=lock_timeout())
     while True:
         conn = engine.connect()
         try:
             if engine.dialect.name == "sqlite":
                 conn.info["begin_mode"] = "IMMEDIATE"
+                if no_wait:
+                    _set_busy(conn, 0)
             trans = conn.begin()
             if engine.dialect.name == "postgresql":
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7342001)")
             return conn, trans
         except OperationalError as e:
-            conn.close()
+            _close(conn, no_wait)
             if not is_locked(e):
                 raise
+            if no_wait:
+                raise WriteLockTaken(f"the write lock of {url} is taken") from e
             try:
                 delay = pause.next_delay()
             except WaitTimeout:
@@ -157,8 +194,21 @@ def _begin_write(engine: Engine, url: str) -> tuple[Connection, object]:
             log.warning("database %s is locked; retrying in %.2f s", url, delay)
             time.sleep(delay)
         except BaseException:
-            conn.close()
+            _close(conn, no_wait)
             raise
+
+
+def _set_busy(conn: Connection, ms: int) -> None:
+    conn.connection.dbapi_connection.execute(f"PRAGMA busy_timeout={int(ms)}")
+
+
+def _close(conn: Connection, no_wait: bool) -> None:
+    """Back to the pool, with SQLite's busy wait as every other user of the pool expects it."""
+    try:
+        if no_wait:
+            _set_busy(conn, _busy_ms())
+    finally:
+        conn.close()
 
 
 @contextlib.contextmanager
@@ -192,7 +242,7 @@ def write_connection(url: str) -> Iterator[Connection]:
             trans.rollback()
         raise
     finally:
-        conn.close()
+        _close(conn, _NO_WAIT.get() and conn.dialect.name == "sqlite")
 
 
 def plain_in(column, count: int, name: str = "state"):

@@ -358,6 +358,9 @@ class LocalLauncher(Launcher):
         # too (its entries wait nicer than running work)
         if self.isolating and self.warm_start:
             await asyncio.to_thread(self._isolated_pool)
+            # and the fork server, which forks the wrappers of isolated workers that start cold: started now, not
+            # within the first such job's launch
+            await asyncio.to_thread(self._from_fork_server, None, lambda server: server.start())
 
     def _isolated_pool(self) -> WorkerPool | None:
         """The pool of isolated workers (started with the service, or on first use), or None where they start cold."""
@@ -419,9 +422,9 @@ class LocalLauncher(Launcher):
             self._pool.fill()
 
     # -- the warm fork server ----------------------------------------------------------------
-    def _from_fork_server(self, job: JobView, fork) -> int | None:
-        """``fork(server)`` (a worker, or an isolated worker's wrapper, forked by the fork server): its pid, or None
-        (after logging why) when it must start cold."""
+    def _from_fork_server(self, job: JobView | None, fork) -> int | None:
+        """``fork(server)`` (a worker, or an isolated worker's wrapper, forked by the fork server; with no ``job``, the
+        server's start): its pid, or None (after logging why) when it must start cold."""
         if time.monotonic() < self._warm_retry_at:
             return None
         with self._forkserver_lock:
@@ -431,17 +434,18 @@ class LocalLauncher(Launcher):
                 self._forkserver = ForkServer(str(jobs_dir / SOCKET_NAME), str(jobs_dir / ".forkserver.log"),
                                               server_environment(os.environ), timeout=self.warm_start_timeout)
             server = self._forkserver
+        who = f"job {job.key}" if job is not None else "the jobs service"
         try:
             return fork(server)
         except ForkServerError as e:
             if e.cold:
-                self.log.info("job %s: starting cold: %s", job.key, e)
+                self.log.info("%s: starting cold: %s", who, e)
             else:
                 self._warm_retry_at = time.monotonic() + 60.0
-                self.log.warning("job %s: warm start failed (%s); starting cold", job.key, e)
+                self.log.warning("%s: warm start failed (%s); starting cold", who, e)
             return None
         except Exception as e:
-            self.log.warning("job %s: warm start failed (%r); starting cold", job.key, e)
+            self.log.warning("%s: warm start failed (%r); starting cold", who, e)
             return None
 
     async def close(self) -> None:

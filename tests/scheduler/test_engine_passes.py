@@ -271,3 +271,78 @@ async def test_a_job_put_back_in_the_queue_by_another_process_is_scheduled_again
     again = await engine.store.read(engine.store.get, job.id)
     assert again.state == RUNNING and again.attempt == 2
     assert engine.launcher.launches == [(job.key, 1), (job.key, 2)]
+
+
+async def test_a_start_while_another_writer_holds_the_lock_waits_on_a_thread_not_on_the_loop(make_engine, tmp_path):
+    """A job's devices and claim are written on the event loop only when the write lock is free at once; held by
+    another process, the start waits for it on a worker thread and the loop goes on serving."""
+    import sqlite3
+    import threading
+    import time
+
+    engine = make_engine(tick=300, schedule_interval=600)
+    await running_loop(engine)
+    try:
+        job = await submit(engine)
+        await wait_state(engine, job, RUNNING)  # the lock free: a start as usual
+        second = await engine.store.write(engine.store.create, user="bob", name="j", command="train", workers=1, gpus=0)
+        taken, release = threading.Event(), threading.Event()
+
+        def hold():
+            other = sqlite3.connect(tmp_path / "platform.db", isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            taken.set()
+            release.wait(10)
+            other.execute("COMMIT")
+            other.close()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert await asyncio.to_thread(taken.wait, 5)
+        engine.wake()
+        late, step = 0.0, 0.01
+        for _ in range(40):  # 0.4 s of the loop's own timers while the start waits for the lock
+            before = time.monotonic()
+            await asyncio.sleep(step)
+            late = max(late, time.monotonic() - before - step)
+        assert await state_of(engine, second) == QUEUED  # it could not be claimed yet
+        release.set()
+        await wait_state(engine, second, RUNNING)
+        await asyncio.to_thread(holder.join)
+        assert late < 0.2, f"the event loop stalled {late:.3f} s while the start waited for the lock"
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("policy, state", [("requeue", QUEUED), ("fail", "failed")])
+async def test_a_job_whose_start_the_platform_stop_cut_short_is_the_stops_not_lost(make_engine, tmp_path, monkeypatch,
+                                                                                     policy, state):
+    """Claimed (running) in a run of the platform that then stopped before the job's launch was recorded: the stop
+    ended whatever of it had started, so the next start requeues it (or fails it, ``on_platform_stop``)."""
+    import time
+
+    from trainhub.procs import INSTANCE_VAR
+    from trainhub.settings import DataDir, StopRecord
+
+    monkeypatch.setenv(INSTANCE_VAR, "the-run-before")
+    engine = make_engine(on_platform_stop=policy)
+    never = asyncio.Event()
+
+    async def launch_until_stopped(job, devices, env):
+        await never.wait()
+
+    engine.launcher.launch = launch_until_stopped
+    job = await submit(engine)
+    launching = asyncio.create_task(engine.run_once())
+    await wait_state(engine, job, RUNNING)  # claimed; its launch under way
+    launching.cancel()  # the platform's stop ends the service in the middle of it
+    await asyncio.gather(launching, return_exceptions=True)
+    claimed = await engine.store.read(engine.store.get, job.id)
+    assert claimed.launch_state == {"dir": None, "workers": [], "instance": "the-run-before"}
+    StopRecord("the-run-before", time.time(), "stopped").save(DataDir(tmp_path))
+    monkeypatch.setenv(INSTANCE_VAR, "the-next-run")
+    restarted = make_engine(on_platform_stop=policy)
+    await restarted.recover()
+    after = await restarted.store.read(restarted.store.get, job.id)
+    assert after.state == state and "while it started" in after.reason, after.reason
+    assert restarted.allocator.holdings() == []  # its devices are back in the pool
