@@ -322,6 +322,9 @@ def test_a_large_log_streams_whole_and_tail_is_bounded(jobs):
     with requests.get(f"{u.url}/jobs/{job['id']}/logs", headers=u.h, stream=True, timeout=60) as r:
         lines = [line.decode() for line in r.iter_lines() if line]
     assert len(lines) == 3000 and [int(line.rsplit(" ", 1)[1]) for line in lines] == list(range(3000))
+    # a follow from the start catches up in shares (on the service's loop) and ends with the job
+    with requests.get(f"{u.url}/jobs/{job['id']}/logs", params={"follow": 1}, headers=u.h, stream=True, timeout=60) as r:
+        assert [line.decode() for line in r.iter_lines() if line] == lines
     tail = u.logs(job["id"], tail=2).splitlines()
     assert [line.rsplit(" ", 1)[1] for line in tail] == ["2998", "2999"]
     r = u.get(job["id"], "/logs", params={"tail": 10 ** 12})
