@@ -181,7 +181,7 @@ def _begin_write(engine: Engine, url: str) -> tuple[Connection, object]:
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7342001)")
             return conn, trans
         except OperationalError as e:
-            _close(conn, no_wait)
+            _close(conn)
             if not is_locked(e):
                 raise
             if no_wait:
@@ -194,7 +194,7 @@ def _begin_write(engine: Engine, url: str) -> tuple[Connection, object]:
             log.warning("database %s is locked; retrying in %.2f s", url, delay)
             time.sleep(delay)
         except BaseException:
-            _close(conn, no_wait)
+            _close(conn)
             raise
 
 
@@ -202,10 +202,11 @@ def _set_busy(conn: Connection, ms: int) -> None:
     conn.connection.dbapi_connection.execute(f"PRAGMA busy_timeout={int(ms)}")
 
 
-def _close(conn: Connection, no_wait: bool) -> None:
-    """Back to the pool, with SQLite's busy wait as every other user of the pool expects it."""
+def _close(conn: Connection) -> None:
+    """Back to the pool, with SQLite's busy wait as every other user of the pool expects it (in :func:`no_waiting`
+    the transaction's connection had none)."""
     try:
-        if no_wait:
+        if _NO_WAIT.get() and conn.dialect.name == "sqlite":
             _set_busy(conn, _busy_ms())
     finally:
         conn.close()
@@ -242,7 +243,7 @@ def write_connection(url: str) -> Iterator[Connection]:
             trans.rollback()
         raise
     finally:
-        _close(conn, _NO_WAIT.get() and conn.dialect.name == "sqlite")
+        _close(conn)
 
 
 def plain_in(column, count: int, name: str = "state"):

@@ -265,9 +265,14 @@ class JobEngine(LoggingConfigurable):
         database in WAL mode (a reader never waits there, and a small read costs less than a trip to a
         worker thread, which is a wait for a core on a loaded machine: a submission waits for the pass),
         else on a worker thread."""
-        if inline and self.store.inline_reads and self.allocator.inline_reads:
+        if inline and self._local_sqlite:
             return fn()
         return await asyncio.to_thread(fn)
+
+    @property
+    def _local_sqlite(self) -> bool:
+        """Both databases are local SQLite (WAL) and small work on them may run on the event loop."""
+        return self.store.inline_reads and self.allocator.inline_reads
 
     async def _write_now(self, fn):
         """``fn()``, a job start's short write (its devices and claim, about 1 ms): on the event loop where both
@@ -275,7 +280,7 @@ class JobEngine(LoggingConfigurable):
         a thread each of its dozen statements waits for the GIL while the loop serves what comes with a start (the
         panel's and the client's log streams): 3-8 ms instead of 1 on the way to the job's first line. ``fn`` must
         be safe to run again (a first try may have committed part of it before it found the lock taken)."""
-        if self.store.inline_reads and self.allocator.inline_reads:
+        if self._local_sqlite:
             try:
                 with no_waiting():
                     return fn()
@@ -597,7 +602,9 @@ class JobEngine(LoggingConfigurable):
         holder = job_holder(job.id)
         # the run it starts in, from the claim on: were the platform to stop before its launch is recorded, the next
         # start knows the stop ended it (recover)
-        claim_state = {"dir": None, "workers": [], **({"instance": os.environ[INSTANCE_VAR]} if os.environ.get(INSTANCE_VAR) else {})}
+        claim_state = {"dir": None, "workers": []}
+        if os.environ.get(INSTANCE_VAR):
+            claim_state["instance"] = os.environ[INSTANCE_VAR]
 
         def take() -> tuple[list, bool]:
             # the devices and the claim (see _write_now); the job is claimed before its workers start: if the
