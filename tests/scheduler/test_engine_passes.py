@@ -346,3 +346,44 @@ async def test_a_job_whose_start_the_platform_stop_cut_short_is_the_stops_not_lo
     after = await restarted.store.read(restarted.store.get, job.id)
     assert after.state == state and "while it started" in after.reason, after.reason
     assert restarted.allocator.holdings() == []  # its devices are back in the pool
+
+
+# -- a start's claim and launch (Launcher.launch_claimed) ------------------------------------------------
+
+async def test_gpus_taken_between_the_pass_and_the_claim_leave_the_job_queued_with_the_reason(make_engine, monkeypatch):
+    from trainhub.exceptions import TrainhubError
+
+    engine = make_engine(schedule_interval=600)
+    allocate = engine.allocator.allocate
+    taken = []
+
+    def raced(*a, **kw):  # a notebook server took the GPUs after the pass chose this job
+        if not taken:
+            taken.append(1)
+            raise TrainhubError("2 GPUs asked, 0 free")
+        return allocate(*a, **kw)
+
+    monkeypatch.setattr(engine.allocator, "allocate", raced)
+    job = await submit(engine)
+    await engine.run_once(schedule=None)
+    row = await engine.store.read(engine.store.get, job.id)
+    assert (row.state, row.reason) == (QUEUED, "2 GPUs asked, 0 free")
+    assert engine.launcher.launches == [] and engine.allocator.holdings() == []
+    await engine.run_once(schedule=True)  # the next pass starts it
+    assert await state_of(engine, job) == RUNNING and engine.launcher.launches == [(job.key, 1)]
+
+
+async def test_a_launch_that_fails_after_the_claim_fails_the_job_and_frees_its_gpus(make_engine, monkeypatch):
+    from trainhub.exceptions import TrainhubError
+
+    engine = make_engine(schedule_interval=600)
+
+    async def broken(job, devices, env):  # e.g. its folder cannot be made: the claim was written all the same
+        raise TrainhubError("no space left on device")
+
+    monkeypatch.setattr(engine.launcher, "launch", broken)
+    job = await submit(engine)
+    await engine.run_once(schedule=None)
+    row = await engine.store.read(engine.store.get, job.id)
+    assert row.state == "failed" and "could not start its workers: no space left on device" in row.reason
+    assert engine.allocator.holdings() == []
