@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from traitlets import CaselessStrEnum, Float, Instance, Type, Unicode
 from traitlets.config import LoggingConfigurable
 
-from trainhub.db import WriteLockTaken, no_waiting
+from trainhub.db import write_now
 from trainhub.distenv import job_env
 from trainhub.exceptions import TrainhubError
 from trainhub.fmt import fmt_duration
@@ -276,17 +276,9 @@ class JobEngine(LoggingConfigurable):
 
     async def _write_now(self, fn):
         """``fn()``, a job start's short write (its devices and claim, about 1 ms): on the event loop where both
-        databases are local SQLite and the write lock is free at once (``no_waiting``), else on a worker thread. On
-        a thread each of its dozen statements waits for the GIL while the loop serves what comes with a start (the
-        panel's and the client's log streams): 3-8 ms instead of 1 on the way to the job's first line. ``fn`` must
-        be safe to run again (a first try may have committed part of it before it found the lock taken)."""
-        if self._local_sqlite:
-            try:
-                with no_waiting():
-                    return fn()
-            except WriteLockTaken:
-                pass
-        return await asyncio.to_thread(fn)
+        databases are local SQLite and the write lock is free at once, else on a worker thread (db.write_now): on a
+        thread it took 3-8 ms on the way to the job's first line, while the loop served the start's log streams."""
+        return await write_now(fn, self._local_sqlite)
 
     def _read_state(self) -> tuple[list, list, list]:
         """``(running jobs, ledger holdings, server requests)`` (blocking: see _read)."""

@@ -24,7 +24,8 @@ from datetime import datetime, timezone
 from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from trainhub.db import SQLiteReader, get_engine, init_db, plain_in, plain_in_params, write_connection, write_session
+from trainhub.db import (SQLiteReader, get_engine, init_db, plain_in, plain_in_params, write_connection, write_now,
+                         write_session)
 from trainhub.exceptions import NotFound
 from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
@@ -184,6 +185,11 @@ class JobStore:
 
     async def write(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self._writer, lambda: fn(*args, **kwargs))
+
+    async def write_now(self, fn, *args, **kwargs):
+        """A short write a request waits for (a submission): on the event loop with SQLite when the write lock is free
+        at once, else on the writer thread as :meth:`write` (trainhub.db.write_now). ``fn`` must be one transaction."""
+        return await write_now(lambda: fn(*args, **kwargs), self.inline_reads, self._writer)
 
     async def read(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self._readers, lambda: fn(*args, **kwargs))

@@ -10,7 +10,7 @@ import time
 import pytest
 from sqlalchemy import text
 
-from trainhub.db import WriteLockTaken, get_engine, no_waiting, write_connection
+from trainhub.db import WriteLockTaken, get_engine, no_waiting, write_connection, write_now
 
 
 @pytest.fixture
@@ -72,3 +72,35 @@ def test_commits_that_wait_for_the_disk_are_never_made_without_waiting(url, monk
         with no_waiting(), write_connection(url) as c:
             c.execute(text("INSERT INTO t VALUES (4)"))
     assert rows(url) == []
+
+
+# -- write_now: a short write a coroutine awaits -------------------------------------------------------
+
+def insert(url, value):
+    def fn():
+        with write_connection(url) as c:
+            c.execute(text("INSERT INTO t VALUES (:v)"), {"v": value})
+        return threading.get_ident()
+    return fn
+
+
+async def test_write_now_writes_on_the_loop_when_the_lock_is_free(url):
+    assert await write_now(insert(url, 5), inline=True) == threading.get_ident()  # this (the loop's) thread
+    assert await write_now(insert(url, 6), inline=False) != threading.get_ident()  # not inline: a worker thread
+    assert rows(url) == [5, 6]
+
+
+async def test_write_now_waits_for_a_taken_lock_on_a_thread_while_the_loop_goes_on(url, tmp_path):
+    import asyncio
+
+    holder = hold_write_lock(tmp_path / "platform.db", 0.5)
+    write = asyncio.ensure_future(write_now(insert(url, 7), inline=True))
+    late, step = 0.0, 0.01
+    for _ in range(20):  # the loop's own timers while the write waits for the lock
+        before = time.monotonic()
+        await asyncio.sleep(step)
+        late = max(late, time.monotonic() - before - step)
+    assert await write != threading.get_ident()
+    await asyncio.to_thread(holder.join)
+    assert rows(url) == [7]
+    assert late < 0.2, f"the event loop stalled {late:.3f} s while the write waited for the lock"
