@@ -159,6 +159,17 @@ def read_new(files: list[Path], offsets: dict, budget: int = LOG_CHUNK) -> list[
     return list(heapq.merge(*per_file, key=lambda line: line[:24]))
 
 
+def unread_bytes(files: list[Path], offsets: dict) -> int:
+    """Bytes of ``files`` past ``offsets`` (a missing file has none)."""
+    total = 0
+    for f in files:
+        try:
+            total += max(0, f.stat().st_size - offsets.get(f, 0))
+        except FileNotFoundError:
+            pass
+    return total
+
+
 def tail_lines(files: list[Path], n: int, offsets: dict, budget: int = 8 * LOG_CHUNK) -> list[bytes]:
     """The last ``n`` complete lines (from at most ``budget`` bytes at the end of the files); ``offsets``
     are left at each file's end, so a follow carries on from there."""
@@ -214,9 +225,9 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
         offsets: dict = {}
         try:
             if tail is not None:
-                self.write(b"".join(await asyncio.to_thread(lambda: tail_lines(log_files(job_dir, worker), int(tail), offsets))))
+                self.write(b"".join(await self._on_files(lambda files: tail_lines(files, int(tail), offsets), job_dir, worker, {})))
             else:
-                while chunk := await asyncio.to_thread(lambda: read_new(log_files(job_dir, worker), offsets)):
+                while chunk := await self._on_files(lambda files: read_new(files, offsets), job_dir, worker, offsets):
                     self.write(b"".join(chunk))
                     await self.flush()
             if not follow:
@@ -234,7 +245,7 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
                         continue
                     if ended:
                         break
-                    current = await self.service.store.read(self.service.store.record, job.id)
+                    current = await self.service.store.lookup(self.service.store.record, job.id)
                     if current.state in JOB_TERMINAL:
                         ended = True
                         continue
@@ -243,6 +254,17 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
             return
         if not self._gone:
             self.finish()
+
+    @staticmethod
+    async def _on_files(read, job_dir: str, worker: int | None, offsets: dict):
+        """``read(files)`` of the job's log files: on the loop when at most ``FOLLOW_CHUNK`` bytes of them are unread
+        past ``offsets`` (a job just submitted or started: the follow a notebook's panel opens then), else on a worker
+        thread. The trip to a thread costs more than a few KiB, and while a job starts it is a wait for the GIL beside
+        the start itself."""
+        files = log_files(job_dir, worker)
+        if unread_bytes(files, offsets) <= FOLLOW_CHUNK:
+            return read(files)
+        return await asyncio.to_thread(read, files)
 
 
 def default_handlers(prefix: str, service) -> list:

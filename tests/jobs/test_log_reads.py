@@ -62,3 +62,29 @@ def test_tail_reads_only_the_end_and_leaves_offsets_there(tmp_path):
     (tmp_path / "short").mkdir()
     short = write_logs(tmp_path / "short", 2, workers=1)  # fewer lines than asked: all of them, no piece of a line
     assert tail_lines(short, 10, {}) == short[0].read_bytes().splitlines(keepends=True)
+
+
+async def test_a_few_unread_kib_are_read_on_the_loop_and_more_on_a_thread(tmp_path):
+    """The follow a notebook's panel opens as its job starts reads on the event loop (a trip to a worker thread costs
+    more than a few KiB, and shares the GIL with the start); a long log's unread part never blocks the loop."""
+    import threading
+
+    from trainhub.services.jobs.handlers import FOLLOW_CHUNK, JobLogsHandler, unread_bytes
+
+    adir = tmp_path / "attempt-1"
+    adir.mkdir()
+    log = adir / "worker-0.log"
+
+    def where(files):
+        return threading.get_ident(), [f.name for f in files]
+
+    assert await JobLogsHandler._on_files(where, str(tmp_path), None, {}) == (threading.get_ident(), [])  # no log yet
+    log.write_bytes(stamped(0, 0))
+    assert await JobLogsHandler._on_files(where, str(tmp_path), None, {}) == (threading.get_ident(), ["worker-0.log"])
+    log.write_bytes(stamped(0, 0, "x" * FOLLOW_CHUNK))
+    assert unread_bytes([log], {}) > FOLLOW_CHUNK
+    thread, _ = await JobLogsHandler._on_files(where, str(tmp_path), None, {})
+    assert thread != threading.get_ident()
+    # what was read already does not count
+    thread, _ = await JobLogsHandler._on_files(where, str(tmp_path), None, {log: log.stat().st_size - 10})
+    assert thread == threading.get_ident()
