@@ -114,9 +114,18 @@ class LogWatch:
             if ev.mask & _flags.IGNORED:  # the folder went: its watch is gone
                 self._wd_dir.pop(ev.wd, None)
                 self._dir_wd.pop(folder, None)
-            # a follower's key is its job folder: the event is about it, in it, or in one of its attempts
-            for key in (folder / ev.name if ev.name else folder, folder, folder.parent):
-                self._wake(key)
+            # a follower's key is its job folder: the event is about it, in it (an attempt folder), or in one of its
+            # attempts (a worker's log). The rest (the script, outputs/, metrics, exit files) is not what a follower
+            # reads: a job's start writes a dozen of them, each a wake of every follower on the way to its first line
+            if not ev.name:  # about the watched folder itself (gone, its watch dropped)
+                self._wake(folder)
+                self._wake(folder.parent)
+                continue
+            self._wake(folder / ev.name)
+            if ev.name.startswith("attempt-"):
+                self._wake(folder)
+            if ev.name.startswith("worker-") and ev.name.endswith(".log"):
+                self._wake(folder.parent)
 
     def _wake(self, key: Path) -> None:
         for follower in self._followers.get(key, ()):

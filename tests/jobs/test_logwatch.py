@@ -91,3 +91,32 @@ async def test_without_inotify_a_follower_falls_back_to_the_timer(tmp_path):
     with watch.follow(str(job)) as follower:
         await asyncio.wait_for(follower.changed(SLOW), 10)  # the fallback, not the 60 s asked for
     watch.close()
+
+
+async def test_what_a_follow_does_not_read_wakes_no_follower(tmp_path):
+    """A job's start writes its script, outputs/, work/, metrics and exit files: none is a log line, and each wake of
+    every follower would be on the way to the first one."""
+    watch = LogWatch(fallback=SLOW)
+    job = tmp_path / "j-000005"
+    attempt = job / "attempt-1"
+    attempt.mkdir(parents=True)
+    with watch.follow(str(job)) as follower:
+        (job / "script.py").write_text("print('hi')\n")
+        (job / "outputs").mkdir()
+        (attempt / "metrics-0.jsonl").write_text("{}\n")
+        (attempt / "worker-0.exit").write_text("0")
+        (attempt / "worker-0.wrapper.err").write_text("")
+        log = attempt / "worker-0.log"
+        log.write_text("a line\n")  # the one that counts, written last: the events come in order
+        await await_for(lambda: follower.event.is_set(), what="the log line to be seen")
+        watch._read()  # the events still queued, if any
+        follower.event.clear()
+        await asyncio.sleep(0.05)
+        watch._read()
+        assert not follower.event.is_set()  # nothing else woke it
+        (attempt / "metrics-0.jsonl").write_text("{}\n{}\n")
+        await asyncio.sleep(0.05)
+        watch._read()
+        assert not follower.event.is_set()
+        await woken(follower, lambda: log.open("a").write("another\n"))
+    watch.close()
