@@ -11,8 +11,8 @@ a ``python -u`` start does (``site``) and imported only the standard-library mod
 the mounts, enters the working folder, sets the umask, makes ``/proc/<pid>/environ`` the job's environment
 (trainhub.warmsandbox.show_environ), drops to the account (trainhub.warmsandbox.become), takes on the job's
 environment, ``sys.argv`` and ``sys.path`` as ``python -u script.py`` would have them (forkserver.prepare_worker),
-answers ``ok`` and runs the script as ``__main__`` (forkserver.run_script): the interpreter then exits as after
-``python -u script.py``. Any failure answers the error and exits 1 before any of the job's code ran: the launcher
+answers ``ok``, tells its wrapper it took the job on (``worker.TAKEN_ON``, its first output) and runs the script as
+``__main__`` (forkserver.run_script): the interpreter then exits as after ``python -u script.py``. Any failure answers the error and exits 1 before any of the job's code ran: the launcher
 starts the worker cold. End of file first (the launcher let it go) exits 0.
 """
 
@@ -22,6 +22,7 @@ import sys
 import time
 
 from trainhub.services.jobs.forkserver import prepare_worker, run_script
+from trainhub.services.jobs.worker import TAKEN_ON
 from trainhub.warmsandbox import attach_mounts, become, serve_claim, show_environ
 
 
@@ -46,6 +47,7 @@ def main(argv: list[str]) -> None:
     from importlib.machinery import SourceFileLoader  # noqa: F401
 
     script = serve_claim(sock, apply_claim)  # the launcher starts the worker cold on an error
+    os.write(1, TAKEN_ON)  # to the wrapper: the job's output follows (worker.py)
     run_script(script)
 
 

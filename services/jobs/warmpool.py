@@ -8,12 +8,14 @@ envexec's interpreter and the script's own ``python -u`` start. A pool entry has
                           (the wrapper: its own session,      (as root in a sandbox of no user: site imported,
                            the platform's, outside)            says "ready" on FD and waits)
 
-At launch the launcher claims one per worker: the interpreter gets the job's mounts (``open_tree`` descriptors of
-what the cold sandbox would bind: home, storage area, ``datasets/`` read-only, the job's ``outputs/``, ``work/``,
-script and metrics file, the GPU device nodes the ledger gave it), its umask, account, environment, script and
-arguments; once it answered ``ok``, the wrapper gets the worker's rank, log and exit file, and from then on is a
-cold worker's wrapper (timestamps the output, writes the exit file; its pid is the worker's process group). A
-failure anywhere discards the entry (nothing of it ran for the job, nothing is recorded) and the worker starts cold.
+At launch the launcher claims one per worker: the wrapper gets the worker's rank, log and exit file; the interpreter
+gets the job's mounts (``open_tree`` descriptors of what the cold sandbox would bind: home, storage area,
+``datasets/`` read-only, the job's ``outputs/``, ``work/``, script and metrics file, the GPU device nodes the ledger
+gave it), its umask, account, environment, script and arguments, answers ``ok`` and tells its wrapper it took the job
+on (``worker.TAKEN_ON``, its first output); from then on the wrapper is a cold worker's wrapper (timestamps the
+output, writes the exit file; its pid is the worker's process group). A failure anywhere discards the entry (nothing
+of it ran for the job, nothing is recorded: the wrapper records nothing before ``TAKEN_ON``) and the worker starts
+cold.
 
 Nothing passes between users: an entry is claimed at most once and never returns to the pool; the process, its
 sandbox, /tmp and memory end with that worker. Before its claim an entry runs platform code only and reads no
@@ -231,11 +233,16 @@ class WorkerPool:
         return None
 
     def claim(self, entry: Entry, spec: dict, mounts: list[tuple[str, bool, bool]], worker: dict, timeout: float) -> int:
-        """Hand ``entry`` its worker: ``spec`` and ``mounts`` to the interpreter (warminside.apply_claim), then, once it
-        answered ``ok``, ``worker`` (rank, log, exit file) to the wrapper. Returns the wrapper's pid (the worker's
-        process group). Raises WarmUnavailable (the entry discarded, nothing recorded) on any failure."""
+        """Hand ``entry`` its worker: ``worker`` (rank, log, exit file) to the wrapper, then ``spec`` and ``mounts`` to the
+        interpreter (warminside.apply_claim), and wait for its ``ok``. Returns the wrapper's pid (the worker's process
+        group). Raises WarmUnavailable (the entry discarded, nothing recorded: the wrapper records nothing before the
+        interpreter took the job on) on any failure."""
         try:
             entry.renice()  # the job runs at the service's priority, as a cold worker does
+            # the wrapper first: it records the output once the interpreter says it took the job on (worker.TAKEN_ON),
+            # so the first line is not held up by a second message from here
+            entry.ctl.settimeout(timeout)
+            entry.ctl.sendall(json.dumps(worker).encode() + b"\n")
             entry.claim_sock.settimeout(timeout)
             send_claim(entry.claim_sock, spec, mounts)
             answer = b""
@@ -249,8 +256,6 @@ class WorkerPool:
                 raise WarmUnavailable(error or f"the warm interpreter ended (wrapper code {entry.proc.poll()})")
             for note in notes:  # e.g. its /proc environ could not be set: it runs all the same
                 self.log.warning("Warm job worker %s: %s", entry.pid, note)
-            entry.ctl.settimeout(timeout)
-            entry.ctl.sendall(json.dumps(worker).encode() + b"\n")
         except WarmUnavailable:
             with self._lock:
                 self._drop(entry)

@@ -25,8 +25,11 @@ so warm and cold workers write the same log lines and exit files.
 
 ``--warm FD [--nice N]``: a wrapper of the warm pool of isolated workers (warmpool.py). It starts ``cmd`` (a sandboxed warm
 interpreter) at once but learns its rank, log and exit file only when the launcher claims it: one JSON line on the
-Unix socket FD, sent after the interpreter has taken on its job. Until then it copies and records nothing; end of
-file on FD first (the launcher let it go, or went away) kills ``cmd`` and exits without a trace. ``--nice N``: it
+Unix socket FD, sent just before the interpreter gets its job. It then records the command's output only once the
+command's first bytes are ``TAKEN_ON``, which the interpreter writes when it has taken the job on, before any of the
+job's code runs (the job cannot write them first); so the first line is read as soon as it is printed, without a
+second message from the launcher. End of file on FD first (the launcher let it go, or went away), or on the output
+before ``TAKEN_ON`` (the interpreter failed its claim), kills ``cmd`` and exits without a trace. ``--nice N``: it
 and ``cmd`` wait N steps nicer than the launcher, so a refill yields the CPU to running work; the launcher renices
 the pair back when it claims them.
 """
@@ -34,6 +37,8 @@ the pair back when it claims them.
 import _signal as signal  # see the module docstring
 import os
 import sys
+
+TAKEN_ON = b"\0trainhub: taken on\n"  # a warm interpreter's first output: it runs the claimed job from here on
 
 USAGE = ("usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] [--sandboxed] -- cmd [args...]\n"
          "       worker.py --warm FD [--nice N] [--sandboxed] -- cmd [args...]")
@@ -159,6 +164,17 @@ def wait_claim(fd: int) -> dict | None:
         return None
 
 
+def taken_on(read_fd: int) -> bool:
+    """Were the command's first bytes ``TAKEN_ON`` (read exactly, so what follows stays in the pipe)?"""
+    data = b""
+    while len(data) < len(TAKEN_ON):
+        chunk = os.read(read_fd, len(TAKEN_ON) - len(data))
+        if not chunk:
+            return False
+        data += chunk
+    return data == TAKEN_ON
+
+
 def _close_all_but(keep: set) -> None:
     for name in os.listdir("/proc/self/fd"):
         if int(name) not in keep:
@@ -207,7 +223,7 @@ def main(argv=None) -> int:
         _close_all_but({0, 1, 2, read_fd, args["warm"]})
         _stamper()  # its imports now, not on the way to the claimed job's first line
         claim = wait_claim(args["warm"]) if error is None else None
-        if claim is None:  # never claimed: nothing ran for anyone, nothing is recorded
+        if claim is None or not taken_on(read_fd):  # never claimed, or the claim failed: nothing ran, nothing is recorded
             if pid is not None:
                 _kill(pid)
                 os.close(read_fd)

@@ -27,6 +27,7 @@ from waiting import await_for, wait_for
 from trainhub.accounts import UserAccounts
 from trainhub.isolation import Isolation
 from trainhub.services.jobs import warmpool
+from trainhub.services.jobs import worker as worker_mod
 from trainhub.services.jobs.launcher import JobView
 from trainhub.services.jobs.local import WARM_INSIDE_SCRIPT, WORKER_SCRIPT, LocalLauncher
 from trainhub.storage import StorageConfig
@@ -190,6 +191,31 @@ def test_a_failed_claim_discards_the_entry_and_records_nothing(tmp_path):
         assert not log.exists() and not exit_file.exists()
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("first, recorded", [(b"", False), (b"hello before being taken on\n", False),
+                                             (worker_mod.TAKEN_ON, True)])
+def test_a_warm_wrapper_records_only_once_its_interpreter_took_the_job_on(tmp_path, first, recorded):
+    """The wrapper learns its log before the interpreter gets the job: until the interpreter's first bytes say it took
+    the job on, nothing of a failed claim (an exit without them, or output that is not them) reaches the log."""
+    import socket
+    import subprocess
+
+    ctl, ctl_child = socket.socketpair()
+    cmd = [sys.executable, "-c", f"import os, sys; os.write(1, {first!r}); print('the job', flush=True); sys.exit(3)"]
+    proc = subprocess.Popen([sys.executable, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_child.fileno()), "--", *cmd],
+                            pass_fds=(ctl_child.fileno(),), start_new_session=True)
+    ctl_child.close()
+    log, exit_file = tmp_path / "w.log", tmp_path / "w.exit"
+    ctl.sendall(json.dumps({"rank": 2, "log": str(log), "exit_file": str(exit_file)}).encode() + b"\n")
+    ctl.close()
+    assert proc.wait(30) == 0
+    if recorded:
+        assert exit_file.read_text() == "3"
+        lines = log.read_text().splitlines()
+        assert len(lines) == 1 and lines[0].endswith("[2] the job") and "taken on" not in log.read_text()
+    else:
+        assert not log.exists() and not exit_file.exists()
 
 
 def test_entries_let_go_leave_no_trace_and_no_process(tmp_path):
