@@ -614,36 +614,25 @@ class JobEngine(LoggingConfigurable):
                 self.allocator.release(holder)
             return per_worker, claimed
 
-        recorded: list = []  # what the claim came to: the devices per worker, or None (not claimed)
-
-        async def claim() -> list | None:
-            per_worker, claimed = await self._write_now(take)
-            recorded.append(per_worker if claimed else None)
-            if not claimed:
-                return None
-            if resume:
-                env.update({RESUME_URL_VAR: resume.url, RESUME_STEP_VAR: str(resume.step)})
-                await self.store.write(self.store.update, job.id, event=(
-                    "resumed", f"resumed from step {resume.step}: attempt {attempt} is offered checkpoint {resume.name}"))
-            return per_worker
-
         try:
-            # the launcher may make the attempt's folders while the claim is written (Launcher.launch_claimed)
-            state = await self.launcher.launch_claimed(v, claim, env)
+            per_worker, claimed = await self._write_now(take)
+        except TrainhubError as e:  # a server took the GPUs in the meantime: stay queued
+            if job.reason != e.message:
+                await self.store.write(self.store.update, job.id, only_if_state=(QUEUED,), reason=e.message)
+            return False
+        if not claimed:
+            return True
+        if resume:
+            env.update({RESUME_URL_VAR: resume.url, RESUME_STEP_VAR: str(resume.step)})
+            await self.store.write(self.store.update, job.id, event=(
+                "resumed", f"resumed from step {resume.step}: attempt {attempt} is offered checkpoint {resume.name}"))
+        try:
+            state = await self.launcher.launch(v, per_worker, env)
         except Exception as e:
-            if not recorded:  # the claim itself failed: nothing started
-                if not isinstance(e, TrainhubError):
-                    raise
-                if job.reason != e.message:  # a server took the GPUs in the meantime: stay queued
-                    await self.store.write(self.store.update, job.id, only_if_state=(QUEUED,), reason=e.message)
-                return False
             self.log.exception("job %s: launch failed", job.key)
             job.launch_state = {}
             await self._end_attempt(job, FAILED, f"could not start its workers: {e}")
             return True
-        if state is None:  # cancelled in the meantime
-            return True
-        per_worker = recorded[0]
         await self.store.write(self.store.update, job.id, launch_state=state)
         for w in state.get("workers", []) if any(per_worker) else ():  # the pid is the record of held devices
             try:

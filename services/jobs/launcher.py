@@ -84,15 +84,6 @@ class Launcher(LoggingConfigurable):
         """
         raise NotImplementedError
 
-    async def launch_claimed(self, job: JobView, claim, env: dict) -> dict | None:
-        """``launch`` once ``await claim()`` has recorded the job as started: it returns the devices per worker, or
-        None when the job was not claimed (cancelled meanwhile), and raises when it stays queued. A launcher may make
-        ready what needs no devices while the claim is written (the local one makes the attempt's folders), but nothing
-        of the job may run before the claim returned, and nothing may stay behind when it returned None (then this
-        returns None) or raised (then this raises the same). Default: the claim, then ``launch``."""
-        devices = await claim()
-        return None if devices is None else await self.launch(job, devices, env)
-
     async def poll(self, job: JobView, state: dict) -> list[WorkerStatus]:
         raise NotImplementedError
 

@@ -29,9 +29,7 @@ and device set, so isolated workers never use it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,7 +37,6 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from traitlets import Bool, Float, Instance, Integer, TraitError, Unicode, default, validate
@@ -184,43 +181,13 @@ class LocalLauncher(Launcher):
         return rw, ro, cwd
 
     async def launch(self, job, devices, env):
-        return await self._started(asyncio.to_thread(self._launch, job, devices, env))
-
-    async def launch_claimed(self, job, claim, env):
-        # the job's folders are made on a worker thread while the engine writes the claim on the loop; the same thread
-        # then starts the workers as soon as the claim's devices come through the gate (one hand-over, no second trip
-        # to a thread), or removes what it made when the job was not claimed
-        gate: concurrent.futures.Future = concurrent.futures.Future()
-        # submitted now (a task would start only once the claim, written inline, lets the loop go)
-        start = asyncio.get_running_loop().run_in_executor(None, self._stage_then_launch, job, env, gate)
         try:
-            devices = await claim()
-        except BaseException:
-            gate.set_result(None)
-            await asyncio.gather(start, return_exceptions=True)
-            raise
-        gate.set_result(devices)
-        if devices is None:
-            await asyncio.gather(start, return_exceptions=True)  # nothing of the job started: a failed staging is moot
-            return None
-        return await self._started(start)
-
-    async def _started(self, start) -> dict:
-        try:
-            state = await start
+            state = await asyncio.to_thread(self._launch, job, devices, env)
         finally:
             if self._pool is not None:  # after the claim: the next entries do not slow this start
                 asyncio.get_running_loop().call_later(self.isolated_refill_delay, self._refill_in_thread)
         self._watch(state)
         return state
-
-    def _stage_then_launch(self, job: JobView, env: dict, gate: concurrent.futures.Future) -> dict | None:
-        staged = self._stage(job)
-        devices = gate.result()  # the claim, written meanwhile on the loop: no worker starts before it
-        if devices is None:
-            staged.call_off()
-            return None
-        return self._launch(job, devices, env, staged)
 
     def _refill_in_thread(self) -> None:
         threading.Thread(target=self._refill, name="trainhub-warm-pool-refill", daemon=True).start()
@@ -265,11 +232,9 @@ class LocalLauncher(Launcher):
                 finally:
                     os.close(fd)
 
-    def _stage(self, job: JobView) -> _Staged:
-        """The attempt's folders, script and the user's areas: all of a start that needs no devices."""
+    def _launch(self, job: JobView, devices: list[list[int]], env: dict) -> dict:
         jdir = Path(self.job_dir(job))
         adir = attempt_dir(jdir, job.attempt)
-        made = jdir if not jdir.exists() else adir if not adir.exists() else None
         adir.mkdir(parents=True, exist_ok=True)
         (jdir / "outputs").mkdir(exist_ok=True)
         if job.script is not None:
@@ -284,12 +249,6 @@ class LocalLauncher(Launcher):
         if self.isolating:
             account = self.isolation.account(job.user)
             rw, ro, cwd = self._prepare(job, jdir, adir, account)
-        return _Staged(jdir, adir, cmd, account, rw, ro, cwd, work, made)
-
-    def _launch(self, job: JobView, devices: list[list[int]], env: dict, staged: _Staged | None = None) -> dict:
-        staged = staged or self._stage(job)
-        jdir, adir, cmd, account, rw, ro, cwd, work = (staged.jdir, staged.adir, staged.cmd, staged.account, staged.rw,
-                                                       staged.ro, staged.cwd, staged.work)
         tag = uuid.uuid4().hex
         port = free_port()
         workers = []
@@ -566,26 +525,6 @@ class LocalLauncher(Launcher):
     async def adopt(self, job, state):
         statuses = await self.poll(job, state)
         return bool(statuses) and not all(s.lost for s in statuses)
-
-
-@dataclass
-class _Staged:
-    """What ``LocalLauncher._stage`` made ready for one attempt."""
-
-    jdir: Path
-    adir: Path
-    cmd: list[str]
-    account: Account | None
-    rw: list[str]
-    ro: list[str]
-    cwd: str
-    work: Path
-    made: Path | None  # the folder the staging created (the job's or the attempt's), None: both were there
-
-    def call_off(self) -> None:
-        """The job was not claimed (cancelled meanwhile): nothing of its start stays behind."""
-        if self.made is not None:
-            shutil.rmtree(self.made, ignore_errors=True)
 
 
 def _zombie(pid: int) -> bool:
