@@ -12,8 +12,9 @@ the mounts, enters the working folder, sets the umask, makes ``/proc/<pid>/envir
 (trainhub.warmsandbox.show_environ), drops to the account (trainhub.warmsandbox.become), takes on the job's
 environment, ``sys.argv`` and ``sys.path`` as ``python -u script.py`` would have them (forkserver.prepare_worker),
 answers ``ok``, tells its wrapper it took the job on (``worker.TAKEN_ON``, its first output) and runs the script as
-``__main__`` (forkserver.run_script): the interpreter then exits as after ``python -u script.py``. Any failure answers the error and exits 1 before any of the job's code ran: the launcher
-starts the worker cold. End of file first (the launcher let it go) exits 0.
+``__main__`` (forkserver.run_script): the interpreter then exits as after ``python -u script.py``. Any failure
+answers the error and exits 1 before any of the job's code ran (and before ``TAKEN_ON``, so its wrapper records
+nothing): the launcher starts the worker cold. End of file first (the launcher let it go) exits 0.
 """
 
 import os

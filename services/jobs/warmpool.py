@@ -233,10 +233,10 @@ class WorkerPool:
         return None
 
     def claim(self, entry: Entry, spec: dict, mounts: list[tuple[str, bool, bool]], worker: dict, timeout: float) -> int:
-        """Hand ``entry`` its worker: ``worker`` (rank, log, exit file) to the wrapper, then ``spec`` and ``mounts`` to the
-        interpreter (warminside.apply_claim), and wait for its ``ok``. Returns the wrapper's pid (the worker's process
-        group). Raises WarmUnavailable (the entry discarded, nothing recorded: the wrapper records nothing before the
-        interpreter took the job on) on any failure."""
+        """Hand ``entry`` its worker: ``worker`` (rank, log, exit file) to the wrapper, then ``spec`` and ``mounts`` to
+        the interpreter (warminside.apply_claim), and wait for its ``ok``. Returns the wrapper's pid (the worker's
+        process group). Raises WarmUnavailable (the entry discarded, nothing recorded: the wrapper records nothing
+        before the interpreter took the job on) on any failure."""
         try:
             entry.renice()  # the job runs at the service's priority, as a cold worker does
             # the wrapper first: it records the output once the interpreter says it took the job on (worker.TAKEN_ON),

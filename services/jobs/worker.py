@@ -223,7 +223,8 @@ def main(argv=None) -> int:
         _close_all_but({0, 1, 2, read_fd, args["warm"]})
         _stamper()  # its imports now, not on the way to the claimed job's first line
         claim = wait_claim(args["warm"]) if error is None else None
-        if claim is None or not taken_on(read_fd):  # never claimed, or the claim failed: nothing ran, nothing is recorded
+        # never claimed, or the claim failed: nothing ran for anyone, nothing is recorded
+        if claim is None or not taken_on(read_fd):
             if pid is not None:
                 _kill(pid)
                 os.close(read_fd)
