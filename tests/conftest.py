@@ -568,7 +568,10 @@ class S3Server:
     def filesystem(self):
         import s3fs
 
-        return s3fs.S3FileSystem(endpoint_url=self.endpoint, key=self.key, secret=self.secret, use_listings_cache=False)
+        # a fresh instance (and HTTP session) each time: one session stuck in s3fs's instance cache once stalled every
+        # later bucket of the run
+        return s3fs.S3FileSystem(endpoint_url=self.endpoint, key=self.key, secret=self.secret, use_listings_cache=False,
+                                 skip_instance_cache=True)
 
     def make_bucket(self, name: str | None = None) -> str:
         name = name or f"b-{uuid.uuid4().hex[:12]}"
