@@ -348,7 +348,7 @@ async def test_a_job_whose_start_the_platform_stop_cut_short_is_the_stops_not_lo
     assert restarted.allocator.holdings() == []  # its devices are back in the pool
 
 
-# -- a start's claim and launch (Launcher.launch_claimed) ------------------------------------------------
+# -- a start: the claim, then the launch -------------------------------------------------------------------
 
 async def test_gpus_taken_between_the_pass_and_the_claim_leave_the_job_queued_with_the_reason(make_engine, monkeypatch):
     from trainhub.exceptions import TrainhubError
