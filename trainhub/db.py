@@ -14,9 +14,10 @@ fsync per commit cost a submission 3-9 ms here, and a job start takes three comm
 stays consistent through any crash; a power loss or OS crash (not a process crash) may lose the
 last transactions before it. ``$TRAINHUB_DB_SYNC=full`` makes every commit durable at once.
 
-A short write made on an event loop (a job's start) must never wait for another writer: inside
-:func:`no_waiting`, a write transaction takes SQLite's write lock at once or raises
-:class:`WriteLockTaken` before anything is written, and the caller makes it on a worker thread instead.
+A short write made on an event loop (a job's start, a submission) must never wait for another writer:
+inside :func:`no_waiting`, a write transaction takes SQLite's write lock at once or raises
+:class:`WriteLockTaken` before anything is written, and the caller makes it on a worker thread instead
+(:func:`write_now` does both).
 
 The files are the platform's alone (0600: they hold
 password hashes and jobs' environment values): see ``trainhub.settings.secure_file``.

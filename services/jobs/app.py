@@ -140,8 +140,8 @@ class JobsService(Application):
     inline_reads = Bool(True, help="""Answer the API's small reads (one job, a page of the listing) on the event loop when the
         platform database is SQLite (WAL: a reader never waits for a writer): 0.1-0.4 ms each, cheaper than the two
         thread switches of a reader thread, which on a loaded machine are each a wait for a core. A job start's devices
-        and claim (about 2 ms of writes) are then written there too when SQLite's write lock is free at once
-        (``trainhub.db.no_waiting``), else on a thread. False, or another database: every read and write on a
+        and claim (about 2 ms of writes) and a submission's insert are then written there too when SQLite's write
+        lock is free at once (``trainhub.db.write_now``), else on a thread. False, or another database: every read and write on a
         thread.""").tag(config=True)
     switch_interval = Float(0.0005, help="""Seconds a thread may hold Python's GIL while another waits for it
         (``sys.setswitchinterval``; Python's default 0.005). The service's threads do short database work (a start's
