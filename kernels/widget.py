@@ -210,6 +210,7 @@ class JobPanel:
         self._stop = threading.Event()
         self._nudge = threading.Event()  # the polling thread reads now (set by stop() and by the stream's end)
         self._thread: threading.Thread | None = None
+        self._follower: threading.Thread | None = None  # the log follow's thread
         # the plain parts share one layout and one text style: each widget model is a message to the frontend as the
         # job starts (the panel is built while the job's first line is on its way, on the same cores)
         plain = w.Layout()
@@ -293,7 +294,9 @@ class JobPanel:
         if self._thread is None:
             if hasattr(self.client, "follow_logs"):
                 self._streamed = deque(maxlen=self.log_lines * 4)
-                threading.Thread(target=self._follow, name=f"trainhub-panel-logs-{self.job['id']}", daemon=True).start()
+                self._follower = threading.Thread(target=self._follow, name=f"trainhub-panel-logs-{self.job['id']}",
+                                                  daemon=True)
+                self._follower.start()
             self._thread = threading.Thread(target=self._run, name=f"trainhub-panel-{self.job['id']}", daemon=True)
             self._thread.start()
         return self
@@ -329,6 +332,15 @@ class JobPanel:
         self.update(logs=text)
         return text
 
+    def _last_lines(self, wait: float = 5.0) -> None:
+        """The job ended, but its follow may still be bringing the last lines it wrote: wait for the stream's end (at
+        most ``wait`` s), then draw the tail once, so the pane is final when ``done`` is set (a redraw from either
+        thread can land after a newer one, and a follow cut short never drew the end)."""
+        if self._follower is None:
+            return  # no follow: the refresh read the tail
+        self._follower.join(wait)
+        self.update(logs=self.client.logs(self.job["id"], tail=self.log_lines * 4))
+
     def stop(self) -> None:
         self._stop.set()
         self._nudge.set()
@@ -362,6 +374,7 @@ class JobPanel:
                     errors = 0
                     pause.reset()
                     if job.get("state") in JOB_TERMINAL:
+                        self._last_lines()
                         break
                 except Exception as e:
                     errors += 1
