@@ -61,6 +61,10 @@ WARM_INSIDE_SCRIPT = os.path.abspath(warminside.__file__)
 WORK_DIR = "work"  # $TRAINHUB_JOB_DIR of an isolated job: the part of its folder that is the user's
 
 
+class _NotOnLoop(Exception):
+    """This start cannot run on the event loop (LocalLauncher._launch_on_loop): nothing of it started."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -182,11 +186,42 @@ class LocalLauncher(Launcher):
 
     async def launch(self, job, devices, env):
         try:
-            state = await asyncio.to_thread(self._launch, job, devices, env)
+            state = await self._launch_on_loop(job, devices, env) if self._starts_on_loop(job) else None
+            if state is None:
+                state = await asyncio.to_thread(self._launch, job, devices, env)
         finally:
             if self._pool is not None:  # after the claim: the next entries do not slow this start
                 asyncio.get_running_loop().call_later(self.isolated_refill_delay, self._refill_in_thread)
         self._watch(state)
+        return state
+
+    def _starts_on_loop(self, job: JobView) -> bool:
+        """Does ``job`` start on the event loop? A one-worker script job of a user whose account exists, with a pooled
+        worker ready: its start is a few file operations and two messages (no process to start, nothing to wait for
+        but the worker's answer, which is awaited). On a worker thread the same start waits for the GIL beside the log
+        follows that open as a job starts, and the follows wait for the start."""
+        pool = self._pool
+        if not (job.workers == 1 and job.script is not None and self.warm_start and self.isolating and pool is not None
+                and pool.size > 0 and pool.has_ready()):
+            return False
+        return not self.isolation.use_accounts or self.isolation.accounts.lookup(job.user) is not None
+
+    async def _launch_on_loop(self, job: JobView, devices: list[list[int]], env: dict) -> dict | None:
+        """:meth:`_launch` on the loop with the worker's claim awaited; None when it must start on a thread after all
+        (nothing started: no entry ready any more, or one the job cannot take); a claim that fails starts it cold."""
+        handed: list = []
+        try:
+            state = self._launch(job, devices, env, handed=handed)
+        except _NotOnLoop:
+            return None
+        entry = handed[0]
+        try:
+            await self._pool.answer_async(entry, self.isolated_warm_claim_timeout)
+        except WarmUnavailable as e:
+            self._children.pop(entry.pid, None)
+            self._claim_failed(job, 0, e)
+            return await asyncio.to_thread(self._launch, job, devices, env, pooled=False)
+        self._started_warm(job, 0, entry.pid)
         return state
 
     def _refill_in_thread(self) -> None:
@@ -232,7 +267,11 @@ class LocalLauncher(Launcher):
                 finally:
                     os.close(fd)
 
-    def _launch(self, job: JobView, devices: list[list[int]], env: dict) -> dict:
+    def _launch(self, job: JobView, devices: list[list[int]], env: dict, *, pooled: bool = True,
+                handed: list | None = None) -> dict:
+        """Start the job's workers. ``pooled=False``: isolated workers start cold. ``handed`` (on the loop, one worker):
+        its pooled worker's claim is only handed over (the entry appended to ``handed``, the caller awaits its
+        answer), and _NotOnLoop is raised where it would start any other way."""
         jdir = Path(self.job_dir(job))
         adir = attempt_dir(jdir, job.attempt)
         adir.mkdir(parents=True, exist_ok=True)
@@ -258,7 +297,7 @@ class LocalLauncher(Launcher):
         pool = None
         if warm and self.isolating:
             warm = False
-            pool = self._isolated_pool()
+            pool = self._isolated_pool() if pooled else None
         cores = available_cores()
         try:
             for rank in range(job.workers):
@@ -286,7 +325,8 @@ class LocalLauncher(Launcher):
                 err = adir / f"worker-{rank}.wrapper.err"
                 if pool is not None:
                     started = self._claim_isolated(pool, job, rank, cmd, wenv, cwd, account, rw, ro,
-                                                   devices[rank] if devices else [], adir, str(log), str(exit_file))
+                                                   devices[rank] if devices else [], adir, str(log), str(exit_file),
+                                                   handed)
                     if started is not None:
                         entry_proc, holder = started
                         procs_.append(entry_proc)
@@ -296,6 +336,8 @@ class LocalLauncher(Launcher):
                                         "holder": holder})
                         continue
                     pool = None  # the rest of the gang cold too
+                if handed is not None:
+                    raise _NotOnLoop
                 if warm:
                     request = {"script": cmd[-1], "args": [], "env": wenv, "cwd": cwd, "log": str(log),
                                "exit_file": str(exit_file), "rank": rank, "wrapper_err": str(err)}
@@ -391,12 +433,13 @@ class LocalLauncher(Launcher):
 
     def _claim_isolated(self, pool: WorkerPool, job: JobView, rank: int, cmd: list[str], wenv: dict, cwd: str,
                         account: Account | None, rw: list[str], ro: list[str], devices: list[int], adir: Path,
-                        log: str, exit_file: str) -> tuple[subprocess.Popen, str] | None:
+                        log: str, exit_file: str, handed: list | None = None) -> tuple[subprocess.Popen, str] | None:
         """Start worker ``rank`` from the pool: (its wrapper, the wrapper's marker), or None (after logging why) when
-        it must start cold."""
+        it must start cold. With ``handed``, only a ready entry, and the claim handed over (see _launch)."""
         why = refusal(wenv, pool.env)
         if why:
-            self.log.info("job %s: worker %d starts cold: %s", job.key, rank, why)
+            if handed is None:  # (on the loop: said by the thread's start)
+                self.log.info("job %s: worker %d starts cold: %s", job.key, rank, why)
             return None
         sandboxed = self.isolation.use_sandbox
         # what the cold sandbox of this worker would bind beyond the warm one's (Isolation.sandbox_argv's rw/ro/devices)
@@ -404,18 +447,33 @@ class LocalLauncher(Launcher):
             if sandboxed else []
         spec = {"script": cmd[-1], "args": [], "env": wenv, "cwd": os.path.realpath(cwd) if sandboxed else cwd,
                 "umask": current_umask(), "uid": account.uid if account else None, "gid": account.gid if account else None}
-        entry = pool.take(self.isolated_warm_claim_timeout)  # from here on claim() discards it on any failure
+        worker = {"rank": rank, "log": log, "exit_file": exit_file}
+        timeout = self.isolated_warm_claim_timeout
+        # from here on the pool discards the entry on any failure
+        entry = pool.take_ready() if handed is not None else pool.take(timeout)
         if entry is None:
-            self.log.info("job %s: worker %d starts cold: no warm worker waiting", job.key, rank)
+            if handed is None:
+                self.log.info("job %s: worker %d starts cold: no warm worker waiting", job.key, rank)
             return None
         try:
-            pid = pool.claim(entry, spec, mounts, {"rank": rank, "log": log, "exit_file": exit_file},
-                             self.isolated_warm_claim_timeout)
+            if handed is not None:
+                pool.hand_over(entry, spec, mounts, worker, timeout)
+                handed.append(entry)
+                return entry.proc, entry.token
+            pid = pool.claim(entry, spec, mounts, worker, timeout)
         except WarmUnavailable as e:
-            self.log.warning("job %s: worker %d starts cold: the warm worker failed its claim (%s)", job.key, rank, e)
+            self._claim_failed(job, rank, e, cold=handed is None)  # (on the loop: the thread's start tries again)
             return None
-        self.log.info("job %s: worker %d started warm (pooled worker %d, claim %d)", job.key, rank, pid, pool.claims)
+        self._started_warm(job, rank, pid)
         return entry.proc, entry.token
+
+    def _claim_failed(self, job: JobView, rank: int, error: WarmUnavailable, cold: bool = True) -> None:
+        self.log.warning("job %s: worker %d%s: the warm worker failed its claim (%s)", job.key, rank,
+                         " starts cold" if cold else "", error)
+
+    def _started_warm(self, job: JobView, rank: int, pid: int) -> None:
+        self.log.info("job %s: worker %d started warm (pooled worker %d, claim %d)", job.key, rank, pid,
+                      self._pool.claims)
 
     def _refill(self) -> None:
         if self._pool is not None:

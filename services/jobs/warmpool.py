@@ -25,6 +25,8 @@ environment first: any difference starts the worker cold.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import select
@@ -202,28 +204,44 @@ class WorkerPool:
                     break
         return started
 
+    def _first_ready(self) -> Entry | None:
+        """(Under the lock.) The oldest ready entry, at once; entries found broken on the way are discarded."""
+        for e in list(self.waiting):
+            try:
+                if e.proc.poll() is None and e.check_ready():
+                    return e
+            except WarmUnavailable as err:
+                self.log.warning("%s; discarded", err)
+                self.waiting.remove(e)
+                self._drop(e)
+        return None
+
+    def has_ready(self) -> bool:
+        """Is an entry ready now (no wait)?"""
+        with self._lock:
+            return self._first_ready() is not None
+
+    def take_ready(self) -> Entry | None:
+        """A ready entry (the oldest) at once, else None; the entry is out of the pool for good."""
+        with self._lock:
+            pick = self._first_ready()
+            if pick is not None:
+                self.waiting.remove(pick)
+            return pick
+
     def take(self, timeout: float) -> Entry | None:
         """A ready entry (the oldest), else the oldest still starting if it becomes ready within ``timeout``, else
         None. The entry is out of the pool for good."""
+        pick = self.take_ready()
+        if pick is not None:
+            return pick
         with self._lock:
-            pick = None
-            for e in list(self.waiting):
-                try:
-                    if e.proc.poll() is None and e.check_ready():
-                        pick = e
-                        break
-                except WarmUnavailable as err:
-                    self.log.warning("%s; discarded", err)
-                    self.waiting.remove(e)
-                    self._drop(e)
-            if pick is None:
-                pick = next((e for e in self.waiting if e.proc.poll() is None), None)
+            pick = next((e for e in self.waiting if e.proc.poll() is None), None)
             if pick is None:
                 return None
             self.waiting.remove(pick)
         try:
-            if not pick.ready:
-                pick.renice()  # awaited now: no longer a background refill
+            pick.renice()  # awaited now: no longer a background refill
             if pick.check_ready(timeout):
                 return pick
         except WarmUnavailable as err:
@@ -233,11 +251,17 @@ class WorkerPool:
         return None
 
     def claim(self, entry: Entry, spec: dict, mounts: list[tuple[str, bool, bool]], worker: dict, timeout: float) -> int:
-        """Hand ``entry`` its worker: ``worker`` (rank, log, exit file) to the wrapper, then ``spec`` and ``mounts`` to
-        the interpreter (warminside.apply_claim), and wait for its ``ok``. Returns the wrapper's pid (the worker's
-        process group). Raises WarmUnavailable (the entry discarded, nothing recorded: the wrapper records nothing
-        before the interpreter took the job on) on any failure."""
-        try:
+        """Hand ``entry`` its worker (:meth:`hand_over`) and wait for its answer (:meth:`answer`): the wrapper's pid."""
+        self.hand_over(entry, spec, mounts, worker, timeout)
+        return self.answer(entry, timeout)
+
+    def hand_over(self, entry: Entry, spec: dict, mounts: list[tuple[str, bool, bool]], worker: dict,
+                  timeout: float) -> None:
+        """``worker`` (rank, log, exit file) to the wrapper, then ``spec`` and ``mounts`` to the interpreter
+        (warminside.apply_claim). Its answer follows (:meth:`answer`, :meth:`answer_async`). Raises WarmUnavailable
+        (the entry discarded, nothing recorded: the wrapper records nothing before the interpreter took the job on) on
+        any failure."""
+        with self._discarding(entry):
             entry.renice()  # the job runs at the service's priority, as a cold worker does
             # the wrapper first: it records the output once the interpreter says it took the job on (worker.TAKEN_ON),
             # so the first line is not held up by a second message from here
@@ -245,34 +269,64 @@ class WorkerPool:
             entry.ctl.sendall(json.dumps(worker).encode() + b"\n")
             entry.claim_sock.settimeout(timeout)
             send_claim(entry.claim_sock, spec, mounts)
+
+    def answer(self, entry: Entry, timeout: float) -> int:
+        """Wait (blocking) for the interpreter's answer to :meth:`hand_over`: the wrapper's pid (the worker's process
+        group), or WarmUnavailable (the entry discarded)."""
+        with self._discarding(entry):
+            entry.claim_sock.settimeout(timeout)
             answer = b""
             while not answer.endswith(b"\n"):
                 chunk = entry.claim_sock.recv(4096)
                 if not chunk:
                     break
                 answer += chunk
-            error, notes = claim_answer(answer)
-            if error is not None:
-                raise WarmUnavailable(error or f"the warm interpreter ended (wrapper code {entry.proc.poll()})")
-            for note in notes:  # e.g. its /proc environ could not be set: it runs all the same
-                self.log.warning("Warm job worker %s: %s", entry.pid, note)
-        except WarmUnavailable:
-            with self._lock:
-                self._drop(entry)
-            raise
-        except (OSError, ValueError) as e:
-            with self._lock:
-                self._drop(entry)
-            raise WarmUnavailable(f"{type(e).__name__}: {e}") from None
-        except BaseException:
-            with self._lock:
-                self._drop(entry)
-            raise
+            return self._settle(entry, answer)
+
+    async def answer_async(self, entry: Entry, timeout: float) -> int:
+        """:meth:`answer` on the event loop: the interpreter takes on the job (its mounts, account, environment) while
+        the loop serves others."""
+        loop = asyncio.get_running_loop()
+        with self._discarding(entry):
+            entry.claim_sock.setblocking(False)
+            answer = b""
+            async with asyncio.timeout(timeout):
+                while not answer.endswith(b"\n"):
+                    chunk = await loop.sock_recv(entry.claim_sock, 4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+            return self._settle(entry, answer)
+
+    def _settle(self, entry: Entry, answer: bytes) -> int:
+        error, notes = claim_answer(answer)
+        if error is not None:
+            raise WarmUnavailable(error or f"the warm interpreter ended (wrapper code {entry.proc.poll()})")
+        for note in notes:  # e.g. its /proc environ could not be set: it runs all the same
+            self.log.warning("Warm job worker %s: %s", entry.pid, note)
         entry.claim_sock.close()
         entry.ctl.close()
         with self._lock:
             self.claims += 1
         return entry.pid
+
+    @contextlib.contextmanager
+    def _discarding(self, entry: Entry):
+        """Any failure within discards ``entry``; errors of the socket or the answer become WarmUnavailable."""
+        try:
+            yield
+        except WarmUnavailable:
+            with self._lock:
+                self._drop(entry)
+            raise
+        except (OSError, ValueError) as e:  # TimeoutError among them
+            with self._lock:
+                self._drop(entry)
+            raise WarmUnavailable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+        except BaseException:
+            with self._lock:
+                self._drop(entry)
+            raise
 
     def close(self) -> None:
         """Let every waiting entry go (running workers are not the pool's: they keep running)."""

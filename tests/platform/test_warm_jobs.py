@@ -453,6 +453,63 @@ async def test_the_pool_fills_when_the_service_starts_so_the_first_job_starts_wa
 
 
 @root_only
+async def test_with_an_entry_ready_a_job_starts_on_the_event_loop_and_a_refused_claim_there_starts_it_cold(
+        tmp_path, isolated, monkeypatch, caplog):
+    """A one-worker script job of a known account with an entry ready starts on the event loop (the claim handed over,
+    its answer awaited); the first job of a new account starts on a thread (its account is made then). A claim the warm
+    interpreter refuses there discards the entry, which recorded nothing, and the worker starts cold on a thread."""
+    import threading
+
+    _iso, data, make = isolated
+    launcher = make(isolated_warm_pool_size=3, isolated_refill_delay=30.0)
+    on_loop = []
+    real_launch = launcher._launch
+
+    def spy(*args, **kw):
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return real_launch(*args, **kw)
+
+    monkeypatch.setattr(launcher, "_launch", spy)
+    home = str(data / "homes" / "wjg")
+    try:
+        await launcher.start()
+        pool = launcher._pool
+        await await_for(lambda: sum(e.check_ready() for e in pool.waiting), lambda n: n == 3, what="3 entries ready",
+                        timeout=60, interval=0.02)
+        known = _iso.accounts.lookup("wjg") is not None  # (accounts outlive a test run on the same machine)
+        first = job_view("j-000007", "wjg", "print('first job', flush=True)\n")
+        state = await launcher.launch(first, [[]], base_env(HOME=home))
+        assert on_loop == [known] and [w["start"] for w in state["workers"]] == ["warm-isolated"]
+        assert [s.exit_code for s in await finish(launcher, first, state)] == [0]
+
+        job = job_view("j-000008", "wjg", "import os\nprint('on the loop as', os.getuid(), flush=True)\n")
+        state = await launcher.launch(job, [[]], base_env(HOME=home))
+        assert on_loop == [known, True] and [w["start"] for w in state["workers"]] == ["warm-isolated"]
+        assert [s.exit_code for s in await finish(launcher, job, state)] == [0]
+        uid = _iso.account("wjg").uid
+        assert f"[0] on the loop as {uid}" in Path(state["workers"][0]["log"]).read_text()
+
+        real_hand_over = pool.hand_over  # the interpreter is sent a working folder it does not have: it refuses
+
+        def missing_cwd(entry, spec, *args):
+            return real_hand_over(entry, dict(spec, cwd=str(tmp_path / "no-such-folder")), *args)
+
+        monkeypatch.setattr(pool, "hand_over", missing_cwd)
+        refused = job_view("j-000009", "wjg", "print('cold after all', flush=True)\n")
+        with caplog.at_level(logging.INFO):
+            state = await launcher.launch(refused, [[]], base_env(HOME=home))
+        assert on_loop == [known, True, True, False] and [w["start"] for w in state["workers"]] == ["cold"]
+        assert "worker 0 starts cold: the warm worker failed its claim" in caplog.text
+        assert "no-such-folder" in caplog.text
+        assert [s.exit_code for s in await finish(launcher, refused, state)] == [0]
+        lines = Path(state["workers"][0]["log"]).read_text().splitlines()
+        assert len(lines) == 1 and lines[0].endswith("[0] cold after all"), lines  # nothing of the refused entry
+        assert pool.claims == 2 and pool.waiting == []
+    finally:
+        await launcher.close()
+
+
+@root_only
 async def test_a_job_that_changes_python_start_up_starts_cold_with_a_log_line(tmp_path, isolated, caplog):
     _iso, data, make = isolated
     launcher = make(isolated_warm_pool_size=1)
