@@ -154,7 +154,8 @@ class WorkerPool:
         self.argv_for, self.env, self.size, self.log, self.log_path = argv_for, env, size, log, log_path
         self.waiting: list[Entry] = []
         self.claims = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held only briefly: ``waiting`` and ``claims``
+        self._filling = threading.Lock()
         self._discarded: list[subprocess.Popen] = []
         self.closed = False  # a refill scheduled before close() starts nothing
 
@@ -186,22 +187,31 @@ class WorkerPool:
         self._discarded.append(entry.proc)
 
     def fill(self) -> int:
-        """Start entries until ``size`` wait; returns how many were started."""
+        """Start entries until ``size`` wait; returns how many were started. The entries start outside the pool's lock
+        (a start is a process launch, tens of milliseconds): a launch taking an entry meanwhile, on the event loop
+        among others, does not wait for them."""
         started = 0
-        with self._lock:
-            if self.closed:
-                return 0
-            self._reap()
-            for e in [e for e in self.waiting if e.proc.poll() is not None]:
-                self.waiting.remove(e)
-                self._drop(e)
-            while len(self.waiting) < self.size:
+        with self._filling:  # one fill at a time (each launch schedules one)
+            with self._lock:
+                if self.closed:
+                    return 0
+                self._reap()
+                for e in [e for e in self.waiting if e.proc.poll() is not None]:
+                    self.waiting.remove(e)
+                    self._drop(e)
+                missing = self.size - len(self.waiting)
+            for _ in range(missing):
                 try:
-                    self.waiting.append(self._start())
-                    started += 1
+                    entry = self._start()
                 except OSError as e:
                     self.log.warning("Could not start a warm job worker: %s", e)
                     break
+                with self._lock:
+                    if self.closed:  # closed meanwhile: this one goes too
+                        self._drop(entry)
+                        break
+                    self.waiting.append(entry)
+                    started += 1
         return started
 
     def _first_ready(self) -> Entry | None:

@@ -123,6 +123,36 @@ def test_an_entry_runs_the_script_as_its_worker_and_the_wrapper_records_it(tmp_p
         pool.close()
 
 
+def test_a_refill_starting_entries_does_not_hold_up_a_launch_taking_one():
+    """Entries start outside the pool's lock: a launch on the event loop takes a ready entry at once, never behind a
+    refill's process starts."""
+    import threading
+
+    pool = plain_pool(1)
+    pool.fill()
+    try:
+        wait_for(pool.has_ready, what="an entry ready", timeout=30, interval=0.02)
+        real_start, in_start = pool._start, threading.Event()
+
+        def slow_start():
+            in_start.set()
+            time.sleep(1.5)
+            return real_start()
+
+        pool._start, pool.size = slow_start, 2
+        refill = threading.Thread(target=pool.fill)
+        refill.start()
+        assert in_start.wait(10)
+        t0 = time.monotonic()
+        entry = pool.take_ready()
+        assert entry is not None and time.monotonic() - t0 < 0.5, "take_ready waited for the refill"
+        entry.discard()
+        refill.join(30)
+        assert len(pool.waiting) == 1  # the refill's entry
+    finally:
+        pool.close()
+
+
 def test_a_claimed_entrys_proc_environ_is_the_jobs_not_the_pools(tmp_path, caplog):
     """/proc/<pid>/environ of the claimed interpreter, read from outside (``ps e``, procs.processes_with), is the
     job's environment as envexec's execve gives a cold worker, not the pool entry's launch environment."""
