@@ -413,6 +413,9 @@ class LocalLauncher(Launcher):
                 self._said_cold = True
                 self.log.info("isolated workers start cold: an unprivileged sandbox cannot take on mounts made outside it")
             return None
+        if self._pool is not None:  # (no lock: the first fill may hold it, and a launch on the loop must not wait)
+            self._pool.size = self.isolated_warm_pool_size
+            return self._pool
         with self._pool_lock:
             if self._pool is None:
                 sandboxed = self.isolation.use_sandbox
@@ -425,9 +428,10 @@ class LocalLauncher(Launcher):
 
                 jobs_dir = Path(self.jobs_dir)
                 jobs_dir.mkdir(parents=True, exist_ok=True)
-                self._pool = WorkerPool(argv_for, launch_env(), self.isolated_warm_pool_size, self.log,
-                                        str(jobs_dir / ".warmpool.log"))
-                self._pool.fill()
+                pool = WorkerPool(argv_for, launch_env(), self.isolated_warm_pool_size, self.log,
+                                  str(jobs_dir / ".warmpool.log"))
+                pool.fill()
+                self._pool = pool  # once filled: until then a launch on a thread waits for the lock, as for the fill
             self._pool.size = self.isolated_warm_pool_size
             return self._pool
 
