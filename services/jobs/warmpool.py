@@ -148,7 +148,8 @@ class Entry:
 
 
 class WorkerPool:
-    """Up to ``size`` entries started with ``argv_for(claim_fd, ctl_fd)``; thread-safe (launches run on threads)."""
+    """Up to ``size`` entries started with ``argv_for(claim_fd, ctl_fd)``; thread-safe (launches run on threads and on
+    the event loop, refills on threads)."""
 
     def __init__(self, argv_for, env: dict, size: int, log, log_path: str | None = None):
         self.argv_for, self.env, self.size, self.log, self.log_path = argv_for, env, size, log, log_path
