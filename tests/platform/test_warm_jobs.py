@@ -18,6 +18,7 @@ import os
 import signal
 import stat
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -126,8 +127,6 @@ def test_an_entry_runs_the_script_as_its_worker_and_the_wrapper_records_it(tmp_p
 def test_a_refill_starting_entries_does_not_hold_up_a_launch_taking_one():
     """Entries start outside the pool's lock: a launch on the event loop takes a ready entry at once, never behind a
     refill's process starts."""
-    import threading
-
     pool = plain_pool(1)
     pool.fill()
     try:
@@ -488,8 +487,6 @@ async def test_with_an_entry_ready_a_job_starts_on_the_event_loop_and_a_refused_
     """A one-worker script job of a known account with an entry ready starts on the event loop (the claim handed over,
     its answer awaited); the first job of a new account starts on a thread (its account is made then). A claim the warm
     interpreter refuses there discards the entry, which recorded nothing, and the worker starts cold on a thread."""
-    import threading
-
     _iso, data, make = isolated
     launcher = make(isolated_warm_pool_size=3, isolated_refill_delay=30.0)
     on_loop = []
