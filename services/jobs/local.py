@@ -54,7 +54,7 @@ from trainhub.warmsandbox import current_umask, sandbox_mounts
 from . import warminside, worker
 from .forkserver import SOCKET_NAME, ForkServer, ForkServerError, server_environment
 from .launcher import JobView, Launcher, WorkerStatus
-from .warmpool import WAIT_NICE, WarmUnavailable, WorkerPool, launch_env, refusal
+from .warmpool import WarmUnavailable, WorkerPool, launch_env, refusal
 
 WORKER_SCRIPT = os.path.abspath(worker.__file__)
 WARM_INSIDE_SCRIPT = os.path.abspath(warminside.__file__)
@@ -423,7 +423,7 @@ class LocalLauncher(Launcher):
 
                 def argv_for(claim_fd: int, ctl_fd: int) -> list[str]:
                     inside = self.isolation.command([python, "-u", WARM_INSIDE_SCRIPT, str(claim_fd)], account=None, cwd="/")
-                    return [python, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd), "--nice", str(WAIT_NICE),
+                    return [python, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd),
                             *(["--sandboxed"] if sandboxed else []), "--", *inside]
 
                 jobs_dir = Path(self.jobs_dir)

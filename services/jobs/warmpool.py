@@ -51,6 +51,23 @@ HONOURED = {"PYTHONPATH", "PYTHONIOENCODING", "PYTHONUNBUFFERED", "PYTHONBREAKPO
 WAIT_NICE = 10  # how much nicer than the service entries start and wait: a refill yields to running work
 
 
+@contextlib.contextmanager
+def nicer(steps: int):
+    """This thread ``steps`` nicer while within: on Linux a thread's priority is its own, and the processes it starts
+    inherit it, from their first instruction. Put back after (where this account may not, the thread stays nicer)."""
+    tid = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, tid)
+    if steps:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, before + steps))
+    try:
+        yield
+    finally:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, before)
+        except OSError:  # raising a priority needs root
+            pass
+
+
 def process_tree(pid: int) -> list[int]:
     """``pid`` and the processes below it, from /proc/<pid>/task/<pid>/children (a few reads, not a /proc scan)."""
     out, todo = [], [pid]
@@ -148,11 +165,13 @@ class Entry:
 
 
 class WorkerPool:
-    """Up to ``size`` entries started with ``argv_for(claim_fd, ctl_fd)``; thread-safe (launches run on threads and on
-    the event loop, refills on threads)."""
+    """Up to ``size`` entries started with ``argv_for(claim_fd, ctl_fd)``, ``nice`` steps nicer than the pool's owner
+    (:meth:`Entry.renice` puts a claimed one back); thread-safe (launches run on threads and on the event loop, refills
+    on threads)."""
 
-    def __init__(self, argv_for, env: dict, size: int, log, log_path: str | None = None):
+    def __init__(self, argv_for, env: dict, size: int, log, log_path: str | None = None, nice: int = WAIT_NICE):
         self.argv_for, self.env, self.size, self.log, self.log_path = argv_for, env, size, log, log_path
+        self.nice = nice
         self.waiting: list[Entry] = []
         self.claims = 0
         self._lock = threading.Lock()  # held only briefly: ``waiting`` and ``claims``
@@ -203,7 +222,10 @@ class WorkerPool:
                 missing = self.size - len(self.waiting)
             for _ in range(missing):
                 try:
-                    entry = self._start()
+                    # nicer from the first instruction (the wrapper's and the interpreters' starts included), so a
+                    # refill yields the CPU to the job just started and to the next one's start
+                    with nicer(self.nice):
+                        entry = self._start()
                 except OSError as e:
                     self.log.warning("Could not start a warm job worker: %s", e)
                     break

@@ -23,15 +23,15 @@ start-up CPU, which every cold job pays.
 The warm path (forkserver.py) reuses ``copy_output``, ``wait_exit_code`` and ``write_exit_file``,
 so warm and cold workers write the same log lines and exit files.
 
-``--warm FD [--nice N]``: a wrapper of the warm pool of isolated workers (warmpool.py). It starts ``cmd`` (a sandboxed warm
+``--warm FD``: a wrapper of the warm pool of isolated workers (warmpool.py). It starts ``cmd`` (a sandboxed warm
 interpreter) at once but learns its rank, log and exit file only when the launcher claims it: one JSON line on the
 Unix socket FD, sent just before the interpreter gets its job. It then records the command's output only once the
 command's first bytes are ``TAKEN_ON``, which the interpreter writes when it has taken the job on, before any of the
 job's code runs (the job cannot write them first); so the first line is read as soon as it is printed, without a
 second message from the launcher. End of file on FD first (the launcher let it go, or went away), or on the output
-before ``TAKEN_ON`` (the interpreter failed its claim), kills ``cmd`` and exits without a trace. ``--nice N``: it
-and ``cmd`` wait N steps nicer than the launcher, so a refill yields the CPU to running work; the launcher renices
-the pair back when it claims them.
+before ``TAKEN_ON`` (the interpreter failed its claim), kills ``cmd`` and exits without a trace. It is started
+nicer than the launcher (warmpool.WAIT_NICE, inherited by ``cmd``); the launcher renices the pair back when it claims
+them.
 """
 
 import _signal as signal  # see the module docstring
@@ -41,13 +41,13 @@ import sys
 TAKEN_ON = b"\0trainhub: taken on\n"  # a warm interpreter's first output: it runs the claimed job from here on
 
 USAGE = ("usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] [--sandboxed] -- cmd [args...]\n"
-         "       worker.py --warm FD [--nice N] [--sandboxed] -- cmd [args...]")
+         "       worker.py --warm FD [--sandboxed] -- cmd [args...]")
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     """``({"rank": int, "log": str, "exit_file": str, "cwd": str | None, "sandboxed": bool, "warm": int | None},
     cmd)``; SystemExit(2) when malformed (with ``--warm``, rank, log and exit file come at claim)."""
-    opts = {"--rank": None, "--log": None, "--exit-file": None, "--cwd": None, "--warm": None, "--nice": None}
+    opts = {"--rank": None, "--log": None, "--exit-file": None, "--cwd": None, "--warm": None}
     sandboxed = False
     i = 0
     while i < len(argv) and argv[i] != "--":
@@ -73,13 +73,10 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     try:
         rank = int(opts["--rank"]) if opts["--rank"] is not None else None
         warm_fd = int(opts["--warm"]) if warm else None
-        nice = int(opts["--nice"]) if opts["--nice"] is not None else 0
     except ValueError:
-        raise SystemExit(f"{USAGE}\n--rank, --warm and --nice must be numbers") from None
-    if nice and not warm:
-        raise SystemExit(f"{USAGE}\n--nice is for --warm wrappers only")
+        raise SystemExit(f"{USAGE}\n--rank and --warm must be numbers") from None
     return {"rank": rank, "log": opts["--log"], "exit_file": opts["--exit-file"], "cwd": opts["--cwd"],
-            "sandboxed": sandboxed, "warm": warm_fd, "nice": nice}, cmd
+            "sandboxed": sandboxed, "warm": warm_fd}, cmd
 
 
 def _stamper():
@@ -195,8 +192,6 @@ def main(argv=None) -> int:
     args, cmd = parse_args(sys.argv[1:] if argv is None else argv)
     if args["warm"] is not None:
         os.set_inheritable(args["warm"], False)  # the launcher's line to this wrapper only, never to the command
-        if args["nice"]:
-            os.nice(args["nice"])  # before the command starts: it inherits it
     else:
         log_path, exit_path = os.path.abspath(args["log"]), os.path.abspath(args["exit_file"])
 

@@ -93,10 +93,10 @@ def probe_of(state: dict) -> dict:
 def plain_pool(size: int = 1, inside: str = WARM_INSIDE_SCRIPT, nice: int = 0) -> warmpool.WorkerPool:
     """Entries without sandbox or account: the wrapper and the inside exactly as isolated ones, minus bwrap."""
     def argv_for(claim_fd, ctl_fd):
-        return [sys.executable, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd), "--nice", str(nice), "--",
+        return [sys.executable, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd), "--",
                 sys.executable, "-u", inside, str(claim_fd)]
 
-    return warmpool.WorkerPool(argv_for, warmpool.launch_env(), size, logging.getLogger("test-warm-jobs"))
+    return warmpool.WorkerPool(argv_for, warmpool.launch_env(), size, logging.getLogger("test-warm-jobs"), nice=nice)
 
 
 def spec_for(script: Path, cwd: Path, **env) -> dict:
@@ -203,6 +203,29 @@ def test_entries_wait_nicer_and_their_job_runs_at_the_services_priority(tmp_path
         pool.claim(taken, spec_for(script, tmp_path), [], {"rank": 0, "log": str(log), "exit_file": str(exit_file)}, 30)
         wait_for(exit_file.exists, what="the exit file", timeout=30, interval=0.02)
         assert f"nice {mine}" in log.read_text()
+    finally:
+        pool.close()
+
+
+def test_entries_start_nicer_from_their_first_instruction_and_the_filling_thread_is_put_back(tmp_path):
+    """A refill's entries are nicer already when their first process starts (the wrapper's own start-up competes with
+    the jobs just started otherwise), and the thread that filled the pool is as nice as before."""
+    seen = tmp_path / "nice"
+
+    def argv_for(claim_fd, ctl_fd):
+        return [sys.executable, "-S", "-c",
+                f"import os; open({str(seen)!r} + '.tmp', 'w').write(str(os.getpriority(os.PRIO_PROCESS, 0))); "
+                f"os.rename({str(seen)!r} + '.tmp', {str(seen)!r})"]
+
+    pool = warmpool.WorkerPool(argv_for, warmpool.launch_env(), 1, logging.getLogger("test-warm-jobs"),
+                               nice=warmpool.WAIT_NICE)
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        assert pool.fill() == 1
+        wait_for(seen.exists, what="the entry's first instruction", timeout=30, interval=0.02)
+        assert int(seen.read_text()) == min(19, mine + warmpool.WAIT_NICE)
+        if os.geteuid() == 0:  # (only root may raise a priority again)
+            assert os.getpriority(os.PRIO_PROCESS, 0) == mine
     finally:
         pool.close()
 
