@@ -201,23 +201,25 @@ def test_when_the_poll_sees_the_end_before_the_stream_brought_the_last_line_the_
     """``done`` means the panel is final: a job's last line still on its way in the follow stream when the poll
     saw the job end is in the pane by then (``%%train --wait`` returns on ``done``)."""
     import threading
-    import time
 
-    poll_saw_the_end = threading.Event()
+    poll_drew_the_end = threading.Event()
     written = ["2026-11-21T20:09:00.001Z [0] first line"]  # the job's log as the service has it
 
     class LateLine(FakeClient):
         def get(self, job_id):
-            poll_saw_the_end.set()
             return dict(RUNNING, state="succeeded", finished="2026-11-21T20:10:00Z")
+
+        def diagnosis(self, job_id):  # the last read of the poll's refresh: the end is drawn
+            poll_drew_the_end.set()
+            return None
 
         def logs(self, job_id, tail=None, worker=None):
             return "\n".join(written)
 
         def follow_logs(self, job_id, worker=None, tail=None):
             yield written[0]
-            poll_saw_the_end.wait(10)
-            time.sleep(0.2)  # the last line reaches the service (and the stream) after the poll saw the end
+            assert poll_drew_the_end.wait(10)
+            # the last line reaches the service (and the stream) after the poll drew the job's end
             written.append("2026-11-21T20:09:01.002Z [0] last line")
             yield written[-1]
 

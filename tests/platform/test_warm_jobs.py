@@ -131,22 +131,28 @@ def test_a_refill_starting_entries_does_not_hold_up_a_launch_taking_one():
     pool.fill()
     try:
         wait_for(pool.has_ready, what="an entry ready", timeout=30, interval=0.02)
-        real_start, in_start = pool._start, threading.Event()
+        real_start, in_start, go_on = pool._start, threading.Event(), threading.Event()
 
-        def slow_start():
+        def held_start():  # a start that lasts until the entry was taken
             in_start.set()
-            time.sleep(1.5)
+            go_on.wait(30)
             return real_start()
 
-        pool._start, pool.size = slow_start, 2
+        pool._start, pool.size = held_start, 2
         refill = threading.Thread(target=pool.fill)
         refill.start()
-        assert in_start.wait(10)
-        t0 = time.monotonic()
-        entry = pool.take_ready()
-        assert entry is not None and time.monotonic() - t0 < 0.5, "take_ready waited for the refill"
-        entry.discard()
+        taken: list = []
+        try:
+            assert in_start.wait(10)
+            taker = threading.Thread(target=lambda: taken.append(pool.take_ready()))
+            taker.start()
+            taker.join(10)
+            assert taken and taken[0] is not None, "take_ready waited for the refill's start"
+        finally:
+            go_on.set()
+        taken[0].discard()
         refill.join(30)
+        taker.join(30)
         assert len(pool.waiting) == 1  # the refill's entry
     finally:
         pool.close()
