@@ -141,8 +141,8 @@ class JobsService(Application):
         platform database is SQLite (WAL: a reader never waits for a writer): 0.1-0.4 ms each, cheaper than the two
         thread switches of a reader thread, which on a loaded machine are each a wait for a core. A job start's devices
         and claim (about 2 ms of writes) and a submission's insert are then written there too when SQLite's write
-        lock is free at once (``trainhub.db.write_now``), else on a thread. False, or another database: every read and write on a
-        thread.""").tag(config=True)
+        lock is free at once (``trainhub.db.write_now``), else on a thread. False, or another database: every read
+        and write on a thread.""").tag(config=True)
     switch_interval = Float(0.0005, help="""Seconds a thread may hold Python's GIL while another waits for it
         (``sys.setswitchinterval``; Python's default 0.005). The service's threads do short database work (a start's
         devices and claim, a submission's insert) while the event loop serves requests: with the default a start

@@ -225,7 +225,8 @@ class JobLogsHandler(JobAccessMixin, APIHandler):
         offsets: dict = {}
         try:
             if tail is not None:
-                lines = await self._on_files(lambda files: tail_lines(files, int(tail), offsets), job_dir, worker, offsets)
+                lines = await self._on_files(lambda files: tail_lines(files, int(tail), offsets), job_dir, worker,
+                                             offsets)
                 self.write(b"".join(lines))
             else:
                 while chunk := await self._on_files(lambda files: read_new(files, offsets), job_dir, worker, offsets):

@@ -413,27 +413,29 @@ class LocalLauncher(Launcher):
                 self._said_cold = True
                 self.log.info("isolated workers start cold: an unprivileged sandbox cannot take on mounts made outside it")
             return None
-        if self._pool is not None:  # (no lock: the first fill may hold it, and a launch on the loop must not wait)
-            self._pool.size = self.isolated_warm_pool_size
-            return self._pool
-        with self._pool_lock:
-            if self._pool is None:
-                sandboxed = self.isolation.use_sandbox
-                python = sys.executable
+        # the lock only to make it (the first fill holds it, and a launch on the loop must not wait for it after)
+        if self._pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = self._filled_pool()  # once filled: until then a launch on a thread waits here
+        self._pool.size = self.isolated_warm_pool_size
+        return self._pool
 
-                def argv_for(claim_fd: int, ctl_fd: int) -> list[str]:
-                    inside = self.isolation.command([python, "-u", WARM_INSIDE_SCRIPT, str(claim_fd)], account=None, cwd="/")
-                    return [python, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd),
-                            *(["--sandboxed"] if sandboxed else []), "--", *inside]
+    def _filled_pool(self) -> WorkerPool:
+        sandboxed = self.isolation.use_sandbox
+        python = sys.executable
 
-                jobs_dir = Path(self.jobs_dir)
-                jobs_dir.mkdir(parents=True, exist_ok=True)
-                pool = WorkerPool(argv_for, launch_env(), self.isolated_warm_pool_size, self.log,
-                                  str(jobs_dir / ".warmpool.log"))
-                pool.fill()
-                self._pool = pool  # once filled: until then a launch on a thread waits for the lock, as for the fill
-            self._pool.size = self.isolated_warm_pool_size
-            return self._pool
+        def argv_for(claim_fd: int, ctl_fd: int) -> list[str]:
+            inside = self.isolation.command([python, "-u", WARM_INSIDE_SCRIPT, str(claim_fd)], account=None, cwd="/")
+            return [python, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd),
+                    *(["--sandboxed"] if sandboxed else []), "--", *inside]
+
+        jobs_dir = Path(self.jobs_dir)
+        jobs_dir.mkdir(parents=True, exist_ok=True)
+        pool = WorkerPool(argv_for, launch_env(), self.isolated_warm_pool_size, self.log,
+                          str(jobs_dir / ".warmpool.log"))
+        pool.fill()
+        return pool
 
     def _claim_isolated(self, pool: WorkerPool, job: JobView, rank: int, cmd: list[str], wenv: dict, cwd: str,
                         account: Account | None, rw: list[str], ro: list[str], devices: list[int], adir: Path,
