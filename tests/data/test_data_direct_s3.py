@@ -208,3 +208,60 @@ def test_forked_dataloader_workers_read_s3_directly(make_samples, s3_options, s3
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
     got = {s["__key__"]: {"jpg": s["jpg"], "json": s["json"]} for s in loader}
     assert got == expected
+
+
+def _moment_free(url):
+    return s3direct._moment_free(url)
+
+
+def test_workers_presign_in_their_own_thread_with_the_parents_client(s3_options, s3_bucket, s3fs_fs):
+    """With explicit keys, warm() makes a synchronous presigner that a worker's new filesystem
+    signs with: the URL s3fs would give, and no async client built on the worker's side."""
+    s3fs_fs.pipe(f"{s3_bucket}/obj", b"payload")
+    parent = s3fs.S3FileSystem(skip_instance_cache=True, **s3_options)
+    s3direct.warm(parent)
+    worker = s3fs.S3FileSystem(skip_instance_cache=True, **s3_options)
+    getter = DirectGetter(worker)
+    assert getter._presigner is not None
+    url = getter.sign(f"{s3_bucket}/obj")
+    assert _moment_free(url) == _moment_free(parent.sign(f"{s3_bucket}/obj", expiration=s3direct.URL_EXPIRES))
+    assert bytes(getter.get(f"{s3_bucket}/obj")) == b"payload"
+    assert worker._s3 is None, "the worker built an async client just to sign"
+
+
+def test_credentials_the_chain_resolves_keep_s3fs_signing(s3_options, monkeypatch):
+    """No explicit keys (environment, profile, instance role), anonymous access, or a client
+    that would sign differently: s3fs signs, as before."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_options["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_options["secret"])
+    from_env = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=s3_options["endpoint_url"])
+    assert s3direct._make_presigner(from_env) is None
+    anon = s3fs.S3FileSystem(skip_instance_cache=True, anon=True, endpoint_url=s3_options["endpoint_url"])
+    assert s3direct._make_presigner(anon) is None
+    explicit = s3fs.S3FileSystem(skip_instance_cache=True, **s3_options)
+    assert s3direct._make_presigner(explicit) is not None
+    monkeypatch.setattr(explicit, "sign", lambda path, expiration=100: "http://elsewhere.invalid/" + path)
+    assert s3direct._make_presigner(explicit) is None
+
+
+def test_receive_buffer_only_where_the_kernel_allows_it(tmp_path, s3_options, s3_bucket, s3fs_fs, monkeypatch):
+    """A fixed receive buffer turns autotuning off, so it is only asked for where
+    net.core.rmem_max lets the socket have all of it."""
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.write_text(f"{s3direct.RECV_BUFFER // 2}\n")
+    large.write_text(f"{s3direct.RECV_BUFFER}\n")
+    assert s3direct._receive_buffer(str(small)) == 0
+    assert s3direct._receive_buffer(str(large)) == s3direct.RECV_BUFFER
+    assert s3direct._receive_buffer(str(tmp_path / "missing")) == 0
+    if not s3direct._RECEIVE_BUFFER:
+        pytest.skip("this machine's net.core.rmem_max is below RECV_BUFFER")
+    import socket
+
+    seen = []
+    tune = s3direct._tune
+    monkeypatch.setattr(s3direct, "_tune", lambda sock: (tune(sock), seen.append(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))))
+    s3fs_fs.pipe(f"{s3_bucket}/obj", b"x" * 1000)
+    getter = DirectGetter(s3fs.S3FileSystem(skip_instance_cache=True, **s3_options))
+    assert bytes(getter.get(f"{s3_bucket}/obj")) == b"x" * 1000
+    assert seen and all(size >= s3direct.RECV_BUFFER for size in seen)

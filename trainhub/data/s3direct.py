@@ -17,7 +17,14 @@ the pace. This module does the same GET with less work:
   GETs into slices of that same buffer;
 - a botocore session set up in the parent process (:func:`warm`, called when a reader is
   built) is adopted by the filesystems of forked DataLoader workers, which otherwise spend
-  0.1-0.5 s per worker and epoch parsing botocore's service models before the first GET.
+  0.1-0.5 s per worker and epoch parsing botocore's service models before the first GET;
+- with explicit static credentials, :func:`warm` also makes a synchronous botocore client
+  that forked workers inherit and presign with in their own thread: s3fs's ``sign`` runs on
+  its event loop thread, and a worker's first call there builds an async client (10-20 ms
+  before the first GET, then a thread hop for every shard);
+- where the kernel allows it (``net.core.rmem_max``), each connection gets a
+  ``RECV_BUFFER`` receive buffer: a fast store then sends a shard in fewer, larger writes
+  than through a window that autotuning grows from 128 KiB.
 
 :func:`direct_getter` returns ``None`` (use s3fs) when the filesystem is not s3fs, when its
 requests need extra parameters (requester pays, SSE-C keys...), or when an HTTP proxy applies
@@ -49,6 +56,9 @@ PART_SIZE = 8 * 2**20
 MAX_PARTS_IN_FLIGHT = 8
 #: Lifetime of a presigned URL; one URL serves all ranges of one shard.
 URL_EXPIRES = 3600
+#: Receive buffer asked for each connection, when ``net.core.rmem_max`` allows that much.
+#: Setting one turns off the kernel's autotuning for the socket, so a smaller cap is left alone.
+RECV_BUFFER = 4 * 2**20
 ATTEMPTS = 3
 TIMEOUT = 60.0
 
@@ -63,6 +73,11 @@ class _Retry(Exception):
 #: botocore sessions by filesystem options, set up in this process or inherited from the
 #: parent through fork (a session holds credentials and parsed models, no sockets).
 _SESSIONS: dict[tuple, Any] = {}
+#: Synchronous botocore clients that presign for a filesystem's options (None: use s3fs's
+#: ``sign``), made by :func:`warm` and inherited through fork like the sessions.
+_PRESIGNERS: dict[tuple, Any] = {}
+#: Query parameters that depend on the moment of signing.
+_MOMENT_PARAMS = frozenset({"X-Amz-Date", "X-Amz-Signature", "Signature", "Expires"})
 
 
 def _options_key(fs) -> tuple:
@@ -75,8 +90,56 @@ def warm(fs) -> None:
         return
     _adopt_session(fs)
     if getattr(fs, "session", None) is None:
-        fs.set_session()
-    _SESSIONS[_options_key(fs)] = fs.session
+        fs.connect()
+    key = _options_key(fs)
+    _SESSIONS[key] = fs.session
+    if key not in _PRESIGNERS:
+        _PRESIGNERS[key] = _make_presigner(fs)
+
+
+def _make_presigner(fs):
+    """A synchronous botocore S3 client that presigns exactly as ``fs.sign`` does, or None.
+
+    Only for explicit static credentials (``key`` and ``secret`` in the options, no profile):
+    anything the credential chain resolves or refreshes keeps s3fs's signer. The client is
+    built from the options s3fs builds its own from, and kept only if a probe URL signed both
+    ways is the same apart from the moment of signing.
+    """
+    if getattr(fs, "anon", False) or not (fs.key and fs.secret) or fs.kwargs or getattr(fs, "cache_regions", False):
+        return None
+    try:
+        import botocore.session
+        from botocore.config import Config
+
+        session = botocore.session.Session()
+        if getattr(fs, "session", None) is not None:  # its parsed service models
+            session.register_component("data_loader", fs.session.get_component("data_loader"))
+        init = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret, "aws_session_token": fs.token,
+                "endpoint_url": fs.endpoint_url, "use_ssl": fs.use_ssl}
+        kwargs = {**(fs.client_kwargs or {}), **{k: v for k, v in init.items() if v is not None}}
+        client = session.create_client("s3", config=Config(**(fs.config_kwargs or {})), **kwargs)
+        probe = "trainhub-presign-probe/probe.tar"
+        same = _moment_free(_presign(client, fs, probe)) == _moment_free(fs.sign(probe, expiration=URL_EXPIRES))
+    except Exception as e:  # an option the synchronous client does not take: s3fs signs
+        log.debug("no synchronous presigner for %s: %s", _endpoint(fs), e)
+        return None
+    if not same:
+        log.debug("synchronous presigner for %s signs differently from s3fs; s3fs signs", _endpoint(fs))
+        return None
+    return client
+
+
+def _presign(client, fs, path: str) -> str:
+    bucket, key, version = fs.split_path(path)
+    params = {"Bucket": bucket, "Key": key, **({"VersionId": version} if version else {})}
+    return client.generate_presigned_url("get_object", Params=params, ExpiresIn=URL_EXPIRES)
+
+
+def _moment_free(url: str) -> tuple:
+    parts = urllib.parse.urlsplit(url)
+    query = sorted((k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+                   if k not in _MOMENT_PARAMS)
+    return parts.scheme, parts.netloc, parts.path, query
 
 
 def _adopt_session(fs) -> None:
@@ -130,10 +193,13 @@ class DirectGetter:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._ssl: ssl.SSLContext | None = None
+        self._presigner = _PRESIGNERS.get(_options_key(fs))
 
     # -- public ------------------------------------------------------------------------
 
     def sign(self, path: str) -> str:
+        if self._presigner is not None:
+            return _presign(self._presigner, self.fs, path)
         return self.fs.sign(path, expiration=URL_EXPIRES)
 
     def get(self, path: str, size: int | None = None, into: bytearray | None = None) -> bytearray | memoryview:
@@ -278,9 +344,9 @@ class DirectGetter:
         if conn is not None and conn.sock is not None:
             return conn, True
         if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=TIMEOUT, context=self._ssl_context())
+            conn = _HTTPSConnection(parts.hostname, parts.port, timeout=TIMEOUT, context=self._ssl_context())
         else:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT)
+            conn = _HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT)
         conns[key] = conn
         return conn, False
 
@@ -301,6 +367,36 @@ class DirectGetter:
                 ctx = ssl.create_default_context(cafile=cafile)
             self._ssl = ctx
         return self._ssl
+
+
+def _receive_buffer(rmem_max: str = "/proc/sys/net/core/rmem_max") -> int:
+    """``RECV_BUFFER`` where ``net.core.rmem_max`` allows it, else 0 (leave autotuning on)."""
+    try:
+        with open(rmem_max) as f:
+            cap = int(f.read())
+    except (OSError, ValueError):
+        return 0
+    return RECV_BUFFER if cap >= RECV_BUFFER else 0
+
+
+_RECEIVE_BUFFER = _receive_buffer()
+
+
+def _tune(sock) -> None:
+    if _RECEIVE_BUFFER:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def connect(self):
+        super().connect()
+        _tune(self.sock)
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def connect(self):
+        super().connect()
+        _tune(self.sock)
 
 
 def _content_range_total(value: str | None) -> int | None:
