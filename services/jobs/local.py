@@ -20,9 +20,9 @@ account (run as root) and/or in a bubblewrap sandbox that sees the user's home, 
 the device nodes of its GPUs. The wrapper stays outside as the platform: it writes the log and the
 exit file, which the job cannot touch. ``outputs/`` and the metrics files are the user's, the rest
 of the job's folder the platform's (0700: without a sandbox 0711, so the account reaches its files).
-Isolated `script` workers start warm from their own pool (warmpool.py, ``isolated_warm_pool_size``): pre-started
-wrapper + sandbox pairs, each claimed once and given the job's mounts, account and environment; ``.warmpool.log``
-holds their wrappers' own errors. A fork of the one shared fork server cannot take a job's account, mount namespace
+Isolated `script` workers start warm from their own pool (pooledstart.py over warmpool.py,
+``isolated_warm_pool_size``): pre-started wrapper + sandbox pairs, each claimed once and given the job's mounts, account
+and environment; ``.warmpool.log`` holds their wrappers' own errors. A fork of the one shared fork server cannot take a job's account, mount namespace
 and device set, so isolated workers never use it.
 """
 
@@ -49,12 +49,11 @@ from trainhub.ledger import pid_alive, process_start_time
 from trainhub.procs import HOLDER_VAR, processes_with
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
-from trainhub.warmsandbox import current_umask, sandbox_mounts
 
 from . import warminside, worker
 from .forkserver import SOCKET_NAME, ForkServer, ForkServerError, server_environment
 from .launcher import JobView, Launcher, WorkerStatus
-from .warmpool import WarmUnavailable, WorkerPool, launch_env, refusal
+from .pooledstart import PooledStarts
 
 WORKER_SCRIPT = os.path.abspath(worker.__file__)
 WARM_INSIDE_SCRIPT = os.path.abspath(warminside.__file__)
@@ -128,9 +127,7 @@ class LocalLauncher(Launcher):
         self._forkserver: ForkServer | None = None
         self._forkserver_lock = threading.Lock()
         self._warm_retry_at = 0.0
-        self._said_cold = False
-        self._pool: WorkerPool | None = None
-        self._pool_lock = threading.Lock()
+        self._pooled = PooledStarts(self, WORKER_SCRIPT, WARM_INSIDE_SCRIPT)  # the warm pool of isolated workers
         self._on_exit = None  # watch_exits' callback
         self._exit_fds: dict[int, int] = {}  # wrapper pid -> its pidfd, watched on the loop
         self._watched: set[int] = set()  # wrapper pids ever watched (each is watched once: no wake loops)
@@ -190,8 +187,7 @@ class LocalLauncher(Launcher):
             if state is None:
                 state = await asyncio.to_thread(self._launch, job, devices, env)
         finally:
-            if self._pool is not None:  # after the claim: the next entries do not slow this start
-                asyncio.get_running_loop().call_later(self.isolated_refill_delay, self._refill_in_thread)
+            self._pooled.refill_later()  # after the claim: the next entries do not slow this start
         self._watch(state)
         return state
 
@@ -200,9 +196,8 @@ class LocalLauncher(Launcher):
         worker ready: its start is a few file operations and two messages (no process to start, nothing to wait for
         but the worker's answer, which is awaited). On a worker thread the same start waits for the GIL beside the log
         follows that open as a job starts, and the follows wait for the start."""
-        pool = self._pool
-        if not (job.workers == 1 and job.script is not None and self.warm_start and self.isolating and pool is not None
-                and pool.size > 0 and pool.has_ready()):
+        if not (job.workers == 1 and job.script is not None and self.warm_start and self.isolating
+                and self._pooled.ready()):
             return False
         return not self.isolation.use_accounts or self.isolation.accounts.lookup(job.user) is not None
 
@@ -215,17 +210,10 @@ class LocalLauncher(Launcher):
         except _NotOnLoop:
             return None
         entry = handed[0]
-        try:
-            await self._pool.answer_async(entry, self.isolated_warm_claim_timeout)
-        except WarmUnavailable as e:
+        if not await self._pooled.answer(job, entry):
             self._children.pop(entry.pid, None)
-            self._claim_failed(job, 0, e)
             return await asyncio.to_thread(self._launch, job, devices, env, pooled=False)
-        self._started_warm(job, 0, entry.pid)
         return state
-
-    def _refill_in_thread(self) -> None:
-        threading.Thread(target=self._refill, name="trainhub-warm-pool-refill", daemon=True).start()
 
     # -- exit events: a pidfd per wrapper, readable once the wrapper (which writes the exit file first) has ended ----
     def watch_exits(self, callback) -> None:
@@ -297,7 +285,7 @@ class LocalLauncher(Launcher):
         pool = None
         if warm and self.isolating:
             warm = False
-            pool = self._isolated_pool() if pooled else None
+            pool = self._pooled.get() if pooled else None
         cores = available_cores()
         try:
             for rank in range(job.workers):
@@ -324,9 +312,9 @@ class LocalLauncher(Launcher):
                 log, exit_file = adir / f"worker-{rank}.log", adir / f"worker-{rank}.exit"
                 err = adir / f"worker-{rank}.wrapper.err"
                 if pool is not None:
-                    started = self._claim_isolated(pool, job, rank, cmd, wenv, cwd, account, rw, ro,
-                                                   devices[rank] if devices else [], adir, str(log), str(exit_file),
-                                                   handed)
+                    started = self._pooled.claim(pool, job, rank, cmd, wenv, cwd, account, rw, ro,
+                                                 devices[rank] if devices else [], adir, str(log), str(exit_file),
+                                                 handed)
                     if started is not None:
                         entry_proc, holder = started
                         procs_.append(entry_proc)
@@ -399,91 +387,10 @@ class LocalLauncher(Launcher):
         # where users are isolated, the pool fills as the service starts, so the first `script` job starts warm
         # too (its entries wait nicer than running work)
         if self.isolating and self.warm_start:
-            await asyncio.to_thread(self._isolated_pool)
+            await asyncio.to_thread(self._pooled.get)
             # and the fork server, which forks the wrappers of isolated workers that start cold: started now, not
             # within the first such job's launch
             await asyncio.to_thread(self._from_fork_server, None, lambda server: server.start())
-
-    def _isolated_pool(self) -> WorkerPool | None:
-        """The pool of isolated workers (started with the service, or on first use), or None where they start cold."""
-        if self.isolated_warm_pool_size <= 0:
-            return None
-        if self.isolation.use_sandbox and os.geteuid() != 0:
-            if not self._said_cold:
-                self._said_cold = True
-                self.log.info("isolated workers start cold: an unprivileged sandbox cannot take on mounts made outside it")
-            return None
-        # the lock only to make it (the first fill holds it, and a launch on the loop must not wait for it after)
-        if self._pool is None:
-            with self._pool_lock:
-                if self._pool is None:
-                    self._pool = self._filled_pool()  # once filled: until then a launch on a thread waits here
-        self._pool.size = self.isolated_warm_pool_size
-        return self._pool
-
-    def _filled_pool(self) -> WorkerPool:
-        sandboxed = self.isolation.use_sandbox
-        python = sys.executable
-
-        def argv_for(claim_fd: int, ctl_fd: int) -> list[str]:
-            inside = self.isolation.command([python, "-u", WARM_INSIDE_SCRIPT, str(claim_fd)], account=None, cwd="/")
-            return [python, "-S", "-P", WORKER_SCRIPT, "--warm", str(ctl_fd),
-                    *(["--sandboxed"] if sandboxed else []), "--", *inside]
-
-        jobs_dir = Path(self.jobs_dir)
-        jobs_dir.mkdir(parents=True, exist_ok=True)
-        pool = WorkerPool(argv_for, launch_env(), self.isolated_warm_pool_size, self.log,
-                          str(jobs_dir / ".warmpool.log"))
-        pool.fill()
-        return pool
-
-    def _claim_isolated(self, pool: WorkerPool, job: JobView, rank: int, cmd: list[str], wenv: dict, cwd: str,
-                        account: Account | None, rw: list[str], ro: list[str], devices: list[int], adir: Path,
-                        log: str, exit_file: str, handed: list | None = None) -> tuple[subprocess.Popen, str] | None:
-        """Start worker ``rank`` from the pool: (its wrapper, the wrapper's marker), or None (after logging why) when
-        it must start cold. With ``handed``, only a ready entry, and the claim handed over (see _launch)."""
-        why = refusal(wenv, pool.env)
-        if why:
-            if handed is None:  # (on the loop: said by the thread's start)
-                self.log.info("job %s: worker %d starts cold: %s", job.key, rank, why)
-            return None
-        sandboxed = self.isolation.use_sandbox
-        # what the cold sandbox of this worker would bind beyond the warm one's (Isolation.sandbox_argv's rw/ro/devices)
-        mounts = sandbox_mounts(rw + [str(adir / f"metrics-{rank}.jsonl")], ro, self.isolation.device_nodes(devices)) \
-            if sandboxed else []
-        spec = {"script": cmd[-1], "args": [], "env": wenv, "cwd": os.path.realpath(cwd) if sandboxed else cwd,
-                "umask": current_umask(), "uid": account.uid if account else None, "gid": account.gid if account else None}
-        worker = {"rank": rank, "log": log, "exit_file": exit_file}
-        timeout = self.isolated_warm_claim_timeout
-        # from here on the pool discards the entry on any failure
-        entry = pool.take_ready() if handed is not None else pool.take(timeout)
-        if entry is None:
-            if handed is None:
-                self.log.info("job %s: worker %d starts cold: no warm worker waiting", job.key, rank)
-            return None
-        try:
-            if handed is not None:
-                pool.hand_over(entry, spec, mounts, worker, timeout)
-                handed.append(entry)
-                return entry.proc, entry.token
-            pid = pool.claim(entry, spec, mounts, worker, timeout)
-        except WarmUnavailable as e:
-            self._claim_failed(job, rank, e, cold=handed is None)  # (on the loop: the thread's start tries again)
-            return None
-        self._started_warm(job, rank, pid)
-        return entry.proc, entry.token
-
-    def _claim_failed(self, job: JobView, rank: int, error: WarmUnavailable, cold: bool = True) -> None:
-        self.log.warning("job %s: worker %d%s: the warm worker failed its claim (%s)", job.key, rank,
-                         " starts cold" if cold else "", error)
-
-    def _started_warm(self, job: JobView, rank: int, pid: int) -> None:
-        self.log.info("job %s: worker %d started warm (pooled worker %d, claim %d)", job.key, rank, pid,
-                      self._pool.claims)
-
-    def _refill(self) -> None:
-        if self._pool is not None:
-            self._pool.fill()
 
     # -- the warm fork server ----------------------------------------------------------------
     def _from_fork_server(self, job: JobView | None, fork) -> int | None:
@@ -515,8 +422,7 @@ class LocalLauncher(Launcher):
     async def close(self) -> None:
         """Stop the fork server and let the pool's waiting workers go (running workers keep running)."""
         self._unwatch(list(self._exit_fds))
-        if self._pool is not None:
-            await asyncio.to_thread(self._pool.close)
+        await asyncio.to_thread(self._pooled.close)
         if self._forkserver is not None:
             await asyncio.to_thread(self._forkserver.stop)
 

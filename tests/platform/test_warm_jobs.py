@@ -407,7 +407,7 @@ async def test_two_users_warm_workers_share_nothing_and_match_a_cold_start(tmp_p
             os.unlink(w["log"])
             os.unlink(w["exit_file"])
         state_b = await warm.launch(job_b, [[2, 3]], base_env(HOME=homes["wjb"]))
-        assert [w["start"] for w in state_b["workers"]] == ["warm-isolated"] and warm._pool.claims == 2
+        assert [w["start"] for w in state_b["workers"]] == ["warm-isolated"] and warm._pooled.pool.claims == 2
         assert [s.exit_code for s in await finish(warm, job_b, state_b)] == [0]
         b = probe_of(state_b)
     finally:
@@ -469,7 +469,7 @@ async def test_cancel_time_limit_and_adoption_of_a_warm_isolated_worker(tmp_path
         assert wait_for(lambda: procs.processes_with("TRAINHUB_HOLDER", holder) == [], what="no process left", timeout=10)
     finally:
         await launcher.close()
-    assert launcher._pool.waiting == []
+    assert launcher._pooled.pool.waiting == []
 
 
 @root_only
@@ -485,10 +485,10 @@ async def test_a_gang_takes_what_the_pool_has_and_starts_the_rest_cold(tmp_path,
         assert [s.exit_code for s in await finish(launcher, job, state)] == [0, 0, 0]
         for w in state["workers"]:
             assert f"[{w['rank']}] rank {w['rank']} of 3" in Path(w["log"]).read_text()
-        assert launcher._pool.claims == 2 and launcher._pool.waiting == []
+        assert launcher._pooled.pool.claims == 2 and launcher._pooled.pool.waiting == []
     finally:
         await launcher.close()
-    assert launcher._pool.fill() == 0  # closed: a refill scheduled before close() starts nothing
+    assert launcher._pooled.pool.fill() == 0  # closed: a refill scheduled before close() starts nothing
 
 
 @root_only
@@ -496,9 +496,9 @@ async def test_the_pool_fills_when_the_service_starts_so_the_first_job_starts_wa
     _iso, data, make = isolated
     launcher = make(isolated_warm_pool_size=2, isolated_refill_delay=30.0)
     try:
-        assert launcher._pool is None
+        assert launcher._pooled.pool is None
         await launcher.start()  # the engine's start, after recovery
-        assert launcher._pool is not None and len(launcher._pool.waiting) == 2
+        assert launcher._pooled.pool is not None and len(launcher._pooled.pool.waiting) == 2
         job = job_view("j-000006", "wjf", "print('first', flush=True)\n")
         state = await launcher.launch(job, [[]], base_env(HOME=str(data / "homes" / "wjf")))
         assert [w["start"] for w in state["workers"]] == ["warm-isolated"]
@@ -507,7 +507,7 @@ async def test_the_pool_fills_when_the_service_starts_so_the_first_job_starts_wa
         await launcher.close()
     plain = LocalLauncher(data_dir=str(tmp_path / "plain"), isolation=None)
     await plain.start()  # nothing isolated: no pool
-    assert plain._pool is None
+    assert plain._pooled.pool is None
 
 
 @root_only
@@ -529,7 +529,7 @@ async def test_with_an_entry_ready_a_job_starts_on_the_event_loop_and_a_refused_
     home = str(data / "homes" / "wjg")
     try:
         await launcher.start()
-        pool = launcher._pool
+        pool = launcher._pooled.pool
         await await_for(lambda: sum(e.check_ready() for e in pool.waiting), lambda n: n == 3, what="3 entries ready",
                         timeout=60, interval=0.02)
         known = _iso.accounts.lookup("wjg") is not None  # (accounts outlive a test run on the same machine)
@@ -577,7 +577,7 @@ async def test_a_job_that_changes_python_start_up_starts_cold_with_a_log_line(tm
         assert "starts cold: start-up variables differ" in caplog.text and "PYTHONHASHSEED" in caplog.text
         assert [s.exit_code for s in await finish(launcher, job, state)] == [0]
         assert "hash 0" in Path(state["workers"][0]["log"]).read_text()
-        assert len(launcher._pool.waiting) == 1 and launcher._pool.claims == 0  # not handed out: still waiting
+        assert len(launcher._pooled.pool.waiting) == 1 and launcher._pooled.pool.claims == 0  # not handed out: still waiting
     finally:
         await launcher.close()
 
