@@ -307,3 +307,29 @@ def test_shuffle_initial_starts_sooner_and_keeps_every_sample(tmp_path, make_sam
         return n
 
     assert first_after(None) == 9 and first_after(2) == 4
+
+
+def test_default_prefetch_is_one_shard_per_dataloader_worker(tmp_path, make_samples, monkeypatch):
+    """Several DataLoader workers already download in parallel: by default each keeps one shard
+    ahead, a reader in one process (or a lone worker) four; an explicit prefetch is kept as given."""
+    from trainhub.data import reader as reader_mod
+
+    make_samples(str(tmp_path / "raw"), 40, size=200)
+    pack(str(tmp_path / "raw"), str(tmp_path / "out"), shard_size="2KB", progress=False)
+    seen = []
+    real = reader_mod.ShardReader._prefetched
+    monkeypatch.setattr(reader_mod.ShardReader, "_prefetched",
+                        lambda self, urls, fetcher: (seen.append(self._ahead()), real(self, urls, fetcher))[1])
+
+    def ahead(**kw):
+        seen.clear()
+        assert len(list(ShardReader(str(tmp_path / "out"), **kw))) > 0
+        return seen[-1]
+
+    assert ahead() == reader_mod.PREFETCH == 4
+    assert ahead(worker_info=(0, 1)) == 4
+    assert ahead(worker_info=(1, 3)) == reader_mod.WORKER_PREFETCH == 1
+    assert ahead(worker_info=(1, 3), prefetch=3) == 3
+    assert ahead(prefetch=0) == 0
+    with pytest.raises(ValueError, match="prefetch must be >= 0 or None"):
+        ShardReader(str(tmp_path / "out"), prefetch=-1)
