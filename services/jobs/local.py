@@ -21,9 +21,9 @@ the device nodes of its GPUs. The wrapper stays outside as the platform: it writ
 exit file, which the job cannot touch. ``outputs/`` and the metrics files are the user's, the rest
 of the job's folder the platform's (0700: without a sandbox 0711, so the account reaches its files).
 Isolated `script` workers start warm from their own pool (pooledstart.py over warmpool.py,
-``isolated_warm_pool_size``): pre-started wrapper + sandbox pairs, each claimed once and given the job's mounts, account
-and environment; ``.warmpool.log`` holds their wrappers' own errors. A fork of the one shared fork server cannot take a job's account, mount namespace
-and device set, so isolated workers never use it.
+``isolated_warm_pool_size``): pre-started wrapper + sandbox pairs, each claimed once and given the job's mounts,
+account and environment; ``.warmpool.log`` holds their wrappers' own errors. A fork of the one shared fork server
+cannot take a job's account, mount namespace and device set, so isolated workers never use it.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ class LocalLauncher(Launcher):
         pool = None
         if warm and self.isolating:
             warm = False
-            pool = self._pooled.get() if pooled else None
+            pool = self._pooled.get() if pooled else None  # None: the workers (the rest of a gang) start cold
         cores = available_cores()
         try:
             for rank in range(job.workers):
@@ -312,7 +312,7 @@ class LocalLauncher(Launcher):
                 log, exit_file = adir / f"worker-{rank}.log", adir / f"worker-{rank}.exit"
                 err = adir / f"worker-{rank}.wrapper.err"
                 if pool is not None:
-                    started = self._pooled.claim(pool, job, rank, cmd, wenv, cwd, account, rw, ro,
+                    started = self._pooled.claim(job, rank, cmd, wenv, cwd, account, rw, ro,
                                                  devices[rank] if devices else [], adir, str(log), str(exit_file),
                                                  handed)
                     if started is not None:

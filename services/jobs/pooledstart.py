@@ -75,13 +75,13 @@ class PooledStarts:
         pool = self.pool
         return pool is not None and pool.size > 0 and pool.has_ready()
 
-    def claim(self, pool: WorkerPool, job: JobView, rank: int, cmd: list[str], wenv: dict, cwd: str,
+    def claim(self, job: JobView, rank: int, cmd: list[str], wenv: dict, cwd: str,
               account: Account | None, rw: list[str], ro: list[str], devices: list[int], adir: Path,
               log: str, exit_file: str, handed: list | None = None) -> tuple[subprocess.Popen, str] | None:
         """Start worker ``rank`` from the pool: (its wrapper, the wrapper's marker), or None (after logging why) when
         it must start cold. With ``handed`` (a start on the event loop), only a ready entry, and the claim only handed
         over: the entry is appended to ``handed`` and the caller awaits its answer (:meth:`answer`)."""
-        launcher = self.launcher
+        launcher, pool = self.launcher, self.pool
         why = refusal(wenv, pool.env)
         if why:
             if handed is None:  # (on the loop: said by the thread's start)
@@ -89,10 +89,11 @@ class PooledStarts:
             return None
         sandboxed = launcher.isolation.use_sandbox
         # what the cold sandbox of this worker would bind beyond the warm one's (Isolation.sandbox_argv's rw/ro/devices)
-        mounts = sandbox_mounts(rw + [str(adir / f"metrics-{rank}.jsonl")], ro, launcher.isolation.device_nodes(devices)) \
-            if sandboxed else []
+        mounts = sandbox_mounts(rw + [str(adir / f"metrics-{rank}.jsonl")], ro,
+                                launcher.isolation.device_nodes(devices)) if sandboxed else []
         spec = {"script": cmd[-1], "args": [], "env": wenv, "cwd": os.path.realpath(cwd) if sandboxed else cwd,
-                "umask": current_umask(), "uid": account.uid if account else None, "gid": account.gid if account else None}
+                "umask": current_umask(), "uid": account.uid if account else None,
+                "gid": account.gid if account else None}
         worker_files = {"rank": rank, "log": log, "exit_file": exit_file}
         timeout = launcher.isolated_warm_claim_timeout
         # from here on the pool discards the entry on any failure

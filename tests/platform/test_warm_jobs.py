@@ -2,8 +2,8 @@
 entry is the user's worker exactly as a cold start would make it, and nothing one user's worker does reaches another's
 through the pool. The pool's own mechanics, without root, are tests/platform/test_warm_pool.py.
 
-The tests use the real LocalLauncher with the real Isolation (as root: each user's own Unix account, in a bubblewrap sandbox where
-bwrap is installed), a local storage root and device nodes of their own: user A's warm worker leaves module state,
+The tests use the real LocalLauncher with the real Isolation (as root: each user's own Unix account, in a bubblewrap
+sandbox where bwrap is installed), a local storage root and device nodes of their own: user A's warm worker leaves module state,
 environment, a /tmp file and a changed folder; user B's warm worker, from the same pool, sees none of it, and what
 it sees (uid, groups, capabilities, environment, devices, folder, mounts) matches B's same probe started cold. The
 last ones go through a real `trainhub up`.
