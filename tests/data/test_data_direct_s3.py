@@ -9,7 +9,7 @@ import threading
 import pytest
 import s3fs
 
-from trainhub.data import CorruptShardError, ShardNotFoundError, ShardReader, pack
+from trainhub.data import CorruptShardError, IndexNotFoundError, ShardNotFoundError, ShardReader, pack
 from trainhub.data import s3direct
 from trainhub.data.s3direct import DirectGetter, direct_getter
 
@@ -88,6 +88,28 @@ def test_shard_changed_after_packing_is_reported(make_samples, s3_options, s3_bu
     s3fs_fs.pipe_file(f"{s3_bucket}/shards/shard-000001.tar", b"\0" * 1024)
     with pytest.raises(CorruptShardError, match=r"shard-000001\.tar has 1024 bytes but the shard index records \d+.*pack it again"):
         list(ShardReader(f"s3://{s3_bucket}/shards", storage_options=s3_options, prefetch=2))
+
+
+def test_the_index_is_read_directly_unless_direct_http_is_off(make_samples, s3_options, s3_bucket, s3fs_fs,
+                                                             monkeypatch):
+    _packed(make_samples, s3_options, s3_bucket)
+    from trainhub.data.storage import url_to_fs
+
+    fs = url_to_fs(f"s3://{s3_bucket}/shards", s3_options)[0]  # the (cached) filesystem the reader gets
+    through_s3fs, direct = [], []
+    real_cat, real_get = fs.cat_file, DirectGetter.get
+    monkeypatch.setattr(fs, "cat_file", lambda path, *a, **kw: through_s3fs.append(path) or real_cat(path, *a, **kw))
+    monkeypatch.setattr(DirectGetter, "get", lambda self, path, *a, **kw: direct.append(path) or real_get(self, path, *a, **kw))
+    reader = ShardReader(f"s3://{s3_bucket}/shards", storage_options=s3_options)
+    assert direct == [f"{s3_bucket}/shards/index.json"] and through_s3fs == []
+    plain = ShardReader(f"s3://{s3_bucket}/shards", storage_options=s3_options, direct_http=False)
+    assert through_s3fs == [f"{s3_bucket}/shards/index.json"] and len(direct) == 1
+    assert plain.index == reader.index and reader.total_samples == 30
+    with pytest.raises(IndexNotFoundError, match=rf"no index\.json at s3://{s3_bucket}/raw/index\.json"):
+        ShardReader(f"s3://{s3_bucket}/raw", storage_options=s3_options)
+    s3fs_fs.pipe_file(f"{s3_bucket}/shards/index.json", b"{not json")
+    with pytest.raises(CorruptShardError, match="not valid JSON"):
+        ShardReader(f"s3://{s3_bucket}/shards", storage_options=s3_options)
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])

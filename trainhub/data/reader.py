@@ -224,10 +224,23 @@ class ShardReader:
                 raise InvalidURLError(f"bad shard URL {s!r} in the shard list")
         return shards
 
-    @staticmethod
-    def _load_index(fs, index_path: str, url: str) -> dict:
+    def _index_bytes(self, fs, index_path: str) -> bytes | bytearray:
+        """The index's bytes; with ``direct_http`` on S3, one direct GET (5-10 ms sooner than
+        through s3fs's event loop, on the way to every first batch)."""
+        getter = None
+        if self.direct_http:
+            s3direct.warm(fs)  # before the getter, so that it signs with the warmed presigner
+            getter = direct_getter(fs)
+        if getter is None:
+            return fs.cat_file(index_path)
         try:
-            raw = fs.cat_file(index_path)
+            return getter.get(index_path)
+        finally:
+            getter.close()
+
+    def _load_index(self, fs, index_path: str, url: str) -> dict:
+        try:
+            raw = self._index_bytes(fs, index_path)
         except FileNotFoundError:
             raise IndexNotFoundError(
                 f"no {INDEX_NAME} at {full_url(fs, index_path)}: pack the data first "

@@ -231,10 +231,15 @@ class DirectGetter:
         return into if len(into) == size else view
 
     def close(self) -> None:
+        """End the range pool and the calling thread's connections (other threads' close
+        with their sockets)."""
         with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = None
+        for conn in (getattr(self._local, "conns", None) or {}).values():
+            conn.close()
+        self._local.conns = {}
 
     # -- requests ----------------------------------------------------------------------
 
