@@ -10,7 +10,9 @@ Starts ``moto_server`` on a free loopback port, uploads N x 100 KiB samples and 
    S3 connector for PyTorch (``s3torchconnector``), each reading every sample once from the
    same S3 server through a ``torch.utils.data.DataLoader`` with the same number of workers,
    batch size and shuffle buffer, plus a cold local disk (one file per sample, page cache
-   dropped) in the same harness. Each loader's own preparation (packing, LitData
+   dropped) in the same harness, and a bound (info): the same shard GETs and shuffle buffer
+   with no sample read out of a shard, the least any loader of these shards needs from this
+   server on this machine. Each loader's own preparation (packing, LitData
    ``optimize``, MDS writing) runs before the timed part and is reported separately; its
    local cache is emptied before every timed run. Rounds are interleaved (the order rotates
    each round) and medians are compared, so load from elsewhere falls on every loader alike.
@@ -43,8 +45,8 @@ import urllib.request
 
 from trainhub.backoff import WaitTimeout, poll
 
-from data_loaders import (ALTERNATIVES, Config, FloorLoader, LocalDiskLoader, TrainhubLoader, TrainhubS3fsLoader,
-                          Unavailable, drop_page_cache)
+from data_loaders import (ALTERNATIVES, Config, FloorLoader, LocalDiskLoader, S3BoundLoader, TrainhubLoader,
+                          TrainhubS3fsLoader, Unavailable, drop_page_cache)
 
 ACCESS = {"key": "bench", "secret": "bench"}
 MiB = 2**20
@@ -208,8 +210,10 @@ def main(argv=None) -> int:
     floor_loader = FloorLoader(cfg, raw_paths, shards, size)
     s3fs_loader = TrainhubS3fsLoader(cfg, raw_paths, shards)
     s3fs_loader.prepare_seconds = t_pack
-    info_only = {local_loader.name, floor_loader.name, s3fs_loader.name}
-    loaders = [trainhub_loader, local_loader, floor_loader, s3fs_loader]
+    bound_loader = S3BoundLoader(cfg, raw_paths, shards, size)
+    bound_loader.prepare()
+    info_only = {local_loader.name, floor_loader.name, s3fs_loader.name, bound_loader.name}
+    loaders = [trainhub_loader, local_loader, floor_loader, bound_loader, s3fs_loader]
     unavailable: dict[str, str] = {}
     for cls in ALTERNATIVES:
         if wanted is not None and cls.name not in wanted:
@@ -382,7 +386,7 @@ def main(argv=None) -> int:
             version = loader.version()
         except Unavailable:
             version = "-"
-        prep = "-" if loader in (local_loader, floor_loader) else f"{loader.prepare_seconds:.1f}"
+        prep = "-" if loader in (local_loader, floor_loader, bound_loader) else f"{loader.prepare_seconds:.1f}"
         if name in med:
             runs = ", ".join(f"{x:.2f}" for x in side[name])
             print(f"{name:<24} {version:<10} {prep:>9} {med[name]:>8.2f} {total / MiB / med[name]:>7.0f} "
@@ -417,6 +421,9 @@ def main(argv=None) -> int:
     checks += [
         ("ShardReader / local disk cold (same harness)", med[local_loader.name] / t_th, ">=", 1.0),
         ("ShardReader / floor, bytes from memory (info)", med[floor_loader.name] / t_th, None, None),
+        ("ShardReader / bound, shard GETs only (info)", med.get(bound_loader.name, 0.0) / t_th, None, None),
+        ("bound, shard GETs only / local disk cold (info)",
+         med[local_loader.name] / med[bound_loader.name] if bound_loader.name in med else 0.0, None, None),
         ("ShardReader / itself via s3fs, direct_http=False (info)", med.get(s3fs_loader.name, 0.0) / t_th, None, None),
         ("shards / naive cat_file (one process)", t_naive / t_shard, ">=", 10.0),
         ("shards / local disk cold (one process, info)", t_cold / t_shard, None, None),

@@ -413,4 +413,76 @@ class FloorLoader(Loader):
         return _drain(_data_loader(_InMemory(len(self.raw_paths), self.sample_size), self.cfg))
 
 
+class _ShardBytesOnly(IterableDataset):
+    """Each worker GETs its shards as ShardReader does in a worker (trainhub's direct GET into
+    two reused buffers, one shard ahead) and hands out every shard's samples through the same
+    shuffle buffer, each sample copied once out of the shard at a fixed stride: no tar
+    headers read. Only the cost is real: the bytes are not the samples'."""
+
+    def __init__(self, cfg, shard_urls, counts, sizes, keys, size):
+        self.cfg, self.shard_urls, self.counts, self.sizes = cfg, shard_urls, counts, sizes
+        self.keys, self.size = keys, size
+
+    def __iter__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from trainhub.data.s3direct import direct_getter
+
+        info = get_worker_info()
+        wid, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        firsts = [sum(self.counts[:i]) for i in range(len(self.counts))]
+        mine = list(range(wid, len(self.shard_urls), workers))
+        getter = direct_getter(self.cfg.s3fs())
+        buffers = [bytearray(max(self.sizes)) for _ in range(2)]
+        stride = self.size
+
+        def get(n):
+            i = mine[n]
+            return getter.get(self.shard_urls[i].split("://", 1)[1], self.sizes[i], into=buffers[n % 2])
+
+        def samples():
+            with ThreadPoolExecutor(1) as pool:
+                ahead = pool.submit(get, 0) if mine else None
+                for n, i in enumerate(mine):
+                    view = memoryview(ahead.result())
+                    ahead = pool.submit(get, n + 1) if n + 1 < len(mine) else None
+                    for j in range(self.counts[i]):
+                        yield {"__key__": self.keys[firsts[i] + j], "jpg": bytes(view[j * stride:(j + 1) * stride])}
+                    view.release()
+
+        rng = random.Random(f"{self.cfg.seed}:{wid}")
+        return shuffled(samples(), self.cfg.shuffle_buffer, rng, self.cfg.shuffle_initial)
+
+
+class S3BoundLoader(Loader):
+    """What a loader of these shards from this server with this shuffle buffer needs at
+    least: the same GETs, buffer and one copy per sample, with no tar header read."""
+
+    name = "bound: shard GETs only"
+    package = "trainhub"
+    note = "ShardReader's GETs and shuffle buffer, no tar parsing: the least a loader of these shards needs here (info)"
+
+    def __init__(self, cfg, raw_paths, shard_urls, sample_size):
+        super().__init__(cfg, raw_paths, shard_urls)
+        self.sample_size = sample_size
+        self.counts: list[int] = []
+        self.sizes: list[int] = []
+
+    def prepare(self):
+        import json
+
+        index = json.loads(self.cfg.s3fs().cat_file(f"{self.cfg.bucket}/shards/index.json"))
+        entries = {e["name"]: e for e in index["shards"]}
+        mine = [entries[url.rsplit("/", 1)[-1]] for url in self.shard_urls]
+        self.counts, self.sizes = [e["samples"] for e in mine], [e["bytes"] for e in mine]
+
+    def epoch(self):
+        from trainhub.data.s3direct import warm
+
+        warm(self.cfg.s3fs())  # as ShardReader does where it is built: forked workers adopt its botocore session
+        keys = [os.path.basename(p).split(".", 1)[0] for p in self.raw_paths]
+        dataset = _ShardBytesOnly(self.cfg, self.shard_urls, self.counts, self.sizes, keys, self.sample_size)
+        return _drain(_data_loader(dataset, self.cfg))
+
+
 ALTERNATIVES = [WebDatasetLoader, LitDataLoader, MosaicLoader, S3TorchLoader]
