@@ -29,9 +29,7 @@ devices of a job that has ended for longer than one pass.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import sys
 import time
 from collections import defaultdict
 from datetime import datetime, timezone
@@ -40,10 +38,9 @@ from traitlets import CaselessStrEnum, Float, Instance, Type, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.db import write_now
-from trainhub.distenv import job_env
 from trainhub.exceptions import TrainhubError
 from trainhub.fmt import fmt_duration
-from trainhub.jobarea import JOB_URL_VAR, RESUME_STEP_VAR, RESUME_URL_VAR, area_url, latest_checkpoint
+from trainhub.jobarea import JOB_URL_VAR
 from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
 from trainhub.procs import INSTANCE_VAR
@@ -54,6 +51,7 @@ from trainhub.settings import StopRecord, StopRecordFile
 from trainhub.states import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 from trainhub.storage import StorageConfig
 
+from .attemptenv import AttemptEnv, resume_vars
 from .launcher import JobView, Launcher
 from .models import Job, job_key, parse_job_key
 from .outputs import OutputSyncer
@@ -114,6 +112,7 @@ class JobEngine(LoggingConfigurable):
         super().__init__(**kw)
         self.store, self.allocator, self.launcher, self.quota = store, allocator, launcher, quota
         self.storage, self.syncer, self.catalog, self.metrics_source = storage, syncer, catalog, metrics_source
+        self.attempt_env = AttemptEnv(launcher, storage)  # what every worker of an attempt gets from the engine
         self.groups_of = groups_of or (lambda user: ())
         self.scheduler = self.scheduler_class(parent=self)
         if self.scheduler.max_cpu_jobs is None and "max_cpu_jobs" not in self.config.get(type(self.scheduler).__name__, {}):
@@ -588,8 +587,8 @@ class JobEngine(LoggingConfigurable):
         v = view(job)
         jdir = self.launcher.job_dir(v)
         outputs_url = self.syncer.target_url(job.user, job.key)
-        env = self._base_env(job)
-        resume = await self._resume_point(job, env) if attempt > 1 else None
+        env = self.attempt_env.base(v, job.retries or 0, self.api_url)
+        resume = await self._resume_point(job, v, env) if attempt > 1 else None
         resumed = f"; resumed from step {resume.step}" if resume else ""
         holder = job_holder(job.id)
         # the run it starts in, from the claim on: were the platform to stop before its launch is recorded, the next
@@ -623,7 +622,7 @@ class JobEngine(LoggingConfigurable):
         if not claimed:
             return True
         if resume:
-            env.update({RESUME_URL_VAR: resume.url, RESUME_STEP_VAR: str(resume.step)})
+            env.update(resume_vars(resume))
             await self.store.write(self.store.update, job.id, event=(
                 "resumed", f"resumed from step {resume.step}: attempt {attempt} is offered checkpoint {resume.name}"))
         try:
@@ -642,48 +641,13 @@ class JobEngine(LoggingConfigurable):
                 pass
         return True
 
-    def _base_env(self, job: Job) -> dict:
-        """What every worker of this attempt gets from the engine (launchers add the per-worker part:
-        ranks, devices, OMP_NUM_THREADS; see trainhub.distenv)."""
-        env = {
-            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", os.defpath),
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "TRAINHUB_JOB_ID": job.key,
-            "TRAINHUB_JOB_NAME": job.name,
-            "TRAINHUB_USER": job.user,
-            "TRAINHUB_PARAMS": json.dumps(job.params or {}),
-            "TRAINHUB_JOB_ATTEMPT": str(job.attempt),
-            INSTANCE_VAR: os.environ.get(INSTANCE_VAR, ""),
-            **job_env(key=job.key, attempt=job.attempt, retries=job.retries or 0),
-        }
-        if job.profile:
-            env["TRAINHUB_PROFILE"] = job.profile
-        home = self.launcher.home_dir(job.user)
-        if home:
-            env["HOME"] = home
-        if self.api_url:
-            env["TRAINHUB_API_URL"] = self.api_url
-        if self.storage.url:
-            env.update(self.storage.env_for(job.user))
-        area = self._area_url(job)
-        if area:
-            env[JOB_URL_VAR] = area  # results and checkpoints (trainhub.jobarea)
-        return env
-
-    def _area_url(self, job: Job) -> str | None:
-        """The job's storage area (trainhub.jobarea): its outputs_url on the platform's storage, else its folder."""
-        return area_url(self.storage.user_url(job.user) if self.storage.url else None, job.key,
-                        self.launcher.job_dir(view(job)))
-
-    async def _resume_point(self, job: Job, env: dict):
-        """The newest checkpoint the job saved in its storage area (None: none, or storage unreachable, said
-        in an event), offered to the attempt about to start."""
-        url = env.get(JOB_URL_VAR)
-        options = self.storage.storage_options(job.user) if self.storage.url else {}
+    async def _resume_point(self, job: Job, v: JobView, env: dict):
+        """The checkpoint the attempt about to start is offered (None: none, or its storage area could not be
+        read, which an event says)."""
         try:
-            return await asyncio.to_thread(latest_checkpoint, url, options)
+            return await self.attempt_env.resume_point(v, env)
         except Exception as e:
-            self.log.warning("job %s: cannot look for checkpoints in %s: %s", job.key, url, e)
+            self.log.warning("job %s: cannot look for checkpoints in %s: %s", job.key, env.get(JOB_URL_VAR), e)
             await self.store.write(self.store.update, job.id, event=(
                 "resume", f"could not look for checkpoints in its storage area ({type(e).__name__}: {e}); starting afresh"))
             return None

@@ -1,0 +1,70 @@
+"""What the engine gives every worker of an attempt: its environment, its storage area and the
+checkpoint it resumes from.
+
+The launchers add the per-worker part (ranks, devices, ``OMP_NUM_THREADS``; see
+:mod:`trainhub.distenv`); the engine decides when an attempt starts and records what it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+from trainhub.distenv import job_env
+from trainhub.jobarea import JOB_URL_VAR, RESUME_STEP_VAR, RESUME_URL_VAR, CheckpointInfo, area_url, latest_checkpoint
+from trainhub.procs import INSTANCE_VAR
+from trainhub.storage import StorageConfig
+
+from .launcher import JobView, Launcher
+
+
+class AttemptEnv:
+    """The environment of one job's attempts, built from the launcher's folders and the platform's storage."""
+
+    def __init__(self, launcher: Launcher, storage: StorageConfig):
+        self.launcher, self.storage = launcher, storage
+
+    def base(self, job: JobView, retries: int, api_url: str = "") -> dict:
+        """Every worker's variables for ``job``'s attempt ``job.attempt`` (``retries``: the job's retry budget)."""
+        env = {
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", os.defpath),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "TRAINHUB_JOB_ID": job.key,
+            "TRAINHUB_JOB_NAME": job.name,
+            "TRAINHUB_USER": job.user,
+            "TRAINHUB_PARAMS": json.dumps(job.params or {}),
+            "TRAINHUB_JOB_ATTEMPT": str(job.attempt),
+            INSTANCE_VAR: os.environ.get(INSTANCE_VAR, ""),
+            **job_env(key=job.key, attempt=job.attempt, retries=retries),
+        }
+        if job.profile:
+            env["TRAINHUB_PROFILE"] = job.profile
+        home = self.launcher.home_dir(job.user)
+        if home:
+            env["HOME"] = home
+        if api_url:
+            env["TRAINHUB_API_URL"] = api_url
+        if self.storage.url:
+            env.update(self.storage.env_for(job.user))
+        area = self.area_url(job)
+        if area:
+            env[JOB_URL_VAR] = area  # results and checkpoints (trainhub.jobarea)
+        return env
+
+    def area_url(self, job: JobView) -> str | None:
+        """The job's storage area (trainhub.jobarea): its outputs_url on the platform's storage, else its folder."""
+        return area_url(self.storage.user_url(job.user) if self.storage.url else None, job.key,
+                        self.launcher.job_dir(job))
+
+    async def resume_point(self, job: JobView, env: dict) -> CheckpointInfo | None:
+        """The newest checkpoint the job saved in its storage area (``None``: none); raises when the area
+        cannot be read (the engine says so in an event and starts afresh)."""
+        options = self.storage.storage_options(job.user) if self.storage.url else {}
+        return await asyncio.to_thread(latest_checkpoint, env.get(JOB_URL_VAR), options)
+
+
+def resume_vars(checkpoint: CheckpointInfo) -> dict:
+    """The variables that offer ``checkpoint`` to an attempt."""
+    return {RESUME_URL_VAR: checkpoint.url, RESUME_STEP_VAR: str(checkpoint.step)}
