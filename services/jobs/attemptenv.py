@@ -21,7 +21,7 @@ from .launcher import JobView, Launcher
 
 
 class AttemptEnv:
-    """The environment of one job's attempts, built from the launcher's folders and the platform's storage."""
+    """Attempts' environments, from the launcher's folders and homes and the platform's storage (one per engine)."""
 
     def __init__(self, launcher: Launcher, storage: StorageConfig):
         self.launcher, self.storage = launcher, storage
