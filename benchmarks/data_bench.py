@@ -11,8 +11,8 @@ Starts ``moto_server`` on a free loopback port, uploads N x 100 KiB samples and 
    same S3 server through a ``torch.utils.data.DataLoader`` with the same number of workers,
    batch size and shuffle buffer, plus a cold local disk (one file per sample, page cache
    dropped) in the same harness, and a bound (info): the same shard GETs and shuffle buffer
-   with no sample read out of a shard, the least any loader of these shards needs from this
-   server on this machine. Each loader's own preparation (packing, LitData
+   with no tar header read, what reading these shards from this server costs on this machine
+   before any parsing. Each loader's own preparation (packing, LitData
    ``optimize``, MDS writing) runs before the timed part and is reported separately; its
    local cache is emptied before every timed run. Rounds are interleaved (the order rotates
    each round) and medians are compared, so load from elsewhere falls on every loader alike.

@@ -455,12 +455,12 @@ class _ShardBytesOnly(IterableDataset):
 
 
 class S3BoundLoader(Loader):
-    """What a loader of these shards from this server with this shuffle buffer needs at
-    least: the same GETs, buffer and one copy per sample, with no tar header read."""
+    """What reading these shards from this server through this shuffle buffer costs before any
+    parsing: ShardReader's GETs, buffer and one copy per sample, with no tar header read."""
 
     name = "bound: shard GETs only"
     package = "trainhub"
-    note = "ShardReader's GETs and shuffle buffer, no tar parsing: the least a loader of these shards needs here (info)"
+    note = "ShardReader's GETs and shuffle buffer, no tar parsing: what these shards cost here before parsing (info)"
 
     def __init__(self, cfg, raw_paths, shard_urls, sample_size):
         super().__init__(cfg, raw_paths, shard_urls)
