@@ -124,3 +124,23 @@ def test_the_service_hands_the_gil_over_quickly(service):
         assert sys.getswitchinterval() == before
     finally:
         sys.setswitchinterval(before)
+
+
+def test_the_service_keeps_its_start_up_objects_out_of_full_collections(service):
+    """Once up, the service freezes what its imports and set-up made: a full collection no longer walks them
+    (about 0.1 s with no request served, each time one ran with 10,000 jobs queued)."""
+    import gc
+
+    before = gc.get_freeze_count()
+    try:
+        service.freeze_after_start = False
+        service.settle_heap()
+        assert gc.get_freeze_count() == before
+        service.freeze_after_start = True
+        service.settle_heap()
+        frozen = gc.get_freeze_count()
+        assert frozen > before + 10_000, frozen  # the imports alone
+        gc.collect()
+        assert gc.get_freeze_count() == frozen, "a full collection thawed the frozen objects"
+    finally:
+        gc.unfreeze()
