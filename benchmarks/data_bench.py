@@ -3,7 +3,10 @@
 
     .venv/bin/python benchmarks/data_bench.py [--quick] [--rounds 5] [--workers 2]
 
-Starts ``moto_server`` on a free loopback port, uploads N x 100 KiB samples and measures:
+Starts ``moto_server`` on a free loopback port, uploads N x 100 KiB samples (default 10,000: an epoch
+well above the shuffle buffers, 2 workers x 500 samples = 10 % of it, as in training; with 2,000 the
+buffers held half the epoch and the side-by-side times were mostly how a streaming loader fills and
+drains its buffer, see benchmarks/README.md) and measures:
 
 1. Loaders side by side (benchmarks/data_loaders.py): trainhub's ``ShardReader`` (as a
    ``TorchShardDataset``), the ``webdataset`` library, LitData, MosaicML ``streaming`` and the
@@ -132,7 +135,8 @@ def quiet():
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer samples and objects (about 30 s)")
-    ap.add_argument("--samples", type=int, help="number of samples (default 2000, quick 500)")
+    ap.add_argument("--samples", type=int, help="number of samples (default 10000, quick 500; see benchmarks/README.md "
+                    "for why an epoch must be well above the shuffle buffers)")
     ap.add_argument("--sample-kib", type=int, default=100, help="sample size in KiB (default %(default)s)")
     ap.add_argument("--list-objects", type=int, help="objects for the listing test (default 10000, quick 3000)")
     ap.add_argument("--shard-size", default=None,
@@ -151,7 +155,7 @@ def main(argv=None) -> int:
                     help="comma-separated alternatives to run: webdataset,litdata,mosaicml-streaming,s3torchconnector "
                          "(default all)")
     args = ap.parse_args(argv)
-    n = args.samples or (500 if args.quick else 2000)
+    n = args.samples or (500 if args.quick else 10000)
     n_list = args.list_objects or (3000 if args.quick else 10000)
     rounds = args.rounds or (3 if args.quick else 5)
     size = args.sample_kib * 1024
@@ -377,7 +381,8 @@ def main(argv=None) -> int:
     t_th = med[trainhub_loader.name]
     print(f"Loaders side by side: {n} samples x {args.sample_kib} KiB ({total / MiB:.0f} MiB) from moto S3 on loopback; "
           f"DataLoader workers={args.workers}, batch={args.batch_size}, shuffle buffer={args.shuffle_buffer} "
-          f"(initial {cfg.shuffle_initial}), "
+          f"(initial {cfg.shuffle_initial}; {args.shuffle_buffer * max(args.workers, 1) / n:.0%} of the epoch held in the "
+          f"buffers), "
           f"shard/chunk size {shard_size}; median of {rounds} interleaved rounds, cache emptied before each")
     print(f"{'loader':<24} {'version':<10} {'prepare s':>9} {'epoch s':>8} {'MiB/s':>7} {'trainhub x':>10}  runs / notes")
     for loader in loaders:
