@@ -588,7 +588,7 @@ class JobEngine(LoggingConfigurable):
         jdir = self.launcher.job_dir(v)
         outputs_url = self.syncer.target_url(job.user, job.key)
         env = self.attempt_env.base(v, job.retries or 0, self.api_url)
-        resume = await self._resume_point(job, v, env) if attempt > 1 else None
+        resume = await self._resume_point(v, env) if attempt > 1 else None
         resumed = f"; resumed from step {resume.step}" if resume else ""
         holder = job_holder(job.id)
         # the run it starts in, from the claim on: were the platform to stop before its launch is recorded, the next
@@ -641,11 +641,11 @@ class JobEngine(LoggingConfigurable):
                 pass
         return True
 
-    async def _resume_point(self, job: Job, v: JobView, env: dict):
+    async def _resume_point(self, job: JobView, env: dict):
         """The checkpoint the attempt about to start is offered (None: none, or its storage area could not be
         read, which an event says)."""
         try:
-            return await self.attempt_env.resume_point(v, env)
+            return await self.attempt_env.resume_point(job, env)
         except Exception as e:
             self.log.warning("job %s: cannot look for checkpoints in %s: %s", job.key, env.get(JOB_URL_VAR), e)
             await self.store.write(self.store.update, job.id, event=(
