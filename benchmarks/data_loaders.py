@@ -32,6 +32,7 @@ import sys
 import tarfile
 import tempfile
 import types
+from itertools import accumulate
 
 try:
     import torch
@@ -422,6 +423,7 @@ class _ShardBytesOnly(IterableDataset):
     def __init__(self, cfg, shard_urls, counts, sizes, keys, size):
         self.cfg, self.shard_urls, self.counts, self.sizes = cfg, shard_urls, counts, sizes
         self.keys, self.size = keys, size
+        self.firsts = list(accumulate(counts, initial=0))  # shard i's samples are keys[firsts[i]:firsts[i + 1]]
 
     def __iter__(self):
         from concurrent.futures import ThreadPoolExecutor
@@ -430,7 +432,6 @@ class _ShardBytesOnly(IterableDataset):
 
         info = get_worker_info()
         wid, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        firsts = [sum(self.counts[:i]) for i in range(len(self.counts))]
         mine = list(range(wid, len(self.shard_urls), workers))
         getter = direct_getter(self.cfg.s3fs())
         buffers = [bytearray(max(self.sizes)) for _ in range(2)]
@@ -447,7 +448,7 @@ class _ShardBytesOnly(IterableDataset):
                     view = memoryview(ahead.result())
                     ahead = pool.submit(get, n + 1) if n + 1 < len(mine) else None
                     for j in range(self.counts[i]):
-                        yield {"__key__": self.keys[firsts[i] + j], "jpg": bytes(view[j * stride:(j + 1) * stride])}
+                        yield {"__key__": self.keys[self.firsts[i] + j], "jpg": bytes(view[j * stride:(j + 1) * stride])}
                     view.release()
 
         rng = random.Random(f"{self.cfg.seed}:{wid}")
