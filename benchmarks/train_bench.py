@@ -187,7 +187,7 @@ def start_paths(data_dir: Path, keys: list[str]) -> str:
     from trainhub.settings import DataDir
 
     from trainhub.config import load_platform_config
-    from trainhub.isolation import Isolation
+    from trainhub.boundary.isolation import Isolation
 
     mode = Isolation(config=load_platform_config(data_dir)).mode  # the service's own config, same account
     engine = create_engine(DataDir(data_dir).platform_db_url)

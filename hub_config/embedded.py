@@ -13,7 +13,7 @@ from trainhub.config import load_platform_config
 from trainhub.hub_config import scopes
 from trainhub.ledger import LocalGPUAllocator, pid_alive
 from trainhub.metrics.scripted import DEFAULT_SCRIPT_NAME, ENV_SCRIPT
-from trainhub.procs import INSTANCE_VAR
+from trainhub.boundary.procs import INSTANCE_VAR
 from trainhub.settings import DataDir, Runtime, read_or_create_secret
 
 

@@ -1,13 +1,13 @@
 """The local GPU spawner: single-user servers as local processes holding ledger devices.
 
 It extends JupyterHub's ``SimpleLocalProcessSpawner`` with profiles, quotas, the GPU ledger,
-the storage environment and isolation (``trainhub.isolation``): run as root, each user's server
+the storage environment and isolation (``trainhub.boundary.isolation``): run as root, each user's server
 runs as their own Unix account, created on demand (as JupyterHub's ``LocalProcessSpawner`` with
 ``LocalAuthenticator.create_system_users`` would); with bubblewrap, in a sandbox that sees only
 the user's home, storage area, ``datasets/`` and the ledger's device nodes. Scripts choose a
 profile exactly as with KubeSpawner: ``user_options = {"profile": "<slug>"}``.
 
-A server is started only once *its own* process listens on its port (``trainhub.procs.listens``):
+A server is started only once *its own* process listens on its port (``trainhub.boundary.procs.listens``):
 an HTTP answer on that port from another process (the port taken meanwhile) never counts as ready.
 Devices come back within one ``poll_interval`` whatever happened: the spawner releases them when
 its server stops or dies, and a reconciler in the hub frees holdings whose server process is gone
@@ -30,20 +30,20 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Bool, Callable, Float, Instance, Integer, List, Type, Unicode, default
 
-from trainhub import procs
-from trainhub.accounts import Account, fs_identity, reach
+from trainhub.boundary import procs
+from trainhub.boundary.accounts import Account, fs_identity, reach
 from trainhub.backoff import Backoff, WaitTimeout, apoll
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, QuotaExceeded, TrainhubError
 from trainhub.fmt import fmt_duration
-from trainhub.isolation import Isolation
+from trainhub.boundary.isolation import Isolation
 from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator, pid_alive, server_holder
 from trainhub.loops import PeriodicLoop
-from trainhub.procs import HOLDER_VAR, INSTANCE_VAR, terminate_tagged
+from trainhub.boundary.procs import HOLDER_VAR, INSTANCE_VAR, terminate_tagged
 from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.serverqueue import GRANTED, QueueView, ServerQueue
 from trainhub.storage import StorageConfig
-from trainhub.warmsandbox import sandbox_mounts
+from trainhub.boundary.warmsandbox import sandbox_mounts
 
 from .errors import spawn_refusal
 from .profile_form import render_form

@@ -29,9 +29,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from trainhub.backoff import within
-from trainhub.procs import HOLDER_VAR, INSTANCE_VAR
-from trainhub.warmsandbox import claim_answer, current_umask, send_claim
-from trainhub.warmsandbox import startup_differences as _startup_differences
+from trainhub.boundary.procs import HOLDER_VAR, INSTANCE_VAR
+from trainhub.boundary.warmsandbox import claim_answer, current_umask, send_claim
+from trainhub.boundary.warmsandbox import startup_differences as _startup_differences
 
 # what a running interpreter cannot take on later: read by the interpreter, the loader or libc at start-up,
 # or by jupyterhub.singleuser when imported

@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 
-from trainhub.warmsandbox import attach_mounts, become, serve_claim, show_environ
+from trainhub.boundary.warmsandbox import attach_mounts, become, serve_claim, show_environ
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:

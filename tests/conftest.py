@@ -105,7 +105,7 @@ def free_port(ip: str = "127.0.0.1") -> int:
 
 
 def processes_with(var: str, value: str) -> list[int]:
-    from trainhub.procs import processes_with as find
+    from trainhub.boundary.procs import processes_with as find
 
     pids = []
     for pid in find(var, value):

@@ -21,7 +21,7 @@ from trainhub import __version__
 from trainhub.config import load_platform_config
 from trainhub.exceptions import Conflict
 from trainhub.httpapi import MAX_SERVER_BODY_BYTES
-from trainhub.isolation import Isolation
+from trainhub.boundary.isolation import Isolation
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
 from trainhub.loops import PeriodicLoop
 from trainhub.profiles import ProfileCatalog

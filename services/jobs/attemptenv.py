@@ -14,7 +14,7 @@ import sys
 
 from trainhub.distenv import job_env
 from trainhub.jobarea import JOB_URL_VAR, RESUME_STEP_VAR, RESUME_URL_VAR, CheckpointInfo, area_url, latest_checkpoint
-from trainhub.procs import INSTANCE_VAR
+from trainhub.boundary.procs import INSTANCE_VAR
 from trainhub.storage import StorageConfig
 
 from .launcher import JobView, Launcher

@@ -43,7 +43,7 @@ from trainhub.fmt import fmt_duration
 from trainhub.jobarea import JOB_URL_VAR
 from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
-from trainhub.procs import INSTANCE_VAR
+from trainhub.boundary.procs import INSTANCE_VAR
 from trainhub.quotas import QuotaPolicy
 from trainhub.scheduler import Allocation, JobRequest, Scheduler, TrainhubScheduler
 from trainhub.serverqueue import GRANTED, STALE_AFTER, WAITING, ServerQueue

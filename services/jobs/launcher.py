@@ -16,7 +16,7 @@ from pathlib import Path
 from traitlets import Instance, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from trainhub.isolation import Isolation
+from trainhub.boundary.isolation import Isolation
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Launcher(LoggingConfigurable):
     isolation = Instance(
         Isolation, allow_none=True,
         help="""How workers of different users are kept apart on this machine (accounts, sandbox; see
-        trainhub.isolation), given by the jobs service from the platform's configuration. None: workers run as the
+        trainhub.boundary.isolation), given by the jobs service from the platform's configuration. None: workers run as the
         service's account, unsandboxed. The Kubernetes launcher ignores it (pods are isolated by the cluster).""",
     )
 

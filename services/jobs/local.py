@@ -41,12 +41,12 @@ from pathlib import Path
 
 from traitlets import Bool, Float, Instance, Integer, TraitError, Unicode, default, validate
 
-from trainhub import envexec, procs
-from trainhub.accounts import Account, fs_identity, own_dir
+from trainhub.boundary import envexec, procs
+from trainhub.boundary.accounts import Account, fs_identity, own_dir
 from trainhub.backoff import WaitTimeout, apoll
 from trainhub.distenv import available_cores, worker_env
 from trainhub.ledger import pid_alive, process_start_time
-from trainhub.procs import HOLDER_VAR, processes_with
+from trainhub.boundary.procs import HOLDER_VAR, processes_with
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
 

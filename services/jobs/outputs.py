@@ -22,7 +22,7 @@ from pathlib import Path
 from traitlets import Callable, Float, Integer, default
 from traitlets.config import LoggingConfigurable
 
-from trainhub.accounts import reach
+from trainhub.boundary.accounts import reach
 from trainhub.storage import StorageConfig
 
 #: folders of a job's folder that are the job's own (outputs/; work/, $TRAINHUB_JOB_DIR of an isolated job): read with

@@ -16,8 +16,8 @@ import sys
 import threading
 from pathlib import Path
 
-from trainhub.accounts import Account
-from trainhub.warmsandbox import current_umask, sandbox_mounts
+from trainhub.boundary.accounts import Account
+from trainhub.boundary.warmsandbox import current_umask, sandbox_mounts
 
 from .launcher import JobView
 from .warmpool import WarmUnavailable, WorkerPool, launch_env, refusal

@@ -7,9 +7,9 @@ Started by a warm wrapper (``worker.py --warm``) through ``Isolation.command`` w
 per-job mounts: as root, in a bwrap sandbox with its own /tmp, /dev/shm, pid and IPC namespaces. It has done what
 a ``python -u`` start does (``site``) and imported only the standard-library modules the fork server imports
 (never torch, numpy or CUDA). It says ``ready`` on the Unix socket FD and blocks. The claim is one message
-(trainhub.warmsandbox): a JSON spec and the job's mounts as descriptors. In a cold start's order it then attaches
+(trainhub.boundary.warmsandbox): a JSON spec and the job's mounts as descriptors. In a cold start's order it then attaches
 the mounts, enters the working folder, sets the umask, makes ``/proc/<pid>/environ`` the job's environment
-(trainhub.warmsandbox.show_environ), drops to the account (trainhub.warmsandbox.become), takes on the job's
+(trainhub.boundary.warmsandbox.show_environ), drops to the account (trainhub.boundary.warmsandbox.become), takes on the job's
 environment, ``sys.argv`` and ``sys.path`` as ``python -u script.py`` would have them (forkserver.prepare_worker),
 answers ``ok``, tells its wrapper it took the job on (``worker.TAKEN_ON``, its first output) and runs the script as
 ``__main__`` (forkserver.run_script): the interpreter then exits as after ``python -u script.py``. Any failure
@@ -24,7 +24,7 @@ import time
 
 from trainhub.services.jobs.forkserver import prepare_worker, run_script
 from trainhub.services.jobs.worker import TAKEN_ON
-from trainhub.warmsandbox import attach_mounts, become, serve_claim, show_environ
+from trainhub.boundary.warmsandbox import attach_mounts, become, serve_claim, show_environ
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:

@@ -1,5 +1,5 @@
 """Warm starts for isolated job workers: a small pool of pre-started wrapper + sandbox pairs, each claimed once by
-one worker of one job (the launcher's side; warminside.py is the inside, trainhub.warmsandbox the shared mechanics).
+one worker of one job (the launcher's side; warminside.py is the inside, trainhub.boundary.warmsandbox the shared mechanics).
 
 A cold isolated worker pays, before its first output line, for the wrapper's interpreter, bwrap, setpriv,
 envexec's interpreter and the script's own ``python -u`` start. A pool entry has paid for all but the claim::
@@ -38,8 +38,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from trainhub.procs import HOLDER_VAR, INSTANCE_VAR
-from trainhub.warmsandbox import claim_answer, send_claim, startup_differences
+from trainhub.boundary.procs import HOLDER_VAR, INSTANCE_VAR
+from trainhub.boundary.warmsandbox import claim_answer, send_claim, startup_differences
 
 # read by the interpreter, the loader or libc at start-up; PYTHON* but those a started interpreter can honour at
 # claim (PYTHONPATH and PYTHONIOENCODING by forkserver.prepare_worker; PYTHONUNBUFFERED: it runs with -u;

@@ -39,7 +39,7 @@ import pytest
 import requests
 from waiting import wait_for
 
-from trainhub.procs import processes_with
+from trainhub.boundary.procs import processes_with
 
 pytestmark = pytest.mark.e2e
 

@@ -93,7 +93,7 @@ def connected_kernel(p, timeout: float = 60) -> dict:
 
 
 def culler_pid(p) -> int:
-    from trainhub.procs import INSTANCE_VAR, processes_with
+    from trainhub.boundary.procs import INSTANCE_VAR, processes_with
 
     pids = [pid for pid in processes_with(INSTANCE_VAR, p.instance)
             if b"trainhub.services.culler" in Path(f"/proc/{pid}/cmdline").read_bytes()]

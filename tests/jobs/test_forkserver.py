@@ -218,7 +218,7 @@ def test_no_go_from_the_launcher_means_nothing_runs(server, tmp_path):
 def test_a_forked_wrapper_runs_a_cold_command_as_a_started_one_would(server, tmp_path):
     """``wrap``: worker.py's main in a fork, with the platform's environment (not the server's), stderr to its file,
     its own session, and the descriptor sent along under the number its command line names."""
-    from trainhub import envexec
+    from trainhub.boundary import envexec
 
     job_env = {"PATH": "/usr/bin:/bin", "SECRET_OF_THE_JOB": "only through the descriptor"}
     probe = ("echo \"fd $1: $(tr '\\0' , <&\"$1\")\"; echo \"env: $(env | sort | tr '\\n' ' ')\"; "

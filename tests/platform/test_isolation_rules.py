@@ -1,4 +1,4 @@
-"""The rules of trainhub.isolation and trainhub.accounts without a platform: account names, which accounts are
+"""The rules of trainhub.boundary.isolation and trainhub.boundary.accounts without a platform: account names, which accounts are
 never used, who may run on a platform that cannot isolate users, the banner, a real bubblewrap sandbox's view,
 and the job environment's hand-over (envexec)."""
 
@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from trainhub import envexec
-from trainhub.accounts import UNIX_NAME, AccountError, UserAccounts
+from trainhub.boundary import envexec
+from trainhub.boundary.accounts import UNIX_NAME, AccountError, UserAccounts
 from trainhub.exceptions import Forbidden
-from trainhub.isolation import Isolation
+from trainhub.boundary.isolation import Isolation
 
 
 def test_account_names_are_portable_and_distinct():

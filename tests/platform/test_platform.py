@@ -15,7 +15,7 @@ import sys
 import pytest
 import requests
 
-from trainhub.procs import processes_with as _tagged
+from trainhub.boundary.procs import processes_with as _tagged
 from waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from waiting import await_for, wait_for
 
-from trainhub.accounts import UserAccounts
-from trainhub.isolation import Isolation
+from trainhub.boundary.accounts import UserAccounts
+from trainhub.boundary.isolation import Isolation
 from trainhub.services.jobs.launcher import JobView
 from trainhub.services.jobs.local import LocalLauncher
 from trainhub.storage import StorageConfig
@@ -181,7 +181,7 @@ async def test_two_users_warm_workers_share_nothing_and_match_a_cold_start(tmp_p
 async def test_cancel_time_limit_and_adoption_of_a_warm_isolated_worker(tmp_path, isolated):
     """terminate() signals the warm worker's group as a cold one's: SIGTERM reaches the script (not bwrap), the exit is
     recorded as -SIGTERM; a new launcher (a service restart) adopts and watches it; nothing of it is left."""
-    from trainhub import procs
+    from trainhub.boundary import procs
 
     _iso, data, make = isolated
     launcher = make(isolated_warm_pool_size=1)
@@ -387,7 +387,7 @@ def test_through_the_platform_an_isolated_script_job_runs_warm_and_cancel_kills_
     requests.delete(f"{url}/jobs/{long}", headers=h, timeout=30)
     assert wait(long, timeout=60)["state"] == "cancelled"
     assert time.monotonic() - t0 < 30
-    from trainhub import procs
+    from trainhub.boundary import procs
 
     state = launch_state(long)
     markers = [state["tag"], state["workers"][0]["holder"]]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from trainhub.accounts import UserAccounts, own_dir
-from trainhub.isolation import Isolation
+from trainhub.boundary.accounts import UserAccounts, own_dir
+from trainhub.boundary.isolation import Isolation
 from trainhub.spawner.warm import STARTUP_VARS, WarmPool, claim_spec, launch_env, startup_differences, warm_argv
 from waiting import await_for
 
@@ -332,7 +332,7 @@ def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous
         report = json.loads((homes[b] / "warm-report.json").read_text())
         me = platform.api("GET", "/user", token=report["env"]["JUPYTERHUB_API_TOKEN"])  # while B's server runs
         # found as a cold server is, by its user in /proc/<pid>/environ (ps e, the culler test's server_env)
-        from trainhub.procs import processes_with
+        from trainhub.boundary.procs import processes_with
 
         shown = {}
         for pid in processes_with("JUPYTERHUB_USER", b):

@@ -321,7 +321,7 @@ async def test_a_job_whose_start_the_platform_stop_cut_short_is_the_stops_not_lo
     ended whatever of it had started, so the next start requeues it (or fails it, ``on_platform_stop``)."""
     import time
 
-    from trainhub.procs import INSTANCE_VAR
+    from trainhub.boundary.procs import INSTANCE_VAR
     from trainhub.settings import DataDir, StopRecord
 
     monkeypatch.setenv(INSTANCE_VAR, "the-run-before")

@@ -1,7 +1,7 @@
 """`trainhub up`: run the whole embedded platform in the foreground.
 
 It prepares the data dir (umask 077: everything it and its services create is the
-platform's alone), checks that users can be isolated as configured (``trainhub.isolation``),
+platform's alone), checks that users can be isolated as configured (``trainhub.boundary.isolation``),
 records the runtime facts, starts JupyterHub (which starts the proxy and the platform's
 services), prints how to log in and what isolates users, and on Ctrl-C or SIGTERM stops
 everything it started: it records the stop (``<data-dir>/platform-stop.json``: the jobs
@@ -34,7 +34,7 @@ import requests
 
 from trainhub import gpus as gpu_inventory
 from trainhub.backoff import WaitTimeout, poll
-from trainhub.procs import INSTANCE_VAR, become_subreaper, descendants, processes_with, terminate_tagged
+from trainhub.boundary.procs import INSTANCE_VAR, become_subreaper, descendants, processes_with, terminate_tagged
 from trainhub.settings import DataDir, Runtime, StopRecord, read_or_create_secret
 
 #: the packages whose folders hold trainhub's code (read-only in every sandbox)
@@ -179,7 +179,7 @@ def prepare(args, out=sys.stdout) -> tuple[DataDir, Runtime, str | None]:
     runtime.save()
 
     from trainhub.config import load_platform_config
-    from trainhub.isolation import Isolation
+    from trainhub.boundary.isolation import Isolation
     from trainhub.storage import StorageConfig
 
     config = load_platform_config(dd.root)
@@ -284,7 +284,7 @@ def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) 
 def banner(runtime: Runtime, new_password: str | None, dd: DataDir) -> str:
     from trainhub.config import load_platform_config
     from trainhub.gpus import GPUDevice
-    from trainhub.isolation import Isolation
+    from trainhub.boundary.isolation import Isolation
 
     lines = ["", f"trainhub is running at {runtime.public_url}"]
     n = len(runtime.devices)

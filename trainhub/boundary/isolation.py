@@ -3,7 +3,7 @@
 Two mechanisms, used together where the machine allows:
 
 - **Unix accounts** (when `trainhub up` runs as root): each user's servers and jobs run as that
-  user's own account (:mod:`trainhub.accounts`), their home and storage area owned by it (0700),
+  user's own account (:mod:`trainhub.boundary.accounts`), their home and storage area owned by it (0700),
   ``datasets/`` owned by the platform and read-only to them, the data dir, its secrets and the
   databases readable by the platform alone.
 - **A bubblewrap sandbox** per server and per job worker (``bwrap``, Debian's ``bubblewrap``):
@@ -36,7 +36,7 @@ from typing import Iterable
 from traitlets import Bool, CaselessStrEnum, Dict, Instance, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from trainhub.accounts import Account, UserAccounts, fs_identity, own_dir
+from trainhub.boundary.accounts import Account, UserAccounts, fs_identity, own_dir
 from trainhub.exceptions import Forbidden
 
 SYSTEM_RO = ("/usr", "/etc", "/sys")

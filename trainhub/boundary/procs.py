@@ -26,7 +26,7 @@ from typing import Iterable
 
 from trainhub.backoff import WaitTimeout, poll
 
-log = logging.getLogger("trainhub.procs")
+log = logging.getLogger("trainhub.boundary.procs")
 
 INSTANCE_VAR = "TRAINHUB_INSTANCE"  # one per `trainhub up`
 HOLDER_VAR = "TRAINHUB_HOLDER"  # one per server / job

@@ -1,6 +1,6 @@
 """Exec a command with an environment read from an inherited file descriptor.
 
-    python -I -S .../trainhub/envexec.py FD -- cmd [args...]
+    python -I -S .../trainhub/boundary/envexec.py FD -- cmd [args...]
 
 A job's environment is its user's to choose (``LD_PRELOAD``, ``PYTHONPATH``...), so it must
 reach the job only *after* the switch to the user's account: the privileged steps before it

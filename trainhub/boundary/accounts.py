@@ -179,23 +179,41 @@ class UserAccounts(LoggingConfigurable):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+# setgroups(2) as a raw system call changes the calling thread's groups only (glibc's setgroups() changes every
+# thread's, which would hand a root thread elsewhere in the process the account's groups)
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159, "ppc64le": 81, "s390x": 206}.get(os.uname().machine)
+
+
+def _thread_setgroups(groups: list[int]) -> None:
+    if _SYS_SETGROUPS is None:
+        raise AccountError(f"cannot set one thread's groups on {os.uname().machine}")
+    arr = (ctypes.c_uint * max(1, len(groups)))(*groups)
+    if _libc.syscall(_SYS_SETGROUPS, len(groups), arr) != 0:
+        e = ctypes.get_errno()
+        raise AccountError(f"setgroups: {os.strerror(e)}")
+
+
 @contextlib.contextmanager
 def fs_identity(account: Account | None) -> Iterator[None]:
-    """In this thread only, open/create/chmod files as ``account`` (Linux ``setfsuid``/``setfsgid``;
-    the kernel also drops the filesystem capabilities meanwhile). No-op for None or when not root.
-    Keep the block free of awaits and thread switches: the identity belongs to the calling thread."""
+    """In this thread only, open/create/chmod files as ``account``: ``setfsuid``/``setfsgid`` (the kernel also
+    drops the filesystem capabilities meanwhile) and no supplementary groups (root's group 0 would otherwise
+    open files that are readable by that group). No-op for None or when not root. Keep the block free of
+    awaits and thread switches: the identity belongs to the calling thread."""
     if account is None or os.geteuid() != 0:
         yield
         return
+    old_groups = os.getgroups()  # the thread's own (getgroups reads the calling thread's credentials)
+    _thread_setgroups([])
     old_gid = _libc.setfsgid(account.gid)
     old_uid = _libc.setfsuid(account.uid)
     try:
-        if _libc.setfsuid(-1) != account.uid:  # -1: query only
+        if _libc.setfsuid(-1) != account.uid or _libc.setfsgid(-1) != account.gid:  # -1: query only
             raise AccountError(f"setfsuid({account.uid}) did not take effect")
         yield
     finally:
         _libc.setfsuid(old_uid)
         _libc.setfsgid(old_gid)
+        _thread_setgroups(old_groups)
 
 
 @contextlib.contextmanager
