@@ -17,6 +17,7 @@ from trainhub.services.api import APIHandler
 from .models import parse_job_key
 from .spec import validate_spec
 from .store import job_to_dict
+from .worker import MAX_LOG_LINE
 
 READ, WRITE = "custom:trainhub:jobs:read", "custom:trainhub:jobs:write"
 JOB_ID = r"(j-\d+|\d+)"
@@ -138,9 +139,11 @@ FOLLOW_CHECK = 2.0  # seconds: a follow looks at its job's state at least this o
 
 def read_new(files: list[Path], offsets: dict, budget: int = LOG_CHUNK) -> list[bytes]:
     """New complete lines of each file since ``offsets`` (at most ``budget`` bytes in all, shared
-    between the files), merged in time order. A line longer than its share is passed on in pieces."""
+    between the files, but never less than the longest line of a worker's log per file: the wrapper cuts longer
+    lines into pieces, worker.LINE_CAP), merged in time order. A longer line (written by other means) is passed on
+    in pieces."""
     per_file = []
-    share = max(budget // max(len(files), 1), 64 << 10)
+    share = max(budget // max(len(files), 1), MAX_LOG_LINE)
     for f in files:
         start = offsets.get(f, 0)
         try:
@@ -174,7 +177,7 @@ def tail_lines(files: list[Path], n: int, offsets: dict, budget: int = 8 * LOG_C
     """The last ``n`` complete lines (from at most ``budget`` bytes at the end of the files); ``offsets``
     are left at each file's end, so a follow carries on from there."""
     per_file = []
-    share = max(budget // max(len(files), 1), 64 << 10)
+    share = max(budget // max(len(files), 1), MAX_LOG_LINE)
     for f in files:
         try:
             with open(f, "rb") as fh:

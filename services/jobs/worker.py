@@ -40,6 +40,13 @@ import sys
 
 TAKEN_ON = b"\0trainhub: taken on\n"  # a warm interpreter's first output: it runs the claimed job from here on
 
+#: the longest piece of a line the log holds: a longer line is cut into pieces of at most this many bytes, each a
+#: log line of its own ending in ``CONTINUES`` but the last (docs/jobs-local.md, "Long lines")
+LINE_CAP = 64 << 10
+CONTINUES = b" [line continues]\n"
+#: the longest line a worker's log holds: a piece with its time stamp, a rank of up to 10 digits and the marker
+MAX_LOG_LINE = LINE_CAP + 64
+
 USAGE = ("usage: worker.py --rank N --log FILE --exit-file FILE [--cwd DIR] [--sandboxed] -- cmd [args...]\n"
          "       worker.py --warm FD [--sandboxed] -- cmd [args...]")
 
@@ -95,24 +102,56 @@ def log_line(log_path: str, rank: int, text: str) -> None:
         log.write(_stamper()() + f"[{rank}] {text}\n".encode())
 
 
+def _cut(data: bytes, at: int, start: int) -> int:
+    """Where to end the piece ``data[start:at]``: at ``at``, or before the UTF-8 character ``at`` would split (a run
+    of continuation bytes longer than a character's is no text: cut at ``at``)."""
+    for back in range(min(4, at - start)):
+        if data[at - back] & 0xC0 != 0x80:  # not a continuation byte: a character starts here
+            return at - back
+    return at
+
+
+def _pieces(line: bytes, whole: bool) -> list[bytes]:
+    """``line`` as log lines' texts of at most ``LINE_CAP`` bytes, each ending in ``CONTINUES`` but the last, which
+    ends in a newline if the line is ``whole`` (else it is the start of a line still to come, at most ``LINE_CAP``)."""
+    out, pos = [], 0
+    while len(line) - pos > LINE_CAP:
+        cut = _cut(line, pos + LINE_CAP, pos)
+        out.append(line[pos:cut] + CONTINUES)
+        pos = cut
+    out.append(line[pos:] + b"\n" if whole else line[pos:])
+    return out
+
+
 def copy_output(read_fd: int, log_path: str, rank: int) -> None:
     """Copy the command's output from ``read_fd`` into the log until EOF, each line as ``<ISO time>Z [rank] text``.
 
-    Takes ownership of ``read_fd`` (closed on return). A last line without a newline gets one.
+    Takes ownership of ``read_fd`` (closed on return). A last line without a newline gets one. A line longer than
+    ``LINE_CAP`` bytes is written in pieces of at most ``LINE_CAP`` (cut between UTF-8 characters) as it arrives,
+    each a log line of its own ending in ``CONTINUES`` but the last: what is held is one piece at most, so one line
+    without a newline (200 MiB of it) costs linear time and bounded memory, and the job never waits on its pipe
+    while a growing buffer is joined again and again.
     """
     stamp = _stamper()
     prefix = f"[{rank}] ".encode()
     with open(log_path, "ab", buffering=0) as log, os.fdopen(read_fd, "rb", buffering=0) as out:
-        pending = b""
+        pending = b""  # the start of the current line: at most LINE_CAP bytes
         while True:
             chunk = out.read(65536)
             if not chunk:
                 break
-            lines = (pending + chunk).split(b"\n")
+            data = pending + chunk if pending else chunk
+            lines = data.split(b"\n")
             pending = lines.pop()
-            if lines:
+            if len(data) <= LINE_CAP or (len(pending) <= LINE_CAP and max(map(len, lines), default=0) <= LINE_CAP):
+                texts = [line + b"\n" for line in lines]
+            else:  # a line over the cap: at most two pieces of it per read (pending + 64 KiB)
+                texts = [text for line in lines for text in _pieces(line, True)]
+                *cut, pending = _pieces(pending, False)
+                texts += cut
+            if texts:
                 now = stamp()
-                log.write(b"".join(now + prefix + line + b"\n" for line in lines))
+                log.write(b"".join(now + prefix + text for text in texts))
         if pending:
             log.write(stamp() + prefix + pending + b"\n")
 
