@@ -1,6 +1,7 @@
 # trainhub: `make up` starts the platform, `make test` runs every test.
-# Prerequisites: Python >= 3.11, Node.js >= 18 with npm, make. As root on Debian/Ubuntu,
-# `make test` installs the missing system packages (nodejs, npm, chromium) with apt.
+# Prerequisites: Python >= 3.11, Node.js >= 18 with npm, make. As root on Debian/Ubuntu, `make up` installs the
+# missing system packages the platform needs (bubblewrap, util-linux, passwd) and `make test` those and the tests'
+# (nodejs, npm, chromium) with apt.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -13,7 +14,7 @@ PROXY  := $(NODE_PREFIX)/node_modules/.bin/configurable-http-proxy
 UP_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test-deps system-deps controlplane up test test-unit test-e2e test-kube-real lint-imports bench images clean
+.PHONY: install test-deps platform-deps system-deps controlplane up test test-unit test-e2e test-kube-real lint-imports bench images clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "trainhub needs Python >= 3.11"'
@@ -39,14 +40,34 @@ install: $(VENV)/.installed
 	    npm install --no-audit --no-fund --prefix $(NODE_PREFIX) configurable-http-proxy@^5; \
 	fi
 
-# system packages for the browser tests and the per-user sandbox (bubblewrap: as root every test server and
-# job runs as its user's account in one, see docs/isolation.md); root + apt only, otherwise say what is missing
-system-deps:
+# system packages the platform needs to keep users apart (docs/isolation.md): bubblewrap, the per-user sandbox; as
+# root also util-linux (setpriv, nsenter) and passwd (useradd) for the per-user accounts. As root with apt they are
+# installed; otherwise this says what is missing (as root without bubblewrap `trainhub up` refuses to serve several
+# users unless c.Isolation.sandbox = "none" says accounts alone will do)
+platform-deps:
+	@missing=""; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	if [ "$$(id -u)" = 0 ]; then \
+	    { command -v setpriv && command -v nsenter; } >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	    command -v useradd >/dev/null 2>&1 || [ -x /usr/sbin/useradd ] || missing="$$missing passwd"; \
+	fi; \
+	if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	    else \
+	        echo "note: missing system packages:$$missing: install them with the system's package manager. Without"; \
+	        echo "      bubblewrap nothing sandboxes users (docs/isolation.md); as root \`trainhub up\` then refuses to serve"; \
+	        echo "      several users unless the platform config says c.Isolation.sandbox = 'none' (accounts only)"; \
+	    fi; \
+	fi
+
+# and the browser tests' (chromium through Playwright, Node.js for the proxy); root + apt only, otherwise say
+# what is missing
+system-deps: platform-deps
 	@missing=""; \
 	command -v node >/dev/null 2>&1 && node -e 'process.exit(parseInt(process.versions.node) >= 18 ? 0 : 1)' || missing="$$missing nodejs npm"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium chromium-driver"; \
-	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -57,7 +78,7 @@ system-deps:
 
 test-deps: system-deps $(VENV)/.installed-test install
 
-up: install
+up: platform-deps install
 	$(VENV)/bin/trainhub up $(UP_ARGS)
 
 # the real Kubernetes control plane the tests run against: kube-apiserver, controller-manager and

@@ -13,8 +13,15 @@ from trainhub.config import load_platform_config
 from trainhub.hub_config import scopes
 from trainhub.ledger import LocalGPUAllocator, pid_alive
 from trainhub.metrics.scripted import DEFAULT_SCRIPT_NAME, ENV_SCRIPT
+from trainhub.boundary.network import GATE_SOCKET_VAR
 from trainhub.boundary.procs import INSTANCE_VAR
 from trainhub.settings import DataDir, Runtime, read_or_create_secret
+
+
+#: how the platform's own processes find its storage credentials (inherited by the services, never by users)
+PLATFORM_AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                     "S3_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "AWS_CONFIG_FILE",
+                     "AWS_SHARED_CREDENTIALS_FILE", "AWS_CA_BUNDLE")
 
 
 def managed_services(runtime: Runtime, dd: DataDir) -> list[dict]:
@@ -31,6 +38,11 @@ def managed_services(runtime: Runtime, dd: DataDir) -> list[dict]:
         env_common["TRAINHUB_API_URL"] = f"{runtime.public_url.rstrip('/')}/services/trainhub/api"
     if os.environ.get("TRAINHUB_CONFIG"):
         env_common["TRAINHUB_CONFIG"] = os.environ["TRAINHUB_CONFIG"]
+    # the platform's own: the network gate of users' namespaces, the platform's storage credentials (its key stays in
+    # the platform's processes; users get their own, trainhub.boundary.credentials)
+    for var in (GATE_SOCKET_VAR, *PLATFORM_AWS_VARS):
+        if os.environ.get(var):
+            env_common[var] = os.environ[var]
     services = []
     for name, module in (("trainhub", "trainhub.services.jobs"), ("trainhub-culler", "trainhub.services.culler")):
         port = runtime.service_ports.get(name)
@@ -70,9 +82,9 @@ def service_scopes(name: str) -> list[str]:
 def install_kernel_startup(spawner, home) -> None:
     """``LocalGPUSpawner.prepare_home_hook``: %%train and %train load in every kernel of a platform notebook
     (the spawner and the kernel side are independent parts; the hub's configuration wires them)."""
-    from trainhub.kernels.startup import install_ipython_startup
+    from trainhub.kernels.startup import install_into
 
-    install_ipython_startup(home)
+    install_into(home)
 
 
 def reconcile_ledger(c) -> None:

@@ -1,8 +1,9 @@
 """Load ``%%train`` automatically in platform notebooks.
 
-The local spawner calls :func:`install_ipython_startup` with the user's home directory before the
-single-user server starts (through ``LocalGPUSpawner.prepare_home_hook``, which the hub's
-configuration sets: the spawner never imports the kernel side). It writes ``~/.ipython/profile_default/startup/00-trainhub.py``, which
+The local spawner calls :func:`install_into` with the user's home (a ``trainhub.boundary.files.UserTree``,
+written as the user through descriptors) before the single-user server starts (through
+``LocalGPUSpawner.prepare_home_hook``, which the hub's configuration sets: the spawner never imports
+the kernel side); :func:`install_ipython_startup` writes the same file into a folder by path. It writes ``~/.ipython/profile_default/startup/00-trainhub.py``, which
 IPython runs in every new kernel: when the kernel belongs to a notebook whose variables were kept
 across a release (``$TRAINHUB_SNAPSHOT_DIR`` and ``$JPY_SESSION_NAME``) it loads
 ``trainhub.kernels.snapshot``, which restores them; when ``$TRAINHUB_API_URL`` is set (the spawner sets it for
@@ -45,6 +46,21 @@ del _trainhub_load_extension
 def startup_path(home_dir: str | os.PathLike, profile: str = "default") -> Path:
     ipython_dir = Path(home_dir) / ".ipython"
     return ipython_dir / f"profile_{profile}" / "startup" / STARTUP_FILENAME
+
+
+def install_into(home, profile: str = "default") -> str:
+    """Write the startup file into the home ``home`` (an object with ``makedirs``, ``read_bytes``, ``write_bytes``:
+    a ``trainhub.boundary.files.UserTree``) unless it is there already; returns its path relative to the home.
+    A link or special file in its place is not followed: the write fails and the server starts without it."""
+    rel = startup_path("", profile).as_posix()
+    try:
+        if home.read_bytes(rel, len(STARTUP_SOURCE) * 2) == STARTUP_SOURCE.encode():
+            return rel
+    except OSError:
+        pass
+    home.makedirs(rel.rsplit("/", 1)[0], mode=0o755)
+    home.write_bytes(rel, STARTUP_SOURCE.encode(), mode=0o644)
+    return rel
 
 
 def install_ipython_startup(home_dir: str | os.PathLike, *, profile: str = "default",

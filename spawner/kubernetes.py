@@ -587,11 +587,18 @@ class GPUKubeSpawner(KubeSpawner):
             )
         return frag
 
+    def _storage_user_env(self) -> dict:
+        """StorageConfig.env_for with the AWS_* values the Secret carries. Pods do not get minted, refreshed
+        credentials yet (trainhub.boundary.credentials delivers them to local processes only; docs/storage.md,
+        "On Kubernetes", says what is left): until then they keep the old delivery, the admin's
+        user_credentials_hook or else the platform's key ("one S3 key for everyone"), named here on purpose."""
+        return self.storage.env_for(self.user.name, platform_credentials=True)
+
     def storage_env(self) -> dict:
         """fsspec environment for the notebook; credentials as secretKeyRef unless storage_secret='none'."""
         if not self.storage_enabled:
             return {}
-        env = self.storage.env_for(self.user.name)
+        env = self._storage_user_env()
         opts = json.loads(env.get("TRAINHUB_STORAGE_OPTIONS") or "{}")
         if self.storage_secret != "none":
             # credentials reach s3fs through AWS_* variables read from the Secret
@@ -622,7 +629,7 @@ class GPUKubeSpawner(KubeSpawner):
         out = []
         labels = {"app.kubernetes.io/managed-by": "trainhub", "app.kubernetes.io/component": "storage"}
         if self.storage_secret == "managed":
-            env = self.storage.env_for(self.user.name)
+            env = self._storage_user_env()
             _, secret = m.split_secret_env(env)
             if secret:  # no credentials configured (IAM roles, anonymous): nothing to store
                 out.append(m.make_storage_secret(self.storage_secret_name(), self.namespace, secret, labels))

@@ -21,17 +21,20 @@ import functools
 import os
 import shlex
 import signal
+import stat
 import sys
 import uuid
-from pathlib import Path
 from subprocess import Popen
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from jupyterhub.utils import random_port
-from traitlets import Bool, Callable, Float, Instance, Integer, List, Type, Unicode, default
+from traitlets import Bool, Callable, Dict, Float, Instance, Integer, List, Type, Unicode, default
 
 from trainhub.boundary import procs
-from trainhub.boundary.accounts import Account, fs_identity, reach
+from trainhub.boundary.accounts import Account
+from trainhub.boundary.asuser import AsUser
+from trainhub.boundary.credentials import CredentialBroker, storage_credentials_broker
+from trainhub.boundary.network import GATE_SOCKET_VAR, GateError, UserNetworks
 from trainhub.backoff import Backoff, WaitTimeout, apoll
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, QuotaExceeded, TrainhubError
 from trainhub.fmt import fmt_duration
@@ -136,10 +139,11 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     prepare_home_hook = Callable(
         None,
         allow_none=True,
-        help="Called as hook(spawner, home: pathlib.Path) once the server's home folder exists, before the server "
-        "starts (sync), with the user's file rights (Unix accounts: setfsuid) and home given as a path valid during "
-        "the call (/proc/self/fd/N: the user may not pass through the platform's folders above it). `trainhub up` sets it to install the IPython startup file that loads %%train in every kernel "
-        "(trainhub.hub_config.embedded.install_kernel_startup). None = nothing.",
+        help="Called as hook(spawner, home) once the server's home folder exists, before the server starts (sync, on "
+        "a worker thread). ``home`` is a trainhub.boundary.files.UserTree of the home: it reads and writes as the "
+        "user, through descriptors, never following a link (home.write_bytes('.config/x', b'...'), home.makedirs, "
+        "home.read_bytes, home.names). `trainhub up` sets it to install the IPython startup file that loads %%train "
+        "in every kernel (trainhub.hub_config.embedded.install_kernel_startup). None = nothing.",
     ).tag(config=True)
 
     queue_when_full = Bool(
@@ -188,6 +192,21 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     ).tag(config=True)
 
     started_warm = Bool(False, help="The server started from a warm interpreter (state, for the log and tests).")
+
+    gate_socket = Unicode(
+        help="""Unix socket of the network gate (trainhub.boundary.network, run by `trainhub up` as root): each user's
+        servers then run in that user's own network namespace, listen on its loopback, and are exposed to the proxy by
+        the gate. Empty: servers share the machine's network. Default: $TRAINHUB_GATE_SOCKET.""",
+    ).tag(config=True)
+
+    @default("gate_socket")
+    def _gate_socket_default(self):
+        return os.environ.get(GATE_SOCKET_VAR, "")
+
+    credentials_env = Dict(help="The variables that lead the server's S3 clients to its user's own credentials (state).")
+    netns = Unicode("", help="The network namespace the server runs in (state; empty: the machine's).")
+    netns_env = Dict(help="Variables of the server's namespace (its egress proxy; state).")
+    inner_port = Integer(0, help="The port the server listens on inside its namespace (state; the proxy uses the gate's).")
 
     devices = List(help="Device indices this server holds (state).")
     _queued: QueueView | None = None  # while this spawn waits in line
@@ -361,7 +380,10 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             self.spawn_token = uuid.uuid4().hex
             self.cpu_limit = profile.cpu_limit
             try:
+                await self._place_in_network()
+                cred_folders = await self._storage_credentials()
                 rw, ro = await asyncio.to_thread(self._prepare_home)
+                ro += cred_folders
                 result = await self._start_process(rw, ro)
                 await asyncio.to_thread(self.allocator.set_pid, self.holder, self.pid)
             except BaseException:
@@ -377,6 +399,54 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             "warm" if self.started_warm else "cold",
         )
         return result
+
+    # -- the user's own network namespace (trainhub.boundary.network) ------------------------------------
+    def _networks(self) -> UserNetworks | None:
+        return UserNetworks.from_environment(self.gate_socket) if self.gate_socket else None
+
+    async def _place_in_network(self) -> None:
+        """Run this server in its user's own network namespace (with per-user accounts and the gate only)."""
+        networks = self._networks()
+        self.netns, self.netns_env, self.inner_port = "", {}, 0
+        if networks is None or self.account is None:
+            return
+        try:
+            self.netns, env = await asyncio.to_thread(networks.place, self.account.name)
+        except GateError as e:
+            raise RuntimeError(f"the network namespace of {self.user.name} could not be made: {e}") from None
+        self.netns_env = env
+
+    async def _expose(self, port: int) -> tuple[str, int]:
+        """Where the proxy reaches the server listening on ``port``: in its namespace through the gate."""
+        if not self.netns:
+            return (self.ip or "127.0.0.1", port)
+        self.inner_port = port
+        host_port = await asyncio.to_thread(self._networks().client.expose, os.path.basename(self.netns), port)
+        return ("127.0.0.1", host_port)
+
+    async def _unexpose(self) -> None:
+        networks = self._networks()
+        port, self.inner_port = self.inner_port, 0
+        if networks is not None and port and self.netns:
+            try:
+                await asyncio.to_thread(networks.client.unexpose, os.path.basename(self.netns), port)
+            except GateError as e:
+                self.log.warning("%s: the gate's port to the server stays open (%s)", self._log_name, e)
+
+    # -- the user's own storage credentials (trainhub.boundary.credentials) ------------------------------
+    def _broker(self) -> CredentialBroker | None:
+        return storage_credentials_broker(self.storage, parent=self)
+
+    async def _storage_credentials(self) -> list[str]:
+        """With S3: the user's own short-lived credentials file made current; returns the folder the sandbox shows
+        read-only (the server's variables point at it). Nothing on local storage."""
+        broker = self._broker()
+        self.credentials_env = {}
+        if broker is None:
+            return []
+        files = await asyncio.to_thread(broker.ensure, self.user.name, self.account)
+        self.credentials_env = files.env(sandboxed=False)  # the folder is bound at its own path
+        return [files.folder]
 
     # -- waiting in line for GPUs (trainhub.serverqueue; the jobs engine grants) -------------------------
     @property
@@ -467,9 +537,10 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
                 try:
                     await apoll(lambda: asyncio.to_thread(self._listening, port), what=f"the server of {self._log_name} to listen on port {port}",
                                 start=0.05 if not self.started_warm else 0.02, factor=1.5, cap=0.5, timeout=self.listen_timeout)
-                    return (self.ip or "127.0.0.1", self.port)
+                    return await self._expose(port)
                 except _ServerExited as e:
-                    taken = await asyncio.to_thread(procs.listening_inodes, port)
+                    # in its own namespace only the user's own processes can hold the port: try another once more
+                    taken = self.netns or await asyncio.to_thread(procs.listening_inodes, port)
                     self.proc, self.pid = None, 0
                     if taken and attempt < 2:  # another process took the port meanwhile: a new port, once more
                         self.log.warning("%s: port %d was taken by another process; retrying on another port", self._log_name, port)
@@ -486,7 +557,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     def _start_cold(self, rw: list[str], ro: list[str]) -> None:
         env = self.get_env()
         cmd = list(self.cmd) + self.get_args()
-        argv = self.isolation.command(cmd, account=self.account, cwd=self.home_dir, rw=rw, ro=ro, devices=self.devices)
+        argv = self.isolation.command(cmd, account=self.account, cwd=self.home_dir, rw=rw, ro=ro, devices=self.devices,
+                                      netns=self.netns or None)
         self.log.info("Spawning %s", " ".join(shlex.quote(a) for a in argv))
         kwargs = dict(start_new_session=True)
         kwargs.update(self.popen_kwargs)
@@ -552,7 +624,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         if self.sandboxed:  # what a cold sandbox binds beyond the warm one's (Isolation.sandbox_argv), parents first
             cwd = os.path.realpath(self.home_dir)
             mounts = sandbox_mounts(rw, ro, self.isolation.device_nodes(self.devices))
-        await pool.claim(wp, claim_spec(cmd, env, cwd, self.account, self.sandboxed), mounts, self.warm_claim_timeout)
+        await pool.claim(wp, claim_spec(cmd, env, cwd, self.account, self.sandboxed), mounts, self.warm_claim_timeout,
+                         netns=self.netns or None)
 
     def _listening(self, port: int) -> bool:
         code = self.proc.poll()
@@ -596,6 +669,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         await self._cleanup()
 
     async def _cleanup(self):
+        await self._unexpose()
         token, self.spawn_token = self.spawn_token, ""
         if token:
             await asyncio.to_thread(terminate_tagged, HOLDER_VAR, token, 3.0)
@@ -616,7 +690,9 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     def get_state(self):
         state = super().get_state()
         state.update(devices=list(self.devices), profile=self.profile_slug, spawn_token=self.spawn_token,
-                     sandboxed=self.sandboxed, started_warm=self.started_warm)
+                     sandboxed=self.sandboxed, started_warm=self.started_warm, netns=self.netns,
+                     netns_env=dict(self.netns_env), inner_port=self.inner_port,
+                     credentials_env=dict(self.credentials_env))
         return state
 
     def load_state(self, state):
@@ -626,6 +702,10 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         self.spawn_token = state.get("spawn_token", "")
         self.sandboxed = bool(state.get("sandboxed", False))
         self.started_warm = bool(state.get("started_warm", False))
+        self.netns = state.get("netns", "")
+        self.netns_env = dict(state.get("netns_env") or {})
+        self.inner_port = int(state.get("inner_port") or 0)
+        self.credentials_env = dict(state.get("credentials_env") or {})
 
     def clear_state(self):
         super().clear_state()
@@ -641,13 +721,14 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     def get_env(self):
         env = super().get_env()
         visible = ",".join(str(d) for d in self.devices)
-        env.update(self.storage.env_for(self.user.name))
+        env.update(self.storage.env_for(self.user.name, credentials_env=self.credentials_env))
         env["CUDA_VISIBLE_DEVICES"] = visible
         env["NVIDIA_VISIBLE_DEVICES"] = visible if self.devices else "void"
         env["TRAINHUB_GPUS"] = visible
         env["TRAINHUB_PROFILE"] = self.profile_slug
         if self.api_url:
             env["TRAINHUB_API_URL"] = self.api_url
+        env.update(self.netns_env)  # the egress proxy of the user's namespace
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
         # the platform's markers last: no Spawner.environment entry or user option replaces them
         env[HOLDER_VAR] = self.spawn_token
@@ -656,25 +737,32 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         return env
 
     def _prepare_home(self) -> tuple[list[str], list[str]]:
-        """The home (and the storage area) made the user's, the hook and the links run as the user; returns the
-        (read-write, read-only) paths of the sandbox. On a worker thread (fs_identity is per thread)."""
+        """The home (and the storage area) made the user's, the hook and the links written as the user (through
+        descriptors: trainhub.boundary.files); returns the (read-write, read-only) paths of the sandbox. Blocking."""
         rw, ro = self.isolation.user_areas(self.storage, self.user.name, self.account, self.home_dir)
-        # as the user, through a descriptor of the home (its parents may be closed to the user): a link the user put
-        # in their home can lead the hook only where the user may write anyway
-        with reach(self.home_dir) as home, fs_identity(self.account):
+        with AsUser(self.user.name, self.account, self.isolation).tree(self.home_dir) as home:
             if self.prepare_home_hook is not None:  # e.g. %%train and %train load in every kernel of a platform notebook
                 self.prepare_home_hook(self, home)
             if self.storage.url and self.storage.is_local and self.link_storage:
                 for name, url in ((self.link_storage, self.storage.user_url(self.user.name)),
                                   ("datasets", self.storage.datasets_url())):
-                    link, target = home / name, Path(self.storage.strip(url))
-                    if link.is_symlink() and Path(os.readlink(link)) == target:
-                        continue
-                    if link.is_symlink():
-                        link.unlink()
-                    if not os.path.lexists(link):  # a file or folder of the user's own by that name stays
-                        link.symlink_to(target, target_is_directory=True)
+                    link_home(home, name, self.storage.strip(url))
         return rw, ro
+
+
+def link_home(home, name: str, target: str) -> None:
+    """``~/<name>`` -> ``target`` (a folder of the storage), unless the user keeps a file or folder of their own
+    by that name; a link of theirs elsewhere is replaced."""
+    try:
+        st = home.stat(name)
+    except FileNotFoundError:
+        home.symlink(target, name)
+        return
+    if not stat.S_ISLNK(st.st_mode):
+        return
+    if home.readlink(name) != target:
+        home.unlink(name)
+        home.symlink(target, name)
 
 
 class _ServerExited(Exception):

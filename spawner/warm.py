@@ -147,14 +147,16 @@ class WarmPool:
         else:
             wp.discard()
 
-    async def claim(self, wp: WarmProcess, spec: dict, mounts: list[tuple[str, bool, bool]], timeout: float) -> None:
-        """Hand ``wp`` its server: ``spec`` (see warmstart.apply_claim) and ``mounts`` as (path, read-only, is a
-        folder), attached at the same path inside its sandbox. Raises WarmUnavailable (``wp`` discarded) on failure."""
+    async def claim(self, wp: WarmProcess, spec: dict, mounts: list[tuple[str, bool, bool]], timeout: float,
+                    netns: str | None = None) -> None:
+        """Hand ``wp`` its server: ``spec`` (see warmstart.apply_claim), ``mounts`` as (path, read-only, is a
+        folder), attached at the same path inside its sandbox, and the user's network namespace ``netns``. Raises
+        WarmUnavailable (``wp`` discarded) on failure."""
         try:
             loop = asyncio.get_running_loop()
             wp.sock.setblocking(True)
             wp.sock.settimeout(timeout)
-            await asyncio.to_thread(send_claim, wp.sock, spec, mounts)
+            await asyncio.to_thread(send_claim, wp.sock, spec, mounts, netns)
             wp.sock.setblocking(False)
             answer = await within(loop.sock_recv(wp.sock, 4096), timeout)
             error, notes = claim_answer(answer)

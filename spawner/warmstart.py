@@ -23,11 +23,12 @@ import socket
 import sys
 import time
 
-from trainhub.boundary.warmsandbox import attach_mounts, become, serve_claim, show_environ
+from trainhub.boundary.warmsandbox import attach_mounts, become, enter_netns, serve_claim, show_environ
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:
     """Make this process the server ``spec`` describes; returns the module to run."""
+    enter_netns(spec, fds)  # the user's own network namespace (trainhub.boundary.network), before anything listens
     attach_mounts(spec.get("mounts", []), fds)
     os.chdir(spec["cwd"])
     os.umask(spec["umask"])

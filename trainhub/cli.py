@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 from trainhub import __version__
@@ -77,6 +78,8 @@ def _main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    db_log = logging.getLogger("trainhub.db")
+    db_log.addFilter(_not_damaged_database)  # printed below, once
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -84,6 +87,36 @@ def _main(argv=None) -> int:
     except CommandError as e:
         print(f"trainhub {args.command}: error: {e}", file=sys.stderr)
         return e.code
+    except Exception as e:
+        damaged = damaged_database(e, getattr(args, "data_dir", None))
+        if damaged is None:
+            raise
+        print(f"trainhub {args.command}: error: {damaged}", file=sys.stderr)
+        return 1
+    finally:
+        db_log.removeFilter(_not_damaged_database)
+
+
+def _not_damaged_database(record: logging.LogRecord) -> bool:
+    """init_db logs a damaged database for the services' logs; the CLI prints it as its error instead."""
+    return not getattr(record, "database_damaged", False)
+
+
+def damaged_database(error: Exception, data_dir: str | None):
+    """``error`` as ``trainhub.db.DatabaseDamaged`` (which names the file and how to restore it) if it is about a
+    damaged database file, else None. A driver's error that does not say which file (a database opened by other
+    means, such as the hub's by ``trainhub users add``) is matched to the data dir's databases by reading them."""
+    if not any(m in sys.modules for m in ("sqlite3", "trainhub.db")):
+        return None  # no database was opened
+    from trainhub.db import DatabaseDamaged, find_damaged, is_damaged
+    from trainhub.settings import DataDir, default_data_dir
+
+    if isinstance(error, DatabaseDamaged):
+        return error
+    if not is_damaged(error):
+        return None
+    dd = DataDir(data_dir or default_data_dir())
+    return find_damaged([dd.platform_db, dd.hub_db_url.removeprefix("sqlite:///")]) or DatabaseDamaged("", error)
 
 
 class CommandError(Exception):

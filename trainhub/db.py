@@ -21,6 +21,11 @@ inside :func:`no_waiting`, a write transaction takes SQLite's write lock at once
 
 The files are the platform's alone (0600: they hold
 password hashes and jobs' environment values): see ``trainhub.settings.secure_file``.
+
+A damaged SQLite file (not a database, truncated, corrupt pages) is :class:`DatabaseDamaged` wherever it is met (an
+engine of :func:`get_engine`, :class:`SQLiteReader`, :func:`check_database`), never a raw driver traceback: its
+message, built once here, names the file and how to restore it; the CLI prints it, ``trainhub up`` refuses to start
+with it, and a service meeting it at start (:func:`init_db`) logs it.
 """
 
 from __future__ import annotations
@@ -30,14 +35,16 @@ import contextlib
 import contextvars
 import logging
 import os
+import shlex
 import sqlite3
 import threading
 import time
 from collections import namedtuple
+from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import bindparam, create_engine, event
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -58,6 +65,95 @@ def sync_mode() -> str:
     if value not in SYNC_MODES:
         raise ValueError(f"${ENV_SYNC} must be one of {', '.join(SYNC_MODES)}, not {value!r}")
     return value
+
+
+#: what a new, empty file in place of a damaged one loses, by file name (trainhub.settings.DataDir names them)
+WHAT_IS_LOST = {
+    "trainhub.sqlite": "the GPU ledger is rebuilt (devices are taken again as servers and jobs start), but the records "
+                       "of jobs and sweeps (state, events, metrics), the model and dataset registry and the usage history "
+                       "are lost and cannot be rebuilt; move the jobs/ folder beside it aside as well (the old jobs' logs "
+                       "and outputs stay in it): a new database numbers jobs from 1 again",
+    "jupyterhub.sqlite": "users, groups, the passwords of built-in logins and API tokens are lost; `trainhub up` creates "
+                         "the admin again (its password stays in secrets/admin-password), add the others again with "
+                         "`trainhub users add`",
+}
+SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_IOERR_READ = 11, 26, 266  # sqlite3.h
+
+
+def is_damaged(error: BaseException) -> bool:
+    """Is ``error`` (sqlite3's, or SQLAlchemy's around it) about the file itself: "file is not a database",
+    "database disk image is malformed" (truncated, corrupt pages), a failed read? Not a locked database, a missing
+    table or a constraint: those are ``OperationalError``/``IntegrityError``, subclasses of the same DatabaseError."""
+    orig = getattr(error, "orig", error)
+    if not isinstance(orig, sqlite3.DatabaseError):
+        return False
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is None:
+        return type(orig) is sqlite3.DatabaseError  # SQLITE_CORRUPT and SQLITE_NOTADB are raised as it exactly
+    return code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB) or code == SQLITE_IOERR_READ
+
+
+class DatabaseDamaged(RuntimeError):
+    """A database file of the platform is damaged or unreadable. The message says which file, what is wrong and how to
+    restore it: stop the platform, move the file aside, restore a backup or let `trainhub up` make a new one (and what
+    that loses). Not a :class:`TrainhubError`: an API request meeting it is a 500 for its caller (the admin's steps and
+    paths are for the service's log, where it is logged with its traceback)."""
+
+    def __init__(self, path, error: BaseException | str = ""):
+        self.path = os.path.abspath(path) if path else ""
+        detail = str(getattr(error, "orig", error) or "").strip()
+        lost = WHAT_IS_LOST.get(os.path.basename(self.path), "everything it held is lost")
+        if self.path:
+            aside = shlex.quote(os.path.join(os.path.dirname(self.path), "damaged"))
+            move = f"mkdir -p {aside} && mv {shlex.quote(self.path)}* {aside}/"
+        else:
+            move = "move the damaged file aside with its -wal and -shm files"
+        super().__init__(
+            f"the database {self.path or 'of the platform'} is damaged or unreadable{f' ({detail})' if detail else ''}.\n"
+            "To restore it:\n"
+            "  1. stop the platform if it runs (Ctrl-C on `trainhub up`);\n"
+            f"  2. move the file aside with its -wal and -shm files: {move}\n"
+            f"  3. copy a backup of it to {self.path or 'its place'}, or let `trainhub up` create a new, empty one.\n"
+            f"     A new one: {lost}.")
+        self.message = str(self)
+
+
+def check_database(path) -> None:
+    """Read the whole SQLite file ``path`` (``PRAGMA quick_check``: every page and record, not the indexes' contents;
+    about 0.5 s per 150 MiB); :class:`DatabaseDamaged` if it is damaged or unreadable. A missing file is fine (it is
+    created on the next start) and is not created here."""
+    if not os.path.exists(path):
+        return
+    try:
+        con = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=rw", uri=True, timeout=30)
+        try:
+            problems = [row[0] for row in con.execute("PRAGMA quick_check")]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        if is_damaged(e):
+            raise DatabaseDamaged(path, e) from None
+        raise
+    if problems != ["ok"]:
+        raise DatabaseDamaged(path, "; ".join(map(str, problems[:3])))
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite URL; None for another database or an in-memory one."""
+    u = make_url(url)
+    return u.database if u.get_backend_name() == "sqlite" and u.database not in (None, "", ":memory:") else None
+
+
+def find_damaged(paths) -> DatabaseDamaged | None:
+    """The first of ``paths`` (SQLite files) found damaged, as its error; None when all read whole."""
+    for path in paths:
+        try:
+            check_database(path)
+        except DatabaseDamaged as e:
+            return e
+        except sqlite3.Error:
+            continue
+    return None
 
 
 class DatabaseBusy(TrainhubError):
@@ -153,6 +249,14 @@ def get_engine(url: str) -> Engine:
             def _sqlite_begin(conn):
                 mode = conn.info.pop("begin_mode", "DEFERRED")
                 conn.exec_driver_sql(f"BEGIN {mode}")
+
+            path = engine.url.database
+
+            @event.listens_for(engine, "handle_error")
+            def _sqlite_damaged(context):
+                # every statement and connection of the engine, its set-up's PRAGMAs included
+                if path not in (None, "", ":memory:") and is_damaged(context.original_exception):
+                    raise DatabaseDamaged(path, context.original_exception) from context.sqlalchemy_exception
         else:
             engine = create_engine(url, pool_pre_ping=True)
         _engines[key] = engine
@@ -164,14 +268,19 @@ def init_db(url: str) -> Engine:
     from trainhub import models  # noqa: F401  (registers tables)
 
     engine = get_engine(url)
-    # several processes (hub, services, CLI) may create tables at the same moment: take the
-    # write lock first, so the check-then-create runs alone instead of failing with "locked"
-    conn, trans = _begin_write(engine, url)
     try:
-        Base.metadata.create_all(conn)
-        trans.commit()
-    finally:
-        conn.close()
+        # several processes (hub, services, CLI) may create tables at the same moment: take the
+        # write lock first, so the check-then-create runs alone instead of failing with "locked"
+        conn, trans = _begin_write(engine, url)
+        try:
+            Base.metadata.create_all(conn)
+            trans.commit()
+        finally:
+            conn.close()
+    except DatabaseDamaged as e:
+        # a service starting on it says so in its log (the CLI prints the error itself: trainhub.cli filters this)
+        log.error("%s", e, extra={"database_damaged": True})
+        raise
     return engine
 
 
@@ -303,9 +412,18 @@ class SQLiteReader:
         con = getattr(self._local, "connection", None)
         if con is None:
             con = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-            con.execute("PRAGMA query_only=ON")
+            try:
+                con.execute("PRAGMA query_only=ON")
+            except sqlite3.DatabaseError as e:
+                con.close()
+                self._damaged(e)
+                raise
             self._local.connection = con
         return con
+
+    def _damaged(self, error: sqlite3.DatabaseError) -> None:
+        if is_damaged(error):
+            raise DatabaseDamaged(self.path, error) from error
 
     def _prepare(self, stmt) -> tuple:
         done = self._prepared.get(id(stmt))
@@ -322,7 +440,11 @@ class SQLiteReader:
         """The rows of ``stmt`` (a statement built once and kept: it is prepared by identity)."""
         _, sql, names, values, processors, row = self._prepare(stmt)
         values = {**values, **params} if params else values
-        raw = self._connection().execute(sql, [values[n] for n in names]).fetchall()
+        try:
+            raw = self._connection().execute(sql, [values[n] for n in names]).fetchall()
+        except sqlite3.DatabaseError as e:
+            self._damaged(e)
+            raise
         if not any(processors):
             return [row._make(r) for r in raw]
         return [row._make([p(v) if p is not None else v for p, v in zip(processors, r)]) for r in raw]

@@ -169,13 +169,7 @@ class Area:
     # -- checkpoints ---------------------------------------------------------------------------
     def checkpoints(self) -> list[CheckpointInfo]:
         """Complete checkpoints, oldest step first (temporary files of a save under way are not listed)."""
-        out = []
-        for name in self.names(CHECKPOINTS):
-            m = _CKPT_NAME.match(name)
-            if m:
-                out.append(CheckpointInfo(int(m.group(1)), self.url_of(f"{CHECKPOINTS}/{name}"),
-                                          CHECKPOINT_FORMATS[m.group(2)], name))
-        return sorted(out, key=lambda c: (c.step, c.name))
+        return checkpoints_named(self.url, self.names(CHECKPOINTS))
 
     def latest_checkpoint(self) -> CheckpointInfo | None:
         found = self.checkpoints()
@@ -262,6 +256,18 @@ def _fsync(path: str) -> None:
 def _protocols(fs) -> tuple:
     p = fs.protocol
     return p if isinstance(p, tuple) else (p,)
+
+
+def checkpoints_named(url: str, names) -> list[CheckpointInfo]:
+    """The complete checkpoints among the file ``names`` of the folder ``checkpoints/`` of the area at ``url``,
+    oldest step first (temporary files of a save under way are not among them)."""
+    out = []
+    for name in names:
+        m = _CKPT_NAME.match(name)
+        if m:
+            out.append(CheckpointInfo(int(m.group(1)), f"{url.rstrip('/')}/{CHECKPOINTS}/{name}",
+                                      CHECKPOINT_FORMATS[m.group(2)], name))
+    return sorted(out, key=lambda c: (c.step, c.name))
 
 
 def latest_checkpoint(url: str | None, storage_options: dict | None = None) -> CheckpointInfo | None:

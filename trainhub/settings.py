@@ -134,15 +134,48 @@ def secure_file(path: Path) -> None:
 
 def secure_tree(root: Path, skip=()) -> None:
     """Close the platform's files under ``root`` to group and others: databases (and their -wal/-shm),
-    logs, the runtime file, secrets (folders and users' areas in ``skip`` are left alone)."""
-    skip = {Path(p) for p in skip}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if Path(dirpath, d) not in skip and d not in ("outputs", "work")]  # jobs' outputs are users' files
-        for name in filenames:
-            if name.endswith((".sqlite", ".sqlite-wal", ".sqlite-shm", ".db", ".log", ".json", ".pid")) or "secret" in dirpath:
-                path = Path(dirpath, name)
-                if not path.is_symlink():
-                    secure_file(path)
+    logs, the runtime file, secrets (folders in ``skip`` are left alone).
+
+    Walked through descriptors, never following a link, and only through folders the platform owns: a
+    user's folder (homes, storage areas, a job's ``outputs/`` and ``work/``) is never entered, whatever its
+    name or place, and each file is changed through the descriptor it was checked with."""
+    skip = {os.path.realpath(p) for p in skip}
+    me = os.geteuid()
+    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    stack = [(top, os.path.realpath(root), False)]
+    while stack:
+        dfd, path, secret = stack.pop()
+        try:
+            with os.scandir(dfd) as it:
+                entries = list(it)
+            for e in entries:
+                full = os.path.join(path, e.name)
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_uid != me:
+                    continue  # a user's: never entered, never changed
+                if stat.S_ISDIR(st.st_mode):
+                    if full in skip or e.name in ("outputs", "work"):  # jobs' outputs are users' files
+                        continue
+                    try:
+                        sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                    except OSError:
+                        continue
+                    stack.append((sub, full, secret or "secret" in e.name))
+                elif stat.S_ISREG(st.st_mode) and (secret or e.name.endswith(
+                        (".sqlite", ".sqlite-wal", ".sqlite-shm", ".db", ".log", ".json", ".pid"))):
+                    try:
+                        fd = os.open(e.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+                    except OSError:
+                        continue
+                    try:
+                        os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
+                    finally:
+                        os.close(fd)
+        finally:
+            os.close(dfd)
 
 
 @dataclass

@@ -5,8 +5,10 @@ Layout under the root URL (a local folder or ``s3://bucket/prefix``)::
     users/<name>/...   one user's private area
     datasets/...       shared datasets, read-only to users
 
-Credentials come from configuration or the usual AWS environment variables; spawned
-servers and jobs get an fsspec URL plus options through environment variables.
+The platform's own credentials come from configuration or the usual AWS environment variables and stay
+in the platform's processes. Spawned servers and jobs get an fsspec URL, options without any credential,
+and (S3) the variables that make s3fs/boto3 read their own short-lived, prefix-scoped credentials from a
+file the platform keeps fresh (:mod:`trainhub.boundary.credentials`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ import os
 import re
 
 import fsspec
+from traitlets import Bool, Dict, Unicode, default
 from traitlets import Callable as CallableTrait
-from traitlets import Dict, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import Forbidden, InvalidRequest
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._@-]+$")
+
+#: fsspec/s3fs option names that carry a credential: never handed to a user's process
+CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "password", "username", "profile", "session"})
+CREDENTIAL_CLIENT_KWARGS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
+#: the variables that carry an AWS key (never in a user's environment unless share_platform_credentials)
+AWS_SECRET_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 def safe_username(name: str) -> str:
@@ -50,9 +58,20 @@ class StorageConfig(LoggingConfigurable):
     user_credentials_hook = CallableTrait(
         None,
         allow_none=True,
-        help="""Optional callable (username) -> {"key": ..., "secret": ..., "token": ...} returning
-        credentials scoped to that user's prefix (for example from an STS AssumeRole with a
-        prefix policy, or a per-user Ceph RGW key). None: servers get the platform's credentials.""",
+        help="""Optional callable (username) -> {"key": ..., "secret": ..., "token": ..., "expiration": ...}
+        returning credentials scoped to that user's prefix (for example a per-user Ceph RGW key, or an admin's own
+        STS set-up); "token" and "expiration" (a datetime or ISO 8601 string) are optional. When set, its result is
+        used instead of trainhub's own minting (trainhub.boundary.credentials.CredentialMinter) and delivered the
+        same way (the per-user credentials file). None: the platform mints them (c.CredentialMinter).""",
+    ).tag(config=True)
+
+    share_platform_credentials = Bool(
+        False,
+        help="""The old, unsafe behaviour, "one S3 key for everyone": every user's server and job gets the
+        platform's own key (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, and in TRAINHUB_STORAGE_OPTIONS), so code in
+        any kernel can write datasets/ and read or delete every other user's area. Only for a one-person
+        development set-up. False (default): users' processes never hold the platform's key; they get short-lived
+        credentials limited to their own prefix and datasets/ (docs/storage.md, "Per-user credentials").""",
     ).tag(config=True)
 
     @default("endpoint_url")
@@ -93,6 +112,17 @@ class StorageConfig(LoggingConfigurable):
                     opts["secret"] = self.secret
         return opts
 
+    def user_storage_options(self) -> dict:
+        """The fsspec options a user's process may hold: the endpoint and ``extra_options`` without any credential
+        (credentials reach it through the AWS variables of :meth:`env_for`)."""
+        opts = {k: v for k, v in self.extra_options.items() if k not in CREDENTIAL_OPTIONS}
+        client_kwargs = opts.get("client_kwargs")
+        if isinstance(client_kwargs, dict):
+            opts["client_kwargs"] = {k: v for k, v in client_kwargs.items() if k not in CREDENTIAL_CLIENT_KWARGS}
+        if self.protocol == "s3" and self.endpoint_url:
+            opts["endpoint_url"] = self.endpoint_url
+        return opts
+
     def root(self) -> str:
         return self.url.rstrip("/")
 
@@ -123,25 +153,45 @@ class StorageConfig(LoggingConfigurable):
                 except Exception as e:  # storage unreachable: say so clearly, once
                     raise RuntimeError(f"cannot reach storage {self.url}: {e}") from e
 
-    def env_for(self, username: str) -> dict[str, str]:
-        """Environment for a user's server or job: where its storage is and how to reach it."""
-        opts = self.storage_options(username)
+    def env_for(self, username: str, *, credentials_env: dict[str, str] | None = None,
+                platform_credentials: bool | None = None) -> dict[str, str]:
+        """Environment for a user's server or job: where its storage is and how to reach it.
+
+        With S3 it never holds the platform's key (unless ``platform_credentials``, default
+        ``share_platform_credentials``: the old "one S3 key for everyone"). The user's own credentials come from
+        ``credentials_env``, the variables of the user's credentials file
+        (:meth:`trainhub.boundary.credentials.UserCredentialFiles.env`: ``AWS_CONFIG_FILE`` whose
+        ``credential_process`` prints short-lived, prefix-scoped credentials the platform keeps fresh). Without it,
+        ``user_credentials_hook``'s result goes in as ``AWS_*`` values (static: never refreshed); with neither the
+        process gets no credentials at all and storage refuses it.
+        """
         env = {
             "TRAINHUB_STORAGE_ROOT": self.root(),
             "TRAINHUB_STORAGE_URL": self.user_url(username),
             "TRAINHUB_DATASETS_URL": self.datasets_url(),
-            "TRAINHUB_STORAGE_OPTIONS": json.dumps(opts),
         }
-        if self.protocol == "s3":
-            if opts.get("key"):
-                env["AWS_ACCESS_KEY_ID"] = opts["key"]
-            if opts.get("secret"):
-                env["AWS_SECRET_ACCESS_KEY"] = opts["secret"]
-            if opts.get("token"):
-                env["AWS_SESSION_TOKEN"] = opts["token"]
-            if opts.get("endpoint_url"):
-                env["AWS_ENDPOINT_URL"] = opts["endpoint_url"]
-                env["FSSPEC_S3_ENDPOINT_URL"] = opts["endpoint_url"]
+        if self.protocol != "s3":
+            env["TRAINHUB_STORAGE_OPTIONS"] = json.dumps(self.storage_options(username))
+            return env
+        if platform_credentials is None:
+            platform_credentials = self.share_platform_credentials
+        opts = self.user_storage_options()
+        creds: dict = {}
+        if credentials_env:
+            env.update({k: v for k, v in credentials_env.items() if k not in AWS_SECRET_VARS})
+        elif self.user_credentials_hook:
+            creds = self.user_credentials_hook(username) or {}
+        elif platform_credentials:
+            # the old behaviour: the platform's own key, in the variables and in the options
+            creds = {"key": self.key, "secret": self.secret}
+            opts.update({k: v for k, v in creds.items() if v})
+        for var, name in zip(AWS_SECRET_VARS, ("key", "secret", "token")):
+            if creds.get(name):
+                env[var] = creds[name]
+        env["TRAINHUB_STORAGE_OPTIONS"] = json.dumps(opts)
+        if self.endpoint_url:
+            env["AWS_ENDPOINT_URL"] = self.endpoint_url
+            env["FSSPEC_S3_ENDPOINT_URL"] = self.endpoint_url
         return env
 
 

@@ -185,7 +185,7 @@ class JobsService(Application):
         self.storage = StorageConfig(parent=self)
         self.isolation = Isolation(parent=self)
         self.launcher = self.launcher_class(parent=self, data_dir=str(self.dd.root), isolation=self.isolation)
-        self.syncer = OutputSyncer(self.storage, parent=self, user_fs=self.launcher.user_fs)
+        self.syncer = OutputSyncer(self.storage, parent=self, as_user=self.launcher.as_user)
         self.groups = GroupDirectory(self.log)
         public = os.environ.get("TRAINHUB_PUBLIC_URL", "").rstrip("/")
         self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/trainhub/")

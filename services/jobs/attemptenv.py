@@ -13,7 +13,9 @@ import os
 import sys
 
 from trainhub.distenv import job_env
-from trainhub.jobarea import JOB_URL_VAR, RESUME_STEP_VAR, RESUME_URL_VAR, CheckpointInfo, area_url, latest_checkpoint
+from trainhub.boundary.asuser import platform_tree, storage_tree
+from trainhub.jobarea import (CHECKPOINTS, JOB_URL_VAR, RESUME_STEP_VAR, RESUME_URL_VAR, CheckpointInfo, area_url,
+                              checkpoints_named, latest_checkpoint)
 from trainhub.boundary.procs import INSTANCE_VAR
 from trainhub.storage import StorageConfig
 
@@ -61,8 +63,31 @@ class AttemptEnv:
     async def resume_point(self, job: JobView, env: dict) -> CheckpointInfo | None:
         """The newest checkpoint the job saved in its storage area (``None``: none); raises when the area
         cannot be read (the engine says so in an event and starts afresh)."""
-        options = self.storage.storage_options(job.user) if self.storage.url else {}
-        return await asyncio.to_thread(latest_checkpoint, env.get(JOB_URL_VAR), options)
+        url = env.get(JOB_URL_VAR)
+        if not url:
+            return None
+        if self.storage.url and self.storage.is_local and url.startswith(self.storage.root().rstrip("/") + "/"):
+            return await asyncio.to_thread(self._latest_local, url)
+        if "://" not in url or url.startswith("file://"):  # the job's own folder (no storage): the user's part of it
+            return await asyncio.to_thread(self._latest_in_job_dir, job, url)
+        return await asyncio.to_thread(latest_checkpoint, url, self.storage.storage_options(job.user))
+
+    def _latest_local(self, url: str) -> CheckpointInfo | None:
+        """Listed as the area's owner through descriptors (trainhub.boundary): a link there is never followed."""
+        try:
+            tree, rel = storage_tree(self.storage, self.launcher.isolation, self.storage.strip(url))
+        except FileNotFoundError:  # no area yet: nothing saved
+            return None
+        with tree:
+            found = checkpoints_named(url, tree.names(f"{rel}/{CHECKPOINTS}" if rel else CHECKPOINTS))
+        return found[-1] if found else None
+
+    def _latest_in_job_dir(self, job: JobView, url: str) -> CheckpointInfo | None:
+        """No storage: the area is the job's folder, the platform's (a job writes there only when nothing isolates
+        it); listed through descriptors all the same."""
+        with platform_tree(url.removeprefix("file://")) as tree:
+            found = checkpoints_named(url, tree.names(CHECKPOINTS))
+        return found[-1] if found else None
 
 
 def resume_vars(checkpoint: CheckpointInfo) -> dict:

@@ -48,6 +48,7 @@ from trainhub.fmt import fmt_duration
 from trainhub.kube.names import SECRET_ENV_KEYS
 from trainhub.metrics.prometheus import GPUTarget
 from trainhub.profiles import ProfileCatalog
+from trainhub.storage import StorageConfig
 
 from . import k8s_job_manifests as jm
 from .launcher import JobView, Launcher, WorkerStatus
@@ -192,6 +193,22 @@ class KubernetesLauncher(Launcher):
     @default("catalog")
     def _catalog_default(self):
         return ProfileCatalog(parent=self)
+
+    storage = Instance(StorageConfig, help="The platform's storage (c.StorageConfig): the credentials job pods get.")
+
+    @default("storage")
+    def _storage_default(self):
+        return StorageConfig(parent=self)
+
+    def _storage_credentials(self, job: JobView, env: dict) -> dict:
+        """``env`` with the AWS_* values job pods get. Pods do not get minted, refreshed credentials yet
+        (trainhub.boundary.credentials delivers them to local processes only; docs/storage.md, "On Kubernetes", says
+        what is left): until then they keep the old delivery, the admin's user_credentials_hook or else the platform's
+        key ("one S3 key for everyone"), named here on purpose, now that StorageConfig.env_for leaves it out."""
+        if any(env.get(k) for k in SECRET_ENV_KEYS) or not self.storage.url or self.storage.protocol != "s3":
+            return env
+        old = self.storage.env_for(job.user, platform_credentials=True)
+        return {**env, **{k: old[k] for k in SECRET_ENV_KEYS if old.get(k)}}
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -377,6 +394,7 @@ class KubernetesLauncher(Launcher):
         jdir = Path(self.job_dir(job))
         adir = jdir / f"attempt-{job.attempt}"
         await asyncio.to_thread(_prepare_dir, jdir, adir, job)
+        env = self._storage_credentials(job, env)
         manifest, service = self.build_manifests(job, devices, env)
         if self.modify_job_hook is not None:
             out = self.modify_job_hook(self, job, manifest)

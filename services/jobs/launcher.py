@@ -8,7 +8,6 @@ launcher runs an Indexed Job. Both keep what they need to find the workers again
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from traitlets import Instance, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from trainhub.boundary.asuser import AsUser
 from trainhub.boundary.isolation import Isolation
 
 
@@ -103,10 +103,10 @@ class Launcher(LoggingConfigurable):
         """The ``$HOME`` of ``user``'s workers on this back end; "" (default) leaves it to the back end."""
         return ""
 
-    def user_fs(self, user: str) -> contextlib.AbstractContextManager:
-        """A context in which the calling thread reads and writes files with ``user``'s rights (the output syncer
-        copies a job's outputs in it). Default: the service's own rights."""
-        return contextlib.nullcontext()
+    def as_user(self, user: str) -> AsUser:
+        """How the platform acts as ``user`` for their files (the output syncer, checkpoints): with their account
+        when the isolation has accounts (blocking: the account may be created). Default: the service's identity."""
+        return AsUser.of(self.isolation, user) if self.isolation is not None else AsUser(user, None)
 
     async def stalled(self, job: JobView, state: dict) -> str | None:
         """Why this running attempt cannot make progress and should go back to the queue (stopped, requeued,

@@ -42,7 +42,9 @@ from pathlib import Path
 from traitlets import Bool, Float, Instance, Integer, TraitError, Unicode, default, validate
 
 from trainhub.boundary import envexec, procs
-from trainhub.boundary.accounts import Account, fs_identity, own_dir
+from trainhub.boundary.accounts import Account, own_dir
+from trainhub.boundary.credentials import storage_credentials_broker
+from trainhub.boundary.network import GATE_SOCKET_VAR, UserNetworks
 from trainhub.backoff import WaitTimeout, apoll
 from trainhub.distenv import available_cores, worker_env
 from trainhub.ledger import pid_alive, process_start_time
@@ -75,6 +77,16 @@ def attempt_dir(job_dir: Path, attempt: int) -> Path:
 
 
 class LocalLauncher(Launcher):
+    gate_socket = Unicode(
+        help="""Unix socket of the network gate (trainhub.boundary.network, run by `trainhub up` as root): the workers of
+        an isolated job run in their user's own network namespace. Empty: the machine's network. Default:
+        $TRAINHUB_GATE_SOCKET.""",
+    ).tag(config=True)
+
+    @default("gate_socket")
+    def _gate_socket_default(self):
+        return os.environ.get(GATE_SOCKET_VAR, "")
+
     home_dir_template = Unicode(
         help="""Working directory and $HOME of a user's jobs ({username} expanded): the same home as their notebook
         server, so relative paths work. Default: <data_dir>/homes/{username}; "" (no data dir) = the job's folder.""",
@@ -131,6 +143,7 @@ class LocalLauncher(Launcher):
         self._on_exit = None  # watch_exits' callback
         self._exit_fds: dict[int, int] = {}  # wrapper pid -> its pidfd, watched on the loop
         self._watched: set[int] = set()  # wrapper pids ever watched (each is watched once: no wake loops)
+        self._namespaces: dict[str, tuple[str, dict]] = {}  # account -> its network namespace and variables
 
     def home_dir(self, user: str) -> str:
         return self.home_dir_template.format(username=user) if self.home_dir_template else ""
@@ -140,11 +153,26 @@ class LocalLauncher(Launcher):
         """Workers run as their user's account or in a sandbox."""
         return self.isolation is not None and (self.isolation.use_accounts or self.isolation.use_sandbox)
 
-    def user_fs(self, user: str):
-        """A context in which this thread touches files as ``user``'s account (no-op without accounts): the
-        output syncer reads a job's outputs with it, so a symbolic link there cannot reach the platform's files."""
-        account = self.isolation.account(user) if self.isolation is not None else None
-        return fs_identity(account)
+    def _credentials(self, user: str, account: Account | None, ro: list[str]) -> dict:
+        """With S3: the user's own short-lived credentials file made current (trainhub.boundary.credentials), its folder
+        added to the sandbox's read-only ``ro``; returns the variables that lead S3 clients to it."""
+        broker = storage_credentials_broker(self.storage, parent=self) if self.storage is not None else None
+        if broker is None:
+            return {}
+        files = broker.ensure(user, account)
+        ro.append(files.folder)
+        return files.env(sandboxed=False)  # bound at its own path
+
+    def _network(self, account: Account | None) -> tuple[str | None, dict]:
+        """(the user's network namespace, its variables) for an isolated job's workers: all of them in one, so they
+        meet on its loopback (trainhub.boundary.network); (None, {}) without the gate or an account."""
+        networks = UserNetworks.from_environment(self.gate_socket) if self.gate_socket else None
+        if networks is None or account is None:
+            return None, {}
+        known = self._namespaces.get(account.name)
+        if known is None or not os.path.exists(known[0]):  # asked once per user (a start on the loop must not wait)
+            known = self._namespaces[account.name] = networks.place(account.name)
+        return known
 
     def _cwd(self, job: JobView) -> str:
         home = self.home_dir(job.user)
@@ -199,6 +227,8 @@ class LocalLauncher(Launcher):
         if not (job.workers == 1 and job.script is not None and self.warm_start and self.isolating
                 and self._pooled.ready()):
             return False
+        if storage_credentials_broker(self.storage, parent=self) is not None:
+            return False  # minting a user's storage credentials may call STS: not on the loop
         return not self.isolation.use_accounts or self.isolation.accounts.lookup(job.user) is not None
 
     async def _launch_on_loop(self, job: JobView, devices: list[list[int]], env: dict) -> dict | None:
@@ -273,9 +303,12 @@ class LocalLauncher(Launcher):
         # the job's own folder: the job folder itself, or (isolated) its sub-folder the user owns: the rest of the job
         # folder (logs, exit files) is the platform's, which the job must not be able to replace
         work = jdir / WORK_DIR if self.isolating else jdir
+        netns, netns_env = None, {}
         if self.isolating:
             account = self.isolation.account(job.user)
             rw, ro, cwd = self._prepare(job, jdir, adir, account)
+            netns, netns_env = self._network(account)
+        cred_env = self._credentials(job.user, account, ro)
         tag = uuid.uuid4().hex
         port = free_port()
         workers = []
@@ -292,6 +325,8 @@ class LocalLauncher(Launcher):
                 visible = ",".join(str(d) for d in devices[rank]) if devices else ""
                 # the job's variables, then the platform's: no job spec replaces TRAINHUB_* (the instance marker among them)
                 wenv = dict(env)
+                wenv.update(cred_env)  # the user's own storage credentials (never the platform's key)
+                wenv.update(netns_env)  # the egress proxy of the user's namespace (a job may set its own)
                 wenv.update(job.env)
                 wenv.update({k: v for k, v in env.items() if k.startswith("TRAINHUB_")})
                 # what torchrun --nproc_per_node W would give it (trainhub.distenv), OMP_NUM_THREADS its share of the cores
@@ -314,7 +349,7 @@ class LocalLauncher(Launcher):
                 if pool is not None:
                     started = self._pooled.claim(job, rank, cmd, wenv, cwd, account, rw, ro,
                                                  devices[rank] if devices else [], adir, str(log), str(exit_file),
-                                                 handed)
+                                                 handed, netns=netns)
                     if started is not None:
                         entry_proc, holder = started
                         procs_.append(entry_proc)
@@ -345,6 +380,7 @@ class LocalLauncher(Launcher):
                     run = self.isolation.command(
                         envexec.command(env_fd, cmd, wenv, wrapper_env), account=account, cwd=cwd,
                         rw=rw + [str(adir / f"metrics-{rank}.jsonl")], ro=ro, devices=devices[rank] if devices else [],
+                        netns=netns,
                     )
                 sandboxed = self.isolating and self.isolation.use_sandbox
                 # the wrapper by path without site (-S) or its folder on sys.path (-P): it needs only the standard

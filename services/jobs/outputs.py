@@ -4,25 +4,24 @@ Small files (logs, metrics, small results) go often; large ones (checkpoints) le
 often, so a big checkpoint is not re-uploaded every few seconds; everything goes at
 exit. Only files whose size or modification time changed are copied.
 
-With per-user accounts the copy is made with the user's rights (``user_fs``, the launcher's
-``Launcher.user_fs``): files under ``outputs/`` and ``work/`` (the job's own, which may be symbolic links to
-anything) are opened as the user, so a link to the platform's secrets or another user's files is
-refused by the kernel; the platform's own files of the job (logs, metrics) are read as the
-platform; and what lands in a local storage area is written as the user, so it is theirs.
+A job's ``outputs/`` and ``work/`` are the user's (their job writes there and may put anything there,
+links included, and change it while the sync runs), and so is the storage area the copy lands in.
+Both are touched only as :class:`~trainhub.boundary.files.UserTree` s of the user (the launcher's
+``as_user``): walked through directory descriptors as the user, each file opened once, never through a
+symbolic link, and written into the area as the user (atomically, by a rename in its folder). The
+platform's own files of the job (logs, metrics) are walked the same way as the platform.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import time
-from pathlib import Path
 
 from traitlets import Callable, Float, Integer, default
 from traitlets.config import LoggingConfigurable
 
-from trainhub.boundary.accounts import reach
+from trainhub.boundary.asuser import AsUser
+from trainhub.boundary.files import UserTree
 from trainhub.storage import StorageConfig
 
 #: folders of a job's folder that are the job's own (outputs/; work/, $TRAINHUB_JOB_DIR of an isolated job): read with
@@ -34,12 +33,12 @@ class OutputSyncer(LoggingConfigurable):
     small_interval = Float(10.0, help="Seconds between syncs of small files (logs, metrics, small outputs).").tag(config=True)
     large_interval = Float(120.0, help="Seconds between syncs of large files (checkpoints); all files are synced at exit.").tag(config=True)
     large_file_bytes = Integer(16 * 1024 * 1024, help="Files at least this large count as large.").tag(config=True)
-    user_fs = Callable(help="user -> a context manager in which files are touched with that user's rights "
-                       "(the jobs service passes its launcher's user_fs). Default: the service's own rights.")
+    as_user = Callable(help="user -> trainhub.boundary.asuser.AsUser, how the platform acts as that user (the jobs "
+                       "service passes its launcher's as_user). Default: the service's own identity.")
 
-    @default("user_fs")
-    def _user_fs_default(self):
-        return lambda user: contextlib.nullcontext()
+    @default("as_user")
+    def _as_user_default(self):
+        return lambda user: AsUser(user, None)
 
     def __init__(self, storage: StorageConfig, **kwargs):
         super().__init__(**kwargs)
@@ -62,62 +61,77 @@ class OutputSyncer(LoggingConfigurable):
         self._last_small[key] = now
         if large_due:
             self._last_large[key] = now
-        fs = None  # made at the first file to copy: most passes over a job's outputs copy nothing
-        target = self.storage.strip(self.target_url(user, key))
+        if not os.path.isdir(job_dir):
+            return 0
         seen = self._seen.setdefault(key, {})
         copied = 0
-        root = Path(job_dir)
-        if not root.exists():
-            return 0
-        for dirpath, _dirs, files in os.walk(root):
-            for name in files:
-                if name.endswith((".tmp", ".wrapper.err")):
-                    continue
-                path = Path(dirpath) / name
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue
-                sig = (st.st_size, st.st_mtime_ns)
-                rel = path.relative_to(root).as_posix()
-                if seen.get(rel) == sig:
-                    continue
-                if st.st_size >= self.large_file_bytes and not large_due:
-                    continue
-                dest = f"{target}/{rel}"
-                try:
-                    fs = fs or self.storage.filesystem(user)
-                    self._copy(fs, user, root, rel, dest)
-                except Exception as e:  # storage hiccup: try again next round, never lose the local copy
-                    self.log.warning("output sync of %s to %s failed: %s", path, dest, e)
-                    continue
-                seen[rel] = sig
-                copied += 1
+        me = self.as_user(user)
+        with _Target(self, user, key, me) as target:
+            for top, tree in _job_trees(job_dir, me):
+                with tree:
+                    for page in tree.walk(skip=() if top else USER_FOLDERS):
+                        for e in page:
+                            name = e.path.rsplit("/", 1)[-1]
+                            rel = f"{top}/{e.path}" if top else e.path
+                            if name.endswith((".tmp", ".wrapper.err")):
+                                continue
+                            sig = (e.size, e.mtime_ns)
+                            if seen.get(rel) == sig:
+                                continue
+                            if e.size >= self.large_file_bytes and not large_due:
+                                continue
+                            try:
+                                src = tree.open(e.path)
+                            except OSError as err:  # gone, or swapped for a link since the listing: not copied
+                                self.log.info("output sync of job %s skipped %s: %s", key, rel, err.strerror or err)
+                                continue
+                            try:
+                                target.put(src, rel)
+                            except Exception as err:  # storage hiccup: try again next round, never lose the local copy
+                                self.log.warning("output sync of %s of job %s failed: %s", rel, key, err)
+                                continue
+                            finally:
+                                os.close(src)
+                            seen[rel] = sig
+                            copied += 1
         if final:
             self._seen.pop(key, None)
             self._last_small.pop(key, None)
             self._last_large.pop(key, None)
         return copied
 
-    def _copy(self, fs, user: str, job_dir: Path, rel: str, dest: str) -> None:
-        """Open the source with the rights of whoever wrote it (the user for outputs/), write as the user. The user's
-        side goes through descriptors of the folders (accounts.reach): their parents may be closed to the user."""
-        top, _, rest = rel.partition("/")
-        if top in USER_FOLDERS and rest:
-            with reach(job_dir / top) as via, self.user_fs(user):
-                src = os.open(via / rest, os.O_RDONLY)
-        else:  # the platform's own files of the job (logs, metrics): in its folders, which the job cannot change
-            src = os.open(job_dir / rel, os.O_RDONLY | os.O_NOFOLLOW)
+
+def _job_trees(job_dir: str, me: AsUser):
+    """(prefix, tree) of a job's folder: the platform's part as the platform, outputs/ and work/ as the user."""
+    yield "", UserTree(job_dir, None)
+    for top in USER_FOLDERS:
         try:
-            if self.storage.is_local:
-                area = self.storage.strip(self.storage.user_url(user))
-                rel = os.path.relpath(dest, area)
-                with reach(area) as via, self.user_fs(user):
-                    target = via / rel
-                    os.makedirs(target.parent, exist_ok=True)
-                    with os.fdopen(os.dup(src), "rb") as fin, open(target, "wb") as fout:
-                        shutil.copyfileobj(fin, fout, 1 << 20)
-            else:  # object storage: ownership is the credentials'; fsspec reads the already-opened file
-                fs.put_file(f"/proc/self/fd/{src}", dest)
-        finally:
-            os.close(src)
+            yield top, me.tree(os.path.join(job_dir, top))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+
+
+class _Target:
+    """Where the copies land: the user's local area (as the user, by descriptors) or object storage."""
+
+    def __init__(self, syncer: OutputSyncer, user: str, key: str, me: AsUser):
+        self.syncer, self.user, self.key, self.me = syncer, user, key, me
+        self.tree: UserTree | None = None
+        self.fs = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.tree is not None:
+            self.tree.close()
+
+    def put(self, src_fd: int, rel: str) -> None:
+        storage = self.syncer.storage
+        if storage.is_local:
+            if self.tree is None:
+                self.tree = self.me.tree(storage.strip(storage.user_url(self.user)))
+            self.tree.copy_in(src_fd, f"jobs/{self.key}/{rel}")
+            return
+        self.fs = self.fs or storage.filesystem(self.user)  # made at the first copy: most passes copy nothing
+        self.fs.put_file(f"/proc/self/fd/{src_fd}", f"{storage.strip(self.syncer.target_url(self.user, self.key))}/{rel}")

@@ -77,7 +77,8 @@ class PooledStarts:
 
     def claim(self, job: JobView, rank: int, cmd: list[str], wenv: dict, cwd: str,
               account: Account | None, rw: list[str], ro: list[str], devices: list[int], adir: Path,
-              log: str, exit_file: str, handed: list | None = None) -> tuple[subprocess.Popen, str] | None:
+              log: str, exit_file: str, handed: list | None = None,
+              netns: str | None = None) -> tuple[subprocess.Popen, str] | None:
         """Start worker ``rank`` from the pool: (its wrapper, the wrapper's marker), or None (after logging why) when
         it must start cold. With ``handed`` (a start on the event loop), only a ready entry, and the claim only handed
         over: the entry is appended to ``handed`` and the caller awaits its answer (:meth:`answer`)."""
@@ -104,10 +105,10 @@ class PooledStarts:
             return None
         try:
             if handed is not None:
-                pool.hand_over(entry, spec, mounts, worker_files, timeout)
+                pool.hand_over(entry, spec, mounts, worker_files, timeout, netns)
                 handed.append(entry)
                 return entry.proc, entry.token
-            pid = pool.claim(entry, spec, mounts, worker_files, timeout)
+            pid = pool.claim(entry, spec, mounts, worker_files, timeout, netns)
         except WarmUnavailable as e:
             self.failed(job, rank, e, cold=handed is None)  # (on the loop: the thread's start tries again)
             return None

@@ -24,11 +24,12 @@ import time
 
 from trainhub.services.jobs.forkserver import prepare_worker, run_script
 from trainhub.services.jobs.worker import TAKEN_ON
-from trainhub.boundary.warmsandbox import attach_mounts, become, serve_claim, show_environ
+from trainhub.boundary.warmsandbox import attach_mounts, become, enter_netns, serve_claim, show_environ
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:
     """Become the worker ``spec`` describes; returns the script's path."""
+    enter_netns(spec, fds)  # the user's own network namespace (trainhub.boundary.network), before anything listens
     attach_mounts(spec.get("mounts", []), fds)
     os.chdir(spec["cwd"])  # bwrap --chdir, as root
     os.umask(spec["umask"])

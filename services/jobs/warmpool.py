@@ -283,15 +283,16 @@ class WorkerPool:
             self._drop(pick)
         return None
 
-    def claim(self, entry: Entry, spec: dict, mounts: list[tuple[str, bool, bool]], worker: dict, timeout: float) -> int:
+    def claim(self, entry: Entry, spec: dict, mounts: list[tuple[str, bool, bool]], worker: dict, timeout: float,
+              netns: str | None = None) -> int:
         """Hand ``entry`` its worker (:meth:`hand_over`) and wait for its answer (:meth:`answer`): the wrapper's pid."""
-        self.hand_over(entry, spec, mounts, worker, timeout)
+        self.hand_over(entry, spec, mounts, worker, timeout, netns)
         return self.answer(entry, timeout)
 
     def hand_over(self, entry: Entry, spec: dict, mounts: list[tuple[str, bool, bool]], worker: dict,
-                  timeout: float) -> None:
-        """``worker`` (rank, log, exit file) to the wrapper, then ``spec`` and ``mounts`` to the interpreter
-        (warminside.apply_claim). Its answer follows (:meth:`answer`, :meth:`answer_async`). Raises WarmUnavailable
+                  timeout: float, netns: str | None = None) -> None:
+        """``worker`` (rank, log, exit file) to the wrapper, then ``spec``, ``mounts`` and the user's network namespace
+        ``netns`` to the interpreter (warminside.apply_claim). Its answer follows (:meth:`answer`, :meth:`answer_async`). Raises WarmUnavailable
         (the entry discarded, nothing recorded: the wrapper records nothing before the interpreter took the job on) on
         any failure."""
         with self._discarding(entry):
@@ -301,7 +302,7 @@ class WorkerPool:
             entry.ctl.settimeout(timeout)
             entry.ctl.sendall(json.dumps(worker).encode() + b"\n")
             entry.claim_sock.settimeout(timeout)
-            send_claim(entry.claim_sock, spec, mounts)
+            send_claim(entry.claim_sock, spec, mounts, netns)
 
     def answer(self, entry: Entry, timeout: float) -> int:
         """Wait (blocking) for the interpreter's answer to :meth:`hand_over`: the wrapper's pid (the worker's process

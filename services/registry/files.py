@@ -1,22 +1,33 @@
 """File work of the registries (blocking; always called on a worker thread).
 
-- :func:`scan` walks a prefix page by page, reporting progress, and returns size, count
+A registration reads a folder that a user controls. On the local storage it is read as a
+:class:`~trainhub.boundary.files.UserTree` (:class:`TreeSource`): as that user, one folder after the
+other through the descriptors of their parents, never following a link, opening each file once and
+copying from that open file, so nothing the user swaps in between the listing and the copy can carry
+another user's or the platform's files into a model. On S3 (:class:`FsSource`) there are no links and
+a key is read with the platform's key, under the caller's own prefix (checked before).
+
+- :func:`scan` walks a source page by page, reporting progress, and returns size, count
   and a fingerprint of the listing (names, sizes, ETags or mtimes).
-- :func:`copy_tree` copies a job's outputs into the immutable model area
+- :func:`copy_tree` copies a source into the immutable model area
   (server-side copies on S3) and writes ``MANIFEST.json`` beside them.
 - :func:`write_bundle` streams a model version as a tar.gz bundle a serving system can load.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
+import os
 import tarfile
 import time
 from typing import Callable
 
 from fsspec.asyn import sync
+
+from trainhub.boundary.files import UserTree
 
 BUNDLE_FORMAT = "trainhub-model-bundle/1"
 
@@ -48,31 +59,70 @@ def iter_files(fs, path: str):
             if not resp.get("IsTruncated"):
                 return
             token = resp.get("NextContinuationToken")
-    else:
-        if not fs.exists(path):
-            return
-        for root, dirs, files in fs.walk(path, detail=True):
-            # symbolic links are not followed: a link inside a registered folder must not carry in
-            # files from elsewhere (another user's area, the platform's secrets)
-            for name in [n for n, info in dirs.items() if info.get("islink")]:
-                del dirs[name]
-            page = []
-            for name, info in files.items():
-                if info.get("islink"):
-                    continue
-                full = info.get("name") or f"{root}/{name}"
-                rel = full[len(path):].lstrip("/")
-                page.append((rel, int(info.get("size") or 0), str(info.get("mtime") or info.get("ETag") or "")))
-            if page:
-                yield page
+    else:  # a local folder is a user's tree: read it through TreeSource, never walked by path as the platform
+        raise TypeError(f"{type(fs).__name__} is not object storage: read local folders with TreeSource")
 
 
-def scan(fs, path: str, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Size, file count and fingerprint of everything under ``path``."""
+class FsSource:
+    """Files under ``path`` of an fsspec filesystem (S3: no links; read with the platform's key)."""
+
+    def __init__(self, fs, path: str):
+        self.fs, self.path = fs, path.rstrip("/")
+
+    def pages(self):
+        return iter_files(self.fs, self.path)
+
+    def copy_file(self, rel: str, size: int, dst_fs, target: str) -> int:
+        """Copy one listed file; returns its size."""
+        if type(dst_fs) is type(self.fs):
+            self.fs.copy(f"{self.path}/{rel}", target)  # server-side on S3
+            return size
+        with self.fs.open(f"{self.path}/{rel}", "rb") as src, dst_fs.open(target, "wb") as out:
+            return _copy_stream(src, out)
+
+    def __str__(self):
+        return self.path
+
+
+class TreeSource:
+    """Files under ``rel`` of a local folder, read as its owner through descriptors (trainhub.boundary.files)."""
+
+    def __init__(self, tree: UserTree, rel: str = ""):
+        self.tree, self.rel = tree, rel.strip("/")
+
+    def pages(self):
+        for page in self.tree.walk(self.rel):
+            yield [(e.path, e.size, str(e.mtime_ns)) for e in page]
+
+    def copy_file(self, rel: str, size: int, dst_fs, target: str) -> int:
+        """Copy one listed file from the descriptor it is opened with (as the owner); returns the bytes copied."""
+        fd = self.tree.open(f"{self.rel}/{rel}" if self.rel else rel)
+        with open(fd, "rb") as src:
+            if not _is_s3(dst_fs):
+                dst_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            with dst_fs.open(target, "wb") as out:
+                return _copy_stream(src, out)
+
+    def __str__(self):
+        return os.path.join(self.tree.root, self.rel)
+
+
+def _copy_stream(src, out) -> int:
+    total = 0
+    while True:
+        chunk = src.read(1 << 20)
+        if not chunk:
+            return total
+        out.write(chunk)
+        total += len(chunk)
+
+
+def scan(source, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Size, file count and fingerprint of everything in ``source`` (FsSource or TreeSource)."""
     entries = []
     size = 0
     last = 0.0
-    for page in iter_files(fs, path):
+    for page in source.pages():
         entries.extend(page)
         size += sum(e[1] for e in page)
         now = time.monotonic()
@@ -95,29 +145,42 @@ class TooManyFiles(ValueError):
     pass
 
 
-def copy_tree(fs, src: str, dst: str, manifest: dict) -> tuple[list[dict], int]:
-    """Copy every file under ``src`` to ``dst/files/``; write ``dst/MANIFEST.json``.
+class SourceChanged(ValueError):
+    """A listed file became a link, a folder or a special file before it was copied (links are never followed)."""
+
+
+def copy_tree(source, fs, dst: str, manifest: dict) -> tuple[list[dict], int]:
+    """Copy every file of ``source`` to ``dst/files/`` of ``fs`` (the platform's model area); write
+    ``dst/MANIFEST.json``.
 
     Counted first (listing only), so a folder of more than :data:`MAX_MODEL_FILES` files is refused
-    before anything is copied."""
-    src, dst = src.rstrip("/"), dst.rstrip("/")
+    before anything is copied. Each file is copied from the one descriptor it was opened with; a file
+    that changed or vanished since the listing is recorded with the size actually copied."""
+    dst = dst.rstrip("/")
     count = 0
-    for page in iter_files(fs, src):
+    for page in source.pages():
         count += len(page)
         if count > MAX_MODEL_FILES:
-            raise TooManyFiles(f"{src} holds more than {MAX_MODEL_FILES} files; a model version holds at most "
+            raise TooManyFiles(f"{source} holds more than {MAX_MODEL_FILES} files; a model version holds at most "
                                f"{MAX_MODEL_FILES} (pack them, e.g. into a tar or safetensors shards, or register "
                                "the folder as a dataset)")
     files = []
-    for page in iter_files(fs, src):
+    for page in source.pages():
         for rel, size, _tag in page:
             target = f"{dst}/files/{rel}"
-            if not _is_s3(fs):
-                fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-            fs.copy(f"{src}/{rel}", target)
-            files.append({"path": rel, "size": size})
+            try:
+                copied = source.copy_file(rel, size, fs, target)
+            except FileNotFoundError:
+                continue  # gone since the listing
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.EINVAL, errno.EXDEV):
+                    raise SourceChanged(f"{rel} in {source} changed while it was copied (it is now a symbolic link, a "
+                                        "folder or a special file; links are never followed): register it again once "
+                                        "nothing writes there") from None
+                raise
+            files.append({"path": rel, "size": int(copied)})
     if not files:
-        raise FileNotFoundError(f"no files under {src}")
+        raise FileNotFoundError(f"no files under {source}")
     files.sort(key=lambda f: f["path"])
     total = sum(f["size"] for f in files)
     doc = dict(manifest, files=files, size=total)

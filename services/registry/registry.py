@@ -12,6 +12,7 @@ from traitlets import Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.backoff import within
+from trainhub.boundary.asuser import storage_tree
 from trainhub.exceptions import Conflict, Forbidden, InvalidRequest, NotFound
 from trainhub.loops import PeriodicLoop
 from trainhub.services.jobs.models import Job, JobEvent, parse_job_key
@@ -88,14 +89,31 @@ class Registry(LoggingConfigurable):
     def fs(self):
         return self.storage.filesystem()
 
+    def source(self, url: str):
+        """The files under ``url`` as a registration reads them: on the local storage as the owner of the folder
+        (a user's area as that user), through descriptors (``fileops.TreeSource``); on S3 by key. Blocking.
+        The caller closes it (``close_source``)."""
+        path = self.storage.strip(url)
+        if self.storage.is_local:
+            tree, rel = storage_tree(self.storage, getattr(self.service, "isolation", None), path)
+            return fileops.TreeSource(tree, rel)
+        return fileops.FsSource(self.fs(), path)
+
+    def _with_source(self, url: str, fn, *a):
+        """``fn(source, *a)`` on a worker thread, the source closed after."""
+        def work():
+            src = self.source(url)
+            try:
+                return fn(src, *a)
+            finally:
+                close_source(src)
+
+        return self.run(work)
+
     # -- datasets ------------------------------------------------------------------------------
     async def register_dataset(self, caller, name: str, body: dict, wait: float = 5.0) -> dict:
         url = self.resolve_prefix(caller, body.get("path") or body.get("prefix") or body.get("url") or "")
-        fs = self.fs()
-        from trainhub.data.listing import list_page
-
-        page = await self.run(list_page, fs, self.storage.strip(url), 1)
-        if not len(page):
+        if not await self._with_source(url, has_files):
             raise NotFound(f"nothing is stored under {url}; upload the data first")
         meta = body.get("metadata") or {}
         if not isinstance(meta, dict):
@@ -120,7 +138,7 @@ class Registry(LoggingConfigurable):
             self.progress[key] = {"files": n, "bytes": size}
 
         try:
-            r = await self.run(fileops.scan, self.fs(), self.storage.strip(url), progress)
+            r = await self._with_source(url, fileops.scan, progress)
             await self.service.store.write(self.store.finish_dataset_scan, version_id, **r)
         except Exception as e:
             self.log.exception("scan of %s failed", url)
@@ -143,8 +161,7 @@ class Registry(LoggingConfigurable):
             else:
                 # what the job wrote to trainhub.outputs_dir() (not its logs), when it has that folder
                 src = f"{base}/outputs"
-                fs = self.fs()
-                if not await self.run(fs.exists, self.storage.strip(src)):
+                if not await self._with_source(src, has_files):
                     src = base
             lineage.update(job=job.key, user=job.user)
             if job.sweep_id is not None:
@@ -181,12 +198,12 @@ class Registry(LoggingConfigurable):
         self.log.info("model %s v%d registered by %s from %s (copying)", name, v.version, caller.name, src)
         d = model_version_dict(m, v)
         try:
-            files, size = await self.run(fileops.copy_tree, self.fs(), self.storage.strip(src), self.storage.strip(v.url),
-                                         fileops.manifest_for(d))
+            files, size = await self._with_source(src, fileops.copy_tree, self.fs(), self.storage.strip(v.url),
+                                                  fileops.manifest_for(d))
         except FileNotFoundError as e:
             await self.service.store.write(self.store.finish_model_copy, v.id, error=str(e))
             raise NotFound(f"nothing to register: no files under {src}") from None
-        except fileops.TooManyFiles as e:
+        except (fileops.TooManyFiles, fileops.SourceChanged) as e:
             await self.service.store.write(self.store.finish_model_copy, v.id, error=str(e))
             raise InvalidRequest(str(e)) from None
         except Exception as e:
@@ -246,19 +263,30 @@ class Registry(LoggingConfigurable):
             done = {r for r in s.scalars(select(JobEvent.job_id).where(JobEvent.kind == "outputs_expired"))}
             jobs = [j for j in s.scalars(select(Job).where(Job.state.in_(tuple(JOB_TERMINAL)), Job.finished.is_not(None)))
                     if j.id not in done and j.outputs_url and _aware(j.finished) < cutoff]
-        fs = self.fs()
         expired = []
         for job in jobs:
             try:
-                path = self.storage.strip(job.outputs_url)
-                if fs.exists(path):
-                    fs.rm(path, recursive=True)
+                self._remove(job.outputs_url)
                 store.update(job.id, event=("outputs_expired", f"outputs deleted after {days:g} days (retention)"))
                 expired.append(job.key)
                 self.log.info("outputs of job %s expired (finished %s)", job.key, job.finished)
             except Exception as e:
                 self.log.warning("outputs of job %s not expired: %s", job.key, e)
         return expired
+
+    def _remove(self, url: str) -> None:
+        """Delete the folder at ``url`` (a job's outputs in its user's area): on the local storage as the user,
+        through descriptors (a link inside is removed, never followed)."""
+        path = self.storage.strip(url)
+        if self.storage.is_local:
+            tree, rel = storage_tree(self.storage, getattr(self.service, "isolation", None), path)
+            with tree:
+                if rel:
+                    tree.rmtree(rel)
+            return
+        fs = self.fs()
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
 
     async def expire_once(self) -> None:
         """One retention sweep (in the registry's threads)."""
@@ -291,6 +319,17 @@ class Registry(LoggingConfigurable):
 
 def _aware(dt):
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def has_files(source) -> bool:
+    """At least one file in ``source`` (the first page of its listing only)."""
+    return next(iter(source.pages()), None) is not None
+
+
+def close_source(source) -> None:
+    tree = getattr(source, "tree", None)
+    if tree is not None:
+        tree.close()
 
 
 def require_source(body: dict) -> None:

@@ -44,7 +44,7 @@ def test_without_the_hook_the_spawner_writes_no_startup_file(hub_config):
 
 def test_an_admins_own_hook_is_kept(tmp_path, monkeypatch):
     admin_file = tmp_path / "admin_config.py"
-    admin_file.write_text("c.LocalGPUSpawner.prepare_home_hook = lambda spawner, home: (home / 'hooked').write_text(spawner.user.name)\n")
+    admin_file.write_text("c.LocalGPUSpawner.prepare_home_hook = lambda spawner, home: home.write_bytes('hooked', spawner.user.name.encode())\n")
     monkeypatch.setenv("TRAINHUB_CONFIG", str(admin_file))
     data = tmp_path / "data"
     DataDir(data).ensure()

@@ -124,3 +124,46 @@ def test_what_bash_cannot_hand_over_exactly_goes_through_the_interpreter(extra):
             assert got[key.encode()] == value.encode(), got
     # a script job's command is the interpreter itself: no shell of ours in between
     assert envexec.command(99, [sys.executable, "-u", "x.py"], TRICKY, SHELL_ENV)[:3] == python_step(99, [])[:3]
+
+
+def as_root(monkeypatch) -> None:
+    """The rules as `trainhub up` run as root sees them (the accounts' reachability check, which needs a real root, off)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(Isolation, "_unreachable_without_sandbox", lambda self: [])
+
+
+def test_as_root_without_bubblewrap_several_users_are_refused_until_the_admin_opts_in(monkeypatch, tmp_path):
+    """"auto" as root without bwrap would serve everyone with accounts only, silently: refused, with the fix (install
+    bubblewrap) and the opt-in (c.Isolation.sandbox = "none") named; the opt-in starts, and the banner says so."""
+    as_root(monkeypatch)
+    auto = Isolation(sandbox="auto", bwrap="")
+    assert auto.mode == "accounts"
+    [problem] = auto.problems()
+    assert "apt-get install bubblewrap" in problem and 'c.Isolation.sandbox = "none"' in problem, problem
+    not_executable = tmp_path / "bwrap"
+    not_executable.write_text("")
+    assert any(f"not installed at {not_executable}" in p for p in Isolation(sandbox="auto", bwrap=str(not_executable)).problems())
+    opted_in = Isolation(sandbox="none", bwrap="")
+    assert opted_in.mode == "accounts" and opted_in.problems() == []
+    banner = "\n".join(opted_in.describe([]))
+    assert 'Isolation: accounts only, as configured (c.Isolation.sandbox = "none")' in banner, banner
+    # without accounts (one user as root) nothing is refused: only the admin may run servers and jobs then
+    assert Isolation(sandbox="auto", bwrap="", user_accounts=False).problems() == []
+
+
+def test_as_root_with_bubblewrap_auto_starts_with_accounts_and_sandbox(monkeypatch):
+    as_root(monkeypatch)
+    iso = Isolation(sandbox="auto", bwrap=sys.executable, setpriv=sys.executable)  # any executable stands in
+    assert iso.mode == "accounts+sandbox" and iso.problems() == []
+    assert "Isolation: accounts+sandbox: " in "\n".join(iso.describe([]))
+
+
+@pytest.mark.parametrize("settings, mode", [
+    ({"user_accounts": False, "sandbox": "bwrap"}, "sandbox"),
+    ({"user_accounts": False, "sandbox": "none", "single_user": "admin"}, "none"),
+])
+def test_the_banner_names_the_mode_in_force_without_root(monkeypatch, settings, mode):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    iso = Isolation(bwrap=sys.executable, **settings)
+    assert iso.mode == mode
+    assert f"Isolation: {mode}" in "\n".join(iso.describe([]))

@@ -90,9 +90,17 @@ def test_panel_proxy_reaches_the_registry_and_jobs(platform, alice):
     assert r.status_code == 400 and "give 'job'" in r.json()["message"]
 
 
+# the server holds the user's own credentials (an admin's hook here: moto without IAM takes any key), never the
+# platform's key (docs/storage.md, "Per-user credentials"; tests/storage/test_user_credentials.py)
+S3_CONFIG = """
+c.Spawner.poll_interval = 2
+c.StorageConfig.user_credentials_hook = lambda username: {"key": "user-key-" + username, "secret": "user-secret"}
+"""
+
+
 def test_s3_storage_browser(platform_factory, s3_server):
     bucket = s3_server.make_bucket()
-    p = platform_factory("sb-s3", storage=f"s3://{bucket}/team", env=s3_server.env)
+    p = platform_factory("sb-s3", storage=f"s3://{bucket}/team", env=s3_server.env, config=S3_CONFIG)
     try:
         p.spawn("s3-sue", "cpu")
         b = Browser(p, "s3-sue")

@@ -61,8 +61,28 @@ def test_s3_reads_aws_environment(monkeypatch):
     env = s.env_for("alice")
     assert env["TRAINHUB_STORAGE_URL"] == "s3://bucket/prefix/users/alice"
     assert env["TRAINHUB_DATASETS_URL"] == "s3://bucket/prefix/datasets"
-    assert json.loads(env["TRAINHUB_STORAGE_OPTIONS"])["endpoint_url"] == "http://127.0.0.1:9"
-    assert env["AWS_ACCESS_KEY_ID"] == "AK" and env["FSSPEC_S3_ENDPOINT_URL"] == "http://127.0.0.1:9"
+    assert json.loads(env["TRAINHUB_STORAGE_OPTIONS"]) == {"endpoint_url": "http://127.0.0.1:9"}
+    assert env["AWS_ENDPOINT_URL"] == env["FSSPEC_S3_ENDPOINT_URL"] == "http://127.0.0.1:9"
+
+
+def test_users_never_get_the_platform_key_by_default(monkeypatch):
+    """One S3 key for everyone is gone: a user's environment holds no key of the platform's (not in the
+    variables, not in the options, not even one put into extra_options) unless the old behaviour is named."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AK")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SK")
+    s = StorageConfig(url="s3://bucket/prefix", extra_options={"key": "AK2", "secret": "SK2", "use_ssl": False,
+                                                               "client_kwargs": {"aws_secret_access_key": "SK3", "verify": False}})
+    env = s.env_for("alice")
+    blob = json.dumps(env)
+    assert not any(secret in blob for secret in ("AK", "SK", "AK2", "SK2", "SK3"))
+    assert json.loads(env["TRAINHUB_STORAGE_OPTIONS"]) == {"use_ssl": False, "client_kwargs": {"verify": False}}
+    delivered = s.env_for("alice", credentials_env={"AWS_CONFIG_FILE": "/run/trainhub/credentials/config",
+                                                    "AWS_ACCESS_KEY_ID": "never"})
+    assert delivered["AWS_CONFIG_FILE"] == "/run/trainhub/credentials/config" and "AWS_ACCESS_KEY_ID" not in delivered
+    old = StorageConfig(url="s3://bucket/prefix", share_platform_credentials=True).env_for("alice")
+    assert old["AWS_ACCESS_KEY_ID"] == "AK" and old["AWS_SECRET_ACCESS_KEY"] == "SK"
+    assert json.loads(old["TRAINHUB_STORAGE_OPTIONS"])["key"] == "AK"
+    assert s.storage_options()["key"] == "AK"  # the platform's own processes keep theirs
 
 
 def test_user_credentials_hook_replaces_platform_keys(monkeypatch):

@@ -23,6 +23,7 @@ fs, path = fsspec.core.url_to_fs(url, **opts)
 fs.pipe(path + "/notes/hello.txt", b"written by the kernel")
 print(json.dumps({
     "url": url, "datasets": os.environ["TRAINHUB_DATASETS_URL"], "opts": opts,
+    "aws": {k: v for k, v in os.environ.items() if k.startswith("AWS_")},
     "read": fs.cat(path + "/notes/hello.txt").decode(), "protocol": type(fs).__name__,
     "datasets_listable": fs.exists(fsspec.core.strip_protocol(os.environ["TRAINHUB_DATASETS_URL"]) + "/.keep"),
 }))
@@ -37,10 +38,18 @@ print(json.dumps({"url": os.environ["TRAINHUB_STORAGE_URL"], "cwd": os.getcwd(),
 """
 
 
+# an admin's own per-user credentials (moto without IAM enforcement takes any key): what reaches the kernel is the
+# user's, never the platform's (tests/storage/test_user_credentials.py checks minted ones against enforced IAM)
+S3_CONFIG = """
+c.Spawner.poll_interval = 2
+c.StorageConfig.user_credentials_hook = lambda username: {"key": "user-key-" + username, "secret": "user-secret"}
+"""
+
+
 @pytest.fixture(scope="module")
 def s3_platform(platform_factory, s3_server):
     bucket = s3_server.make_bucket()
-    p = platform_factory("s3", storage=f"s3://{bucket}/team", env=s3_server.env)
+    p = platform_factory("s3", storage=f"s3://{bucket}/team", env=s3_server.env, config=S3_CONFIG)
     p.bucket = bucket
     yield p
     if p.running:
@@ -59,7 +68,10 @@ def test_s3_storage_reaches_the_kernel(s3_platform, s3_server):
         p.stop_server("sue")
     assert out["url"] == f"s3://{p.bucket}/team/users/sue"
     assert out["datasets"] == f"s3://{p.bucket}/team/datasets"
-    assert out["opts"]["endpoint_url"] == s3_server.endpoint and out["opts"]["key"] == s3_server.key
+    # one S3 key for everyone is gone: the kernel holds the user's credentials, not the platform's key
+    assert out["opts"] == {"endpoint_url": s3_server.endpoint}
+    assert s3_server.key not in out["aws"].values() and s3_server.secret not in out["aws"].values()
+    assert out["aws"].get("AWS_ACCESS_KEY_ID") == "user-key-sue" or "AWS_CONFIG_FILE" in out["aws"]
     assert out["protocol"] == "S3FileSystem" and out["read"] == "written by the kernel"
     assert out["datasets_listable"]
     # the object really is in the bucket, in sue's area

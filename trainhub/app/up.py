@@ -183,18 +183,66 @@ def prepare(args, out=sys.stdout) -> tuple[DataDir, Runtime, str | None]:
     from trainhub.storage import StorageConfig
 
     config = load_platform_config(dd.root)
+    # before anything opens them: a damaged database is the admin's to restore (the message says how), not a hub
+    # that exits with a driver's traceback in its log
+    from trainhub.db import DatabaseDamaged, check_database, sqlite_file
+
+    try:
+        for url in (config.LocalGPUAllocator.get("db_url") or dd.platform_db_url, dd.hub_db_url):
+            if sqlite_file(url):
+                check_database(sqlite_file(url))
+    except DatabaseDamaged as e:
+        raise UpError(str(e)) from None
     isolation = Isolation(config=config)
     problems = isolation.problems()
     if problems:
         raise UpError("users cannot be isolated as configured:\n  " + "\n  ".join(problems))
     if isolation.mode == "accounts":  # no sandbox: accounts reach their homes through the data dir
         dd.ensure(traversable=True)
+    from trainhub.boundary.credentials import credentials_problem
+
+    problem = credentials_problem(StorageConfig(config=config), parent=isolation)
+    if problem:
+        raise UpError(problem)
     # storage must be reachable before anyone spawns
     try:
         StorageConfig(config=config).ensure_layout()
     except Exception as e:
         raise UpError(f"storage {storage} is not usable: {e}") from None
     return dd, runtime, new_password
+
+
+def start_gate(dd: DataDir, runtime: Runtime):
+    """The network gate (trainhub.boundary.network), when users get namespaces of their own: a thread of this process,
+    which lives as long as the platform. Returns it, or None (the machine's network for everyone)."""
+    from urllib.parse import urlparse
+
+    from trainhub.boundary.isolation import Isolation
+    from trainhub.boundary.network import Gate, GateError, UserNetwork
+    from trainhub.config import load_platform_config
+    from trainhub.storage import StorageConfig
+
+    config = load_platform_config(dd.root)
+    net = UserNetwork(config=config)
+    isolation = Isolation(config=config)
+    problems = net.problems(isolation.use_accounts)
+    if problems:
+        raise UpError("users' networks cannot be separated as configured:\n  " + "\n  ".join(problems))
+    if not net.wanted(isolation.use_accounts):
+        return None
+    ports = [runtime.hub_port, runtime.port, *runtime.service_ports.values()]
+    endpoint = urlparse(StorageConfig(config=config).endpoint_url or "")
+    if endpoint.hostname and is_loopback(endpoint.hostname) and endpoint.port:
+        ports.append(endpoint.port)  # an S3 endpoint on this machine (MinIO, moto) is the platform's too
+    net.forward_ports = ports + [p for p in net.forward_ports if p not in ports]
+    run_dir = dd.root / "run"
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    gate = Gate(net, str(run_dir / "gate.sock"))
+    try:
+        gate.start_thread()
+    except GateError as e:
+        raise UpError(f"{e}; set c.UserNetwork.enabled = 'off' to run without per-user networks") from None
+    return gate
 
 
 def _enable_available_services(runtime: Runtime) -> None:
@@ -281,7 +329,7 @@ def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) 
     wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
 
 
-def banner(runtime: Runtime, new_password: str | None, dd: DataDir) -> str:
+def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -> str:
     from trainhub.config import load_platform_config
     from trainhub.gpus import GPUDevice
     from trainhub.boundary.isolation import Isolation
@@ -293,6 +341,14 @@ def banner(runtime: Runtime, new_password: str | None, dd: DataDir) -> str:
     lines.append(f"  Storage:  {runtime.storage}")
     isolation = Isolation(config=load_platform_config(dd.root))
     lines += isolation.describe([GPUDevice(**d) for d in runtime.devices], run_as=_whoami())
+    if gate is not None:
+        out = (f"an HTTP(S) proxy to the internet (not to this machine or private networks) at "
+               f"127.0.0.1:{gate.config.egress_port}" if gate.config.egress else "no way to the internet")
+        lines.append(f"  Network: each user's processes in their own network namespace; the platform's ports "
+                     f"{', '.join(map(str, sorted(set(gate.config.forward_ports))))} reach them through the gate, and {out}")
+    elif os.geteuid() == 0:
+        lines.append("  Network: shared: every user's process can connect to every other's listening ports "
+                     "(c.UserNetwork.enabled = 'off', or iproute2 missing: apt-get install iproute2)")
     if new_password:
         lines.append(f"  Log in as '{runtime.admin_user}' with password: {new_password}")
         lines.append(f"  (shown once; it is also saved, readable only by you, in {dd.admin_password_file})")
@@ -320,6 +376,8 @@ def run(args, out=sys.stdout) -> int:
             "         Use --ssl-cert/--ssl-key, put it behind a TLS proxy, or pass --insecure to acknowledge this.",
             file=sys.stderr, flush=True,
         )
+    if args.config:  # every check below reads the admin's configuration too, not only the hub
+        os.environ["TRAINHUB_CONFIG"] = str(Path(args.config).resolve())
     dd, runtime, new_password = prepare(args, out)
     proxy = find_proxy(dd, out=out)
     _install_notebook_extensions()
@@ -334,6 +392,11 @@ def run(args, out=sys.stdout) -> int:
     })
     if args.config:
         env["TRAINHUB_CONFIG"] = str(Path(args.config).resolve())
+    gate = start_gate(dd, runtime)
+    if gate is not None:
+        from trainhub.boundary.network import GATE_SOCKET_VAR
+
+        env[GATE_SOCKET_VAR] = gate.socket_path
     from trainhub.hub_config import CONFIG_FILE
 
     cmd = [sys.executable, "-m", "jupyterhub", "-f", CONFIG_FILE]
@@ -370,7 +433,7 @@ def run(args, out=sys.stdout) -> int:
         except UpError:
             stopping.set()
             raise
-        print(banner(runtime, new_password, dd), file=out, flush=True)
+        print(banner(runtime, new_password, dd, gate), file=out, flush=True)
         # until the hub exits (Ctrl-C or SIGTERM above ask it to); short pauses keep signals prompt
         code = poll(proc.poll, lambda rc: rc is not None, what="JupyterHub to exit", start=0.2, factor=1.0)
     finally:
@@ -385,6 +448,8 @@ def run(args, out=sys.stdout) -> int:
         # whatever the hub left behind (kernels, jobs, a proxy after a hub crash): everything below this process,
         # and anything with this run's marker that is not (re-parented above it some other way)
         leftovers = terminate_tagged(INSTANCE_VAR, instance, grace=STOP_GRACE, also=descendants([os.getpid()]))
+        if gate is not None:  # the namespaces last: nothing runs in them any more
+            gate.stop()
         pump.join(timeout=2)
         log_file.close()
         print("trainhub: stopped" + (f" ({leftovers} leftover process(es) ended)" if leftovers else ""), file=sys.stderr, flush=True)

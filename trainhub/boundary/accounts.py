@@ -14,11 +14,11 @@ a dedicated account, never to an existing system one:
   system account, or another user's account (two names that clean to the same account name
   are refused, not merged).
 
-:func:`fs_identity` makes one thread of the platform touch files as an account (``setfsuid``):
-what the platform writes into a user's home or storage area is theirs, and what it reads from
-there on their behalf (job outputs) is read with their rights only: a symbolic link to the
-platform's secrets is refused by the kernel, not by a check that could race. :func:`reach` gives
-that thread a way into the account's folder that does not cross the platform's closed folders above it.
+:func:`fs_identity` makes one thread of the platform touch files as an account (``setfsuid``, no
+supplementary groups): what the platform writes into a user's home or storage area is theirs, and what
+it reads from there on their behalf (job outputs) is read with their rights only, refused by the kernel
+where the user could not read it. :class:`trainhub.boundary.files.UserTree` uses it, with directory
+descriptors, for every access to a user's folder.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import hashlib
 import os
 import pwd
 import re
-import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,46 +215,28 @@ def fs_identity(account: Account | None) -> Iterator[None]:
         _thread_setgroups(old_groups)
 
 
-@contextlib.contextmanager
-def reach(folder: str | os.PathLike) -> Iterator[Path]:
-    """``folder`` as a path that does not pass through its parents (``/proc/self/fd/N`` of a descriptor the
-    platform opened): under :func:`fs_identity` an account reaches its own home or storage area through it even
-    where the platform's folders above are closed to it (a 0700 data dir). Valid inside the block only."""
-    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        yield Path(f"/proc/self/fd/{fd}")
-    finally:
-        os.close(fd)
-
-
 def own_dir(path: str | os.PathLike, account: Account | None, mode: int = 0o700) -> Path:
     """Make ``path`` (parents as the platform's) a folder of ``account`` with ``mode``.
 
     A folder that exists but is not the account's (made before accounts were on, or by a different
-    name mapping) is handed over whole: its tree is chowned without following symbolic links."""
+    name mapping) is handed over whole: its tree is chowned through descriptors, links changed themselves,
+    never followed (trainhub.boundary.files.UserTree.chown_all). The folder itself is opened once, without
+    following a link, and changed through that descriptor."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    if account is None:
-        os.chmod(path, mode)
-        return path
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise AccountError(f"{path} is not a folder")
-    if st.st_uid != account.uid:
-        chown_tree(path, account)
-    os.chown(path, account.uid, account.gid)
-    os.chmod(path, mode)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if account is not None and os.fstat(fd).st_uid != account.uid:
+            from trainhub.boundary.files import UserTree
+
+            with UserTree(path, None) as tree:
+                tree.chown_all(account.uid, account.gid)
+        if account is not None:
+            os.fchown(fd, account.uid, account.gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
     return path
-
-
-def chown_tree(root: Path, account: Account) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            try:
-                os.chown(os.path.join(dirpath, name), account.uid, account.gid, follow_symlinks=False)
-            except FileNotFoundError:
-                pass
-    os.chown(root, account.uid, account.gid)
 
 
 def group_name(gid: int) -> str:

@@ -306,11 +306,12 @@ class UserTree:
                 os.close(parent)
 
     # -- whole trees -------------------------------------------------------------------------------
-    def walk(self, rel: str | os.PathLike = "", page: int = 1000) -> Iterator[list[Entry]]:
+    def walk(self, rel: str | os.PathLike = "", page: int = 1000, skip: tuple[str, ...] = ()) -> Iterator[list[Entry]]:
         """Pages of the regular files under ``rel`` (paths relative to ``rel``), depth first.
 
         Each folder is opened relative to the descriptor of its parent, as the user; links, special files
-        and folders that cannot be opened are skipped, never followed."""
+        and folders that cannot be opened are skipped, never followed. ``skip``: names of folders directly
+        under ``rel`` that are not entered (another identity's part of the tree)."""
         try:
             top = self.open_dir(rel)
         except FileNotFoundError:
@@ -323,6 +324,8 @@ class UserTree:
                 try:
                     with self.identity():
                         subdirs, files = _list(dfd)
+                        if not prefix and skip:
+                            subdirs = [d for d in subdirs if d not in skip]
                         for name in reversed(subdirs):
                             try:
                                 sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
@@ -341,6 +344,22 @@ class UserTree:
         finally:
             for dfd, _ in stack:
                 os.close(dfd)
+
+    def names(self, rel: str | os.PathLike = "") -> list[str]:
+        """Names of the regular files directly in the folder ``rel`` ([] when it does not exist or is a link)."""
+        try:
+            dfd = self.open_dir(rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return []
+            raise
+        try:
+            with self.identity():
+                return [name for name, _ in _list(dfd)[1]]
+        finally:
+            os.close(dfd)
 
     def files(self, rel: str | os.PathLike = "") -> Iterator[Entry]:
         for p in self.walk(rel):

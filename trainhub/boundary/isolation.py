@@ -73,6 +73,12 @@ class Isolation(LoggingConfigurable):
     def _setpriv_default(self):
         return shutil.which("setpriv") or "/usr/bin/setpriv"
 
+    nsenter = Unicode(help="Path of nsenter (util-linux), which starts a user's processes in their network namespace.").tag(config=True)
+
+    @default("nsenter")
+    def _nsenter_default(self):
+        return shutil.which("nsenter") or "/usr/bin/nsenter"
+
     allow_shared_account = Bool(
         False,
         help="""DANGER. Serve several users although nothing isolates them (not root, no bubblewrap): every user's
@@ -142,16 +148,28 @@ class Isolation(LoggingConfigurable):
         return "none"
 
     def problems(self) -> list[str]:
-        """What keeps the platform from starting with this configuration (clear, actionable)."""
+        """What keeps the platform from starting with this configuration (clear, actionable).
+
+        As root, serving several users without a sandbox takes the admin's word for it: "auto" without bwrap is
+        refused (accounts alone let every user see the machine's files as their account may, and every GPU node),
+        ``c.Isolation.sandbox = "none"`` is that word."""
         out = []
-        if self.sandbox == "bwrap" and not (self.bwrap and os.access(self.bwrap, os.X_OK)):
+        bwrap_ok = bool(self.bwrap and os.access(self.bwrap, os.X_OK))
+        if self.sandbox == "bwrap" and not bwrap_ok:
             out.append("c.Isolation.sandbox = 'bwrap' but bwrap is not installed: apt-get install bubblewrap "
                        "(or set c.Isolation.bwrap to its path)")
         if self.user_accounts and os.geteuid() != 0:
             out.append("c.Isolation.user_accounts = True needs `trainhub up` to run as root")
         if self.use_accounts and self.use_sandbox and not os.access(self.setpriv, os.X_OK):
             out.append(f"{self.setpriv} (util-linux) is missing: it switches accounts inside sandboxes")
-        if self.mode == "accounts":
+        if self.use_accounts and self.sandbox == "auto" and not bwrap_ok:
+            out.append("running as root for several users needs bubblewrap (each user's servers and jobs in a sandbox "
+                       "that sees only their own files and GPUs), and bwrap is not installed"
+                       + (f" at {self.bwrap}" if self.bwrap else "") + ": install it (apt-get install bubblewrap, or "
+                       "`make up`, which does), or set c.Isolation.sandbox = \"none\" in the platform config to run "
+                       "with per-user accounts only (no sandbox: every user sees the machine's files as their account "
+                       "may, and every GPU device node)")
+        elif self.mode == "accounts":
             out += self._unreachable_without_sandbox()
         return out
 
@@ -193,25 +211,30 @@ class Isolation(LoggingConfigurable):
         return self.accounts.ensure(username) if self.use_accounts else None
 
     def describe(self, devices: list, run_as: str = "") -> list[str]:
-        """Lines for `trainhub up`'s banner: what separates users and what is not restricted."""
+        """Lines for `trainhub up`'s banner: the mode in force (:attr:`mode`), what separates users and what is not
+        restricted."""
         lines = []
         tmpl = self.accounts.name_template.format(username="<user>")
         rng = f"uids {self.accounts.uid_min}-{self.accounts.uid_max}"
         mode = self.mode
         if mode == "accounts+sandbox":
-            lines.append(f"  Isolation: each user's servers and jobs run as their own Unix account ({tmpl}, {rng}) in a "
-                         "bubblewrap sandbox that sees only their home, their storage area and datasets/ (read-only)")
+            lines.append(f"  Isolation: accounts+sandbox: each user's servers and jobs run as their own Unix account ({tmpl}, "
+                         f"{rng}) in a bubblewrap sandbox that sees only their home, their storage area and datasets/ "
+                         "(read-only)")
         elif mode == "accounts":
-            lines.append(f"  Isolation: each user's servers and jobs run as their own Unix account ({tmpl}, {rng}); "
-                         "no sandbox (bubblewrap is not installed): they see the machine's files as that account may")
+            why = ("accounts only, as configured (c.Isolation.sandbox = \"none\")" if self.sandbox == "none"
+                   else "accounts only (bubblewrap is not installed)")
+            lines.append(f"  Isolation: {why}: each user's servers and jobs run as their own Unix account ({tmpl}, {rng}); "
+                         "no sandbox: they see the machine's files as that account may")
         elif mode == "sandbox":
-            lines.append("  Isolation: each server and job runs in a bubblewrap sandbox that sees only its user's home, "
-                         f"storage area and datasets/ (read-only); all run as {run_as or 'this account'} "
+            lines.append("  Isolation: sandbox: each server and job runs in a bubblewrap sandbox that sees only its user's "
+                         f"home, storage area and datasets/ (read-only); all run as {run_as or 'this account'} "
                          "(run `trainhub up` as root for per-user accounts)")
         elif self.allow_shared_account:
-            lines.append(f"  WARNING: NO ISOLATION BETWEEN USERS. Every user's servers and jobs run as {run_as or 'this account'} "
-                         "without a sandbox: any user can read and change every other user's files and the platform's secrets "
-                         "(c.Isolation.allow_shared_account = True). Install bubblewrap or run as root.")
+            lines.append(f"  WARNING: NO ISOLATION BETWEEN USERS (isolation: none). Every user's servers and jobs run as "
+                         f"{run_as or 'this account'} without a sandbox: any user can read and change every other user's "
+                         "files and the platform's secrets (c.Isolation.allow_shared_account = True). Install bubblewrap "
+                         "or run as root.")
         else:
             lines.append(f"  Isolation: none available (not root, bubblewrap not installed): only '{self.single_user}' may "
                          "run servers and jobs. Install bubblewrap (apt-get install bubblewrap) or run as root to serve more users.")
@@ -312,11 +335,13 @@ class Isolation(LoggingConfigurable):
         return [self.setpriv, f"--reuid={account.uid}", f"--regid={account.gid}", "--clear-groups", "--no-new-privs", "--"]
 
     def command(self, cmd: list[str], *, account: Account | None, cwd: str, rw: Iterable[str] = (), ro: Iterable[str] = (),
-                devices: Iterable[int] = ()) -> list[str]:
-        """``cmd`` isolated as configured: in a sandbox (as the account inside it), as the account, or as is."""
+                devices: Iterable[int] = (), netns: str | None = None) -> list[str]:
+        """``cmd`` isolated as configured: in the user's network namespace (``netns``, a path such as
+        /run/netns/th-alice), in a sandbox (as the account inside it), as the account, or as is."""
+        enter = [self.nsenter, f"--net={netns}", "--"] if netns else []
         if self.use_sandbox:
-            return self.sandbox_argv(cmd, account=account, cwd=cwd, rw=rw, ro=ro, devices=devices)
-        return self.as_account(account) + list(cmd)
+            return enter + self.sandbox_argv(cmd, account=account, cwd=cwd, rw=rw, ro=ro, devices=devices)
+        return enter + self.as_account(account) + list(cmd)
 
 
 def _ordered_mounts(mounts: list[tuple[str, list[str]]]) -> list[str]:

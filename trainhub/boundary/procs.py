@@ -197,10 +197,12 @@ def become_subreaper() -> bool:
 
 
 # -- who listens where ---------------------------------------------------------------------------
-def listening_inodes(port: int) -> set[int]:
-    """Socket inodes listening on TCP ``port`` (any address, IPv4 or IPv6), from /proc/net."""
+def listening_inodes(port: int, pid: int | None = None) -> set[int]:
+    """Socket inodes listening on TCP ``port`` (any address, IPv4 or IPv6) in this process's network namespace, or
+    in ``pid``'s (a server in its user's own namespace: trainhub.boundary.network)."""
     inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    base = f"/proc/{pid}/net" if pid else "/proc/net"
+    for table in (f"{base}/tcp", f"{base}/tcp6"):
         try:
             with open(table) as f:
                 next(f, None)
@@ -214,9 +216,21 @@ def listening_inodes(port: int) -> set[int]:
 
 
 def listens(pids: Iterable[int], port: int) -> bool:
-    """True when one of ``pids`` holds a socket listening on TCP ``port`` (tells our server apart from
-    another process that happens to answer on the same port)."""
-    inodes = listening_inodes(port)
+    """True when one of ``pids`` holds a socket listening on TCP ``port`` in its own network namespace (tells our
+    server apart from another process that happens to answer on the same port)."""
+    pids = list(pids)
+    inodes: set[int] = set()
+    namespaces: set[str] = set()
+    for pid in pids:
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:
+            continue
+        if ns not in namespaces:
+            namespaces.add(ns)
+            inodes |= listening_inodes(port, pid)
+    if not namespaces:
+        inodes = listening_inodes(port)
     if not inodes:
         return False
     wanted = {f"socket:[{i}]" for i in inodes}

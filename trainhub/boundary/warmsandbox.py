@@ -32,6 +32,7 @@ SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_RECURSIVE, AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+CLONE_NEWNET = 0x40000000
 AT_FDCWD = -100
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
@@ -98,16 +99,19 @@ def current_umask() -> int:
     return umask
 
 
-def send_claim(sock: socket.socket, spec: dict, mounts: list[tuple[str, bool, bool]]) -> None:
-    """Send ``spec`` with ``mounts`` (from :func:`sandbox_mounts`) as descriptors, in one message (blocking socket).
-    The descriptors are this process's only for the call."""
-    if len(mounts) > MAX_FDS:
-        raise ValueError(f"{len(mounts)} mounts: at most {MAX_FDS} fit one claim")
+def send_claim(sock: socket.socket, spec: dict, mounts: list[tuple[str, bool, bool]], netns: str | None = None) -> None:
+    """Send ``spec`` with ``mounts`` (from :func:`sandbox_mounts`) as descriptors, in one message (blocking socket),
+    and ``netns`` (the user's network namespace, trainhub.boundary.network) as the last descriptor. The descriptors
+    are this process's only for the call."""
+    if len(mounts) + 1 > MAX_FDS:
+        raise ValueError(f"{len(mounts)} mounts: at most {MAX_FDS - 1} fit one claim")
     fds: list[int] = []
     try:
         for path, read_only, _is_dir in mounts:
             fds.append(clone_mount(path, read_only))
-        spec = dict(spec, mounts=[{"dest": path, "dir": is_dir} for path, _ro, is_dir in mounts])
+        if netns:
+            fds.append(os.open(netns, os.O_RDONLY | os.O_CLOEXEC))
+        spec = dict(spec, mounts=[{"dest": path, "dir": is_dir} for path, _ro, is_dir in mounts], netns=bool(netns))
         data = json.dumps(spec).encode() + b"\n"
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         sent = sock.sendmsg([data], anc)
@@ -195,6 +199,22 @@ def attach(fd: int, dest: str, is_dir: bool) -> None:
         os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o600))
     _check(_libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, os.fsencode(dest), MOVE_MOUNT_F_EMPTY_PATH), f"move_mount {dest}")
     os.close(fd)
+
+
+def enter_netns(spec: dict, fds: list[int]) -> None:
+    """Enter the network namespace a claim carries (its last descriptor; removed from ``fds``), for good and before any
+    other thread exists: a thread already running would stay in the old namespace, so that claim is refused."""
+    if not spec.get("netns"):
+        return
+    fd = fds.pop()
+    try:
+        import threading
+
+        if threading.active_count() != 1:
+            raise OSError(f"{threading.active_count()} threads run: a network namespace is entered by a single thread")
+        _check(_libc.setns(fd, CLONE_NEWNET), "setns")
+    finally:
+        os.close(fd)
 
 
 def attach_mounts(described: list[dict], fds: list[int]) -> None:
