@@ -61,3 +61,10 @@ class NoFreeGPUs(TrainhubError):
 class Conflict(TrainhubError):
     status_code = 409
     reason = "conflict"
+
+
+class TooManyQueued(TrainhubError):
+    """A user's queue is at its cap (``JobsService.max_queued_per_user``): try again once some start or are cancelled."""
+
+    status_code = 429
+    reason = "queue-cap"

@@ -19,7 +19,7 @@ from traitlets.config import Application, PyFileConfigLoader
 
 from trainhub import __version__
 from trainhub.config import load_platform_config
-from trainhub.exceptions import Conflict
+from trainhub.exceptions import Conflict, TooManyQueued
 from trainhub.httpapi import MAX_SERVER_BODY_BYTES
 from trainhub.boundary.isolation import Isolation
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
@@ -28,7 +28,7 @@ from trainhub.profiles import ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.services.api import make_application
 from trainhub.services.contract import BodySchemas
-from trainhub.states import SUBMITTED_REASON
+from trainhub.states import QUEUED, SUBMITTED_REASON
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
 
@@ -155,6 +155,12 @@ class JobsService(Application):
         collection walked them all: about 0.1 s during which no request was served (120-128 ms with 10,000 jobs queued,
         about once per phase of the load benchmark). The price: a reference cycle among those objects that becomes
         garbage later is not collected.""").tag(config=True)
+    max_queued_per_user = Integer(1000, help="""Most jobs one user may have queued at once, e.g. 1000; a submission
+        past it is refused with 429 (cancel some queued jobs or wait until some start). Sweep trials are jobs of the
+        sweep's creator and count; at the cap a sweep's next trial waits instead of failing. Admins are not exempt:
+        each queued job costs every scheduling pass and the database alike, whoever queued it. Only state "queued"
+        counts (running jobs are bounded by GPU quotas); submissions in flight count too, so a burst cannot pass it.
+        0 = no cap.""").tag(config=True)
     config_file = Unicode("", help="Extra traitlets Python config file, loaded over the platform config (the Helm chart passes "
                           "its services_config.py, which applies trainhub.app.chart_config to trainhub.json). Empty = none.").tag(config=True)
 
@@ -187,6 +193,7 @@ class JobsService(Application):
         self.launcher = self.launcher_class(parent=self, data_dir=str(self.dd.root), isolation=self.isolation)
         self.syncer = OutputSyncer(self.storage, parent=self, as_user=self.launcher.as_user)
         self.groups = GroupDirectory(self.log)
+        self._submitting: dict[str, int] = {}  # user -> submissions being written (check_queued counts them)
         public = os.environ.get("TRAINHUB_PUBLIC_URL", "").rstrip("/")
         self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/trainhub/")
         self.api_prefix = url_path_join(self.service_prefix, "api/")
@@ -241,20 +248,61 @@ class JobsService(Application):
         self.quota.admit(demand)
         return profile, gpus
 
+    async def check_queued(self, user: str, submit_key: str | None = None, own: int = 0) -> None:
+        """Refuse (429, :class:`~trainhub.exceptions.TooManyQueued`) one more queued job of ``user`` at
+        ``max_queued_per_user``: one user's flood must not cost every pass and everyone's waiting reasons. The
+        jobs of ``user`` in state queued are counted (the ``(user, state)`` index), with the other submissions still
+        being written (``own``: this one's, already counted in ``_submitting``). A retry of a submission already
+        made (its ``submit_key``) is not refused: it queues nothing."""
+        cap = self.max_queued_per_user
+        if cap <= 0:
+            return
+        _items, queued = await self.store.lookup(self.store.list, user, [QUEUED], 0, 0)
+        queued += self._submitting.get(user, 0) - own
+        if queued < cap:
+            return
+        if submit_key and await self.store.read(self._submitted, f"{user}:{submit_key}"):
+            return
+        raise TooManyQueued(
+            f"Too many queued jobs: {user} has {queued} jobs queued and may have at most {cap} at once "
+            f"(JobsService.max_queued_per_user). Cancel some queued jobs (trainhub jobs cancel ID, or DELETE "
+            f"/jobs/ID) or wait until some of them start, then submit again.",
+            user=user, queued=queued, limit=cap)
+
+    def _submitted(self, key: str) -> bool:
+        """Whether a job was made with this (user-prefixed) submit_key (blocking: on a reader thread)."""
+        from sqlalchemy import select
+
+        from .models import Job
+
+        with self.store.engine.connect() as c:
+            return c.execute(select(Job.id).where(Job.submit_key == key)).first() is not None
+
     async def submit(self, caller, spec: JobSpec):
-        """Check a spec against profiles, the pool and the caller's quota, then queue it."""
+        """Check a spec against profiles, the pool, the caller's quota and queued-job cap, then queue it."""
         profile, gpus = self.check(caller, spec)
-        self.groups.learn(caller.name, caller.groups)
-        priority = spec.priority
-        if priority is None:
-            priority = self.engine.scheduler.group_priority(caller.groups)
-        job = await self.store.write_now(  # on the loop when SQLite's write lock is free: one hop less per submission
-            self.store.create, name=spec.name, user=caller.name, groups=list(caller.groups), command=spec.command,
-            script=spec.script, gpus=gpus, workers=spec.workers, env=spec.env, time_limit=spec.time_limit,
-            retries=spec.retries, profile=profile.slug if profile else None, priority=priority,
-            preemptible=spec.preemptible, submit_key=(f"{caller.name}:{spec.submit_key}" if spec.submit_key else None),
-            sweep_id=spec.sweep_id, params=spec.params, reason=SUBMITTED_REASON,
-        )
+        # counted (check_queued) from before its count until its row is written: concurrent submissions cannot
+        # all pass the cap, whether the count is read on the loop or on a thread
+        self._submitting[caller.name] = self._submitting.get(caller.name, 0) + 1
+        try:
+            await self.check_queued(caller.name, spec.submit_key, own=1)
+            self.groups.learn(caller.name, caller.groups)
+            priority = spec.priority
+            if priority is None:
+                priority = self.engine.scheduler.group_priority(caller.groups)
+            job = await self.store.write_now(  # on the loop when SQLite's write lock is free: one hop less per submission
+                self.store.create, name=spec.name, user=caller.name, groups=list(caller.groups), command=spec.command,
+                script=spec.script, gpus=gpus, workers=spec.workers, env=spec.env, time_limit=spec.time_limit,
+                retries=spec.retries, profile=profile.slug if profile else None, priority=priority,
+                preemptible=spec.preemptible, submit_key=(f"{caller.name}:{spec.submit_key}" if spec.submit_key else None),
+                sweep_id=spec.sweep_id, params=spec.params, reason=SUBMITTED_REASON,
+            )
+        finally:
+            left = self._submitting[caller.name] - 1
+            if left:
+                self._submitting[caller.name] = left
+            else:
+                del self._submitting[caller.name]
         self.log.info("job %s submitted by %s: %d worker(s) × %d GPU(s)", job.key, caller.name, spec.workers, gpus)
         self.engine.wake()
         return job

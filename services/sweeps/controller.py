@@ -36,7 +36,7 @@ from dataclasses import asdict
 from traitlets import Float, Integer
 from traitlets.config import LoggingConfigurable
 
-from trainhub.exceptions import TrainhubError
+from trainhub.exceptions import TooManyQueued, TrainhubError
 from trainhub.loops import PeriodicLoop
 from trainhub.searchspace import SpaceError, grid_count, parse_space, to_distributions
 from trainhub.services.jobs.models import job_key
@@ -491,6 +491,13 @@ class SweepController(LoggingConfigurable):
                           "params": dict(t.params or {}), "submit_key": f"sweep-{sweep.id}-trial-{t.number}"})
         try:
             job = await self.service.submit(SweepCaller(sweep), spec)
+        except TooManyQueued as e:  # the creator's queue is full: the trial waits for room, the sweep goes on
+            reason = f"waiting to submit its job: {e.message}"
+            if t.reason != reason:
+                await self.write(self.store.update_trial, t.id, reason=reason)
+                t.reason = reason
+                self.log.info("sweep %s: trial %d waits: %s", sweep.key, t.number, e.message)
+            return None
         except TrainhubError as e:
             await self._close(sweep, t, TRIAL_FAILED, None, f"its job could not be submitted: {e.message}")
             await self.write(self.store.update, sweep.id, cancel_requested=True,

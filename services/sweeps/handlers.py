@@ -72,6 +72,7 @@ class SweepsHandler(SweepAccessMixin, APIHandler):
             self.service.catalog.get(spec.job.profile)
         self.check_body(body, "SweepSpec")
         self.service.check(caller, spec.job, kind="trial")
+        await self.service.check_queued(caller.name)  # its trials are queued jobs of the caller: at the cap, none could be
         sweep = await self.controller.create(caller, spec)
         self.write_json(await self.sweep_json(sweep), status=201)
 

@@ -462,6 +462,7 @@ class TrainhubScheduler(Scheduler):
         help="""How many queued jobs behind the head are examined for backfill per pass, e.g. 1000.
         Bounds the cost of a pass on long queues; 0 = no backfill.""",
     )
+    backfill_per_user = Integer(0, config=True, help="as trainhub.scheduler.policy.TrainhubScheduler.backfill_per_user")
     reserve_after = Float(
         3600.0,
         config=True,
@@ -524,6 +525,7 @@ class TrainhubScheduler(Scheduler):
             preemption=self.preemption,
             backfill_depth=self.backfill_depth,
             reserve_after=self.reserve_after,
+            backfill_per_user=self.backfill_per_user,
         )
 
 
@@ -534,9 +536,13 @@ def _end(p, job):
 
 
 def _run(
-    p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0
+    p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0,
+    backfill_per_user: int = 0,
 ) -> Plan:
-    """Walk the GPU jobs in ``order``; see the module docstring."""
+    """Walk the GPU jobs in ``order``; see the module docstring.
+
+    (Added with issue 32, eagerly: past ``backfill_depth`` the walk goes on through the whole order, and a
+    user's jobs are deferred once ``backfill_per_user`` of theirs examined since did not start.)"""
     free = p.free
     waiting = p.waiting
     now = p.now
@@ -551,8 +557,20 @@ def _run(
     level = p.level
     cap_total = p.cap_total
 
+    per_user = False
+    misses: dict[str, int] = {}
+    last = None  # (job, starts before it) examined past the depth
+
     queue = iter(order)
     for job in queue:
+        if per_user:
+            if last is not None and len(p.starts) == last[1]:
+                misses[last[0].user] = misses.get(last[0].user, 0) + 1
+            last = None
+            if misses.get(job.user, 0) >= backfill_per_user:
+                waiting.defer(job)
+                continue
+            last = (job, len(p.starts))
         need = job.workers * job.gpus_per_worker
         reason = p.too_large(job) or p.quota(job, need)
         if reason is not None:
@@ -597,7 +615,10 @@ def _run(
             continue
 
         # Behind the head.
-        if not backfill or scanned >= backfill_depth or free.total == 0:
+        if backfill and scanned >= backfill_depth and backfill_per_user and free.total and not per_user:
+            per_user = True
+            last = (job, len(p.starts))
+        if not backfill or (scanned >= backfill_depth and not per_user) or free.total == 0:
             # Nothing else can start: record the rest of the queue, explained on demand.
             order.frozen = True
             waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
@@ -606,7 +627,7 @@ def _run(
             break
         scanned += 1
         if not free.fits(job.workers, job.gpus_per_worker):
-            waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
+            waiting.defer(job)  # (issue 32: explained with what is free once the pass is done)
             continue
         limit = job.time_limit
         if limit is not None and (res_time is None or now + limit <= res_time):

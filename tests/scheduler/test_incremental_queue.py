@@ -16,7 +16,7 @@ from test_scheduler_properties import NOW, POLICIES, SETTINGS, contended, scenar
 from trainhub.scheduler import FifoGangScheduler, JobRequest, Quotas, TrainhubScheduler
 from trainhub.scheduler.queue import PendingQueue
 
-TRAITS = ("aging_interval", "aging_max", "reserve_after", "backfill", "backfill_depth", "group_priorities",
+TRAITS = ("aging_interval", "aging_max", "reserve_after", "backfill", "backfill_depth", "backfill_per_user", "group_priorities",
           "fair_share", "preemption", "max_cpu_jobs", "placement")
 
 

@@ -105,6 +105,7 @@ POLICIES = st.one_of(
         aging_interval=st.sampled_from([0.0, 600.0, 3600.0]),
         reserve_after=st.sampled_from([0.0, 0.0, 3600.0]),
         backfill_depth=st.sampled_from([0, 3, 1000]),
+        backfill_per_user=st.sampled_from([0, 1, 4]),
         group_priorities=st.sampled_from([{}, {"vision": 2}]),
         fair_share=st.booleans(),
         placement=st.sampled_from(["end-aligned", "best-fit"]),

@@ -18,10 +18,12 @@ no randomness, and it never mutates its inputs. One pass walks the queue once, i
    the head waited, at no higher priority), so the head preempts it when it needs those GPUs, and
    the reservation counts its GPUs as free from now.
 
-A pass walks the queue in that order only as far as it can start something (the head, then at most
-``backfill_depth`` jobs); the reasons of the jobs it never reaches are worked out on demand
-(``Plan.waiting``), and with a :class:`~trainhub.scheduler.queue.PendingQueue` the order itself is
-kept between passes: a pass costs what it examines, not the length of the queue.
+A pass walks the queue in that order only as far as it can start something (the head, then
+``backfill_depth`` jobs, then each user's next ``backfill_per_user`` jobs that do not start, so that one
+user's long queue that cannot start never hides another user's startable jobs); the reasons of the jobs
+it never reaches are worked out on demand (``Plan.waiting``), and with a
+:class:`~trainhub.scheduler.queue.PendingQueue` the order itself is kept between passes: a pass costs what
+it examines, not the length of the queue.
 """
 
 from __future__ import annotations
@@ -137,6 +139,11 @@ class _Reasons(Mapping):
     def rest_on_demand(self) -> None:
         self._rest = True
 
+    def later(self, job: JobRequest) -> None:
+        """Keep ``job``'s place in the order, its reason worked out on access against the final state of the
+        pass (a job that waits behind the head while later ones start: "n of m free" is what is left after them)."""
+        self._done[job.id] = job
+
     def _unreached(self, job_id) -> JobRequest | None:
         if not self._rest or job_id in self._started:
             return None
@@ -152,6 +159,8 @@ class _Reasons(Mapping):
             if job is None:
                 raise KeyError(job_id)
             reason = self._done[job_id] = self._explain(job)
+        elif type(reason) is JobRequest:  # later()
+            reason = self._done[job_id] = self._explain(reason)
         return reason
 
     def __iter__(self):
@@ -201,14 +210,35 @@ class _Order:
     ``(-level, group GPUs held, user GPUs held, submitted_at, id)`` of their next job. GPU holdings
     only grow during a pass, so a popped key that is stale is pushed back with its current value and
     the pop retried: the job yielded is always the true minimum under the *current* holdings.
+
+    :meth:`per_user` switches a running iteration to a budget per user: from the job just yielded on,
+    a user's jobs stop once ``budget`` of them did not start (backfill past its depth looks at every
+    user's first jobs, never at all of a long queue). The order of what is still yielded is unchanged;
+    without fair share the shared lane is replaced by the users' own lanes past the last job yielded.
     """
 
     def __init__(self, queue: PendingQueue, level, user_held, group_held, fair_share: bool):
+        self.queue = queue
         self.level = level
         self.user_held = user_held
         self.group_held = group_held
         self.fair = fair_share
         self.lanes = queue.lanes(fair_share)
+        self.budget: int | None = None  # per user, once per_user() was called
+        self.started: set = set()
+        self.misses: dict[str, int] = {}  # per user: jobs yielded since per_user() that did not start
+
+    def per_user(self, budget: int, started: set) -> None:
+        """From the job last yielded on, yield at most ``budget`` jobs per user that are not in ``started``."""
+        self.budget, self.started = budget, started
+
+    def _spent(self, job: JobRequest) -> bool:
+        """After ``job`` was yielded under a budget: True when its user's budget is now used up."""
+        if job.id in self.started:
+            return False
+        user = job.user
+        n = self.misses[user] = self.misses.get(user, 0) + 1
+        return n >= self.budget
 
     def _lane(self, lists) -> list:
         """A lane's cursor: a heap of ``(-level, submitted_at, id, list index, position)`` of its
@@ -238,15 +268,30 @@ class _Order:
 
     def __iter__(self) -> Iterator[JobRequest]:
         if not self.fair:
-            for lists in self.lanes:
-                lane = self._lane(lists)
-                while (job := self._next(lists, lane)) is not None:
-                    yield job
-            return
-        # Entries (-level, group GPUs, user GPUs, submitted_at, id, lane, job): only the holdings
-        # part can go stale, so only that is recomputed when an entry reaches the top.
-        cursors = [self._lane(lists) for lists in self.lanes]
+            return self._shared()
+        lanes = self.lanes
+        cursors = [self._lane(lists) for lists in lanes]
+        entry = self._keyer()
+        heap = [entry(self._next(lists, cursors[n]), n) for n, lists in enumerate(lanes)]
+        heapq.heapify(heap)
+        return self._merge(heap, lanes, cursors)
+
+    def _shared(self) -> Iterator[JobRequest]:
+        """Without fair share: the one shared lane, then (:meth:`per_user`) the users' own lanes."""
+        for lists in self.lanes:
+            lane = self._lane(lists)
+            while (job := self._next(lists, lane)) is not None:
+                yield job
+                if self.budget is not None:
+                    yield from self._user_lanes_after(job)
+                    return
+
+    def _keyer(self):
+        """The heap entry of a lane's next job: ``(-level, group GPUs, user GPUs, submitted_at, id, lane, job)``,
+        holdings only with fair share (a closure over locals: it runs once per job yielded)."""
         level, user_held, group_held = self.level, self.user_held, self.group_held
+        if not self.fair:
+            return lambda job, n: (-level[job.id], 0, 0, job.submitted_at, job.id, n, job)
 
         def entry(job, n):
             groups = job.groups
@@ -258,21 +303,50 @@ class _Order:
                 gshare = max(group_held.get(g, 0) for g in groups)
             return (-level[job.id], gshare, user_held.get(job.user, 0), job.submitted_at, job.id, n, job)
 
-        heap = [entry(self._next(lists, cursors[n]), n) for n, lists in enumerate(self.lanes)]
-        heapq.heapify(heap)
+        return entry
+
+    def _merge(self, heap, lanes, cursors) -> Iterator[JobRequest]:
+        """Yield from the lanes' heap in order. Only the holdings part of an entry can go stale, so only
+        that is recomputed when an entry reaches the top."""
+        entry, fair = self._keyer(), self.fair
         while heap:
             top = heap[0]
             job, n = top[6], top[5]
-            current = entry(job, n)
-            if current[1] > top[1] or current[2] > top[2]:
-                heapq.heapreplace(heap, current)
-                continue
+            if fair:
+                current = entry(job, n)
+                if current[1] > top[1] or current[2] > top[2]:
+                    heapq.heapreplace(heap, current)
+                    continue
             yield job
-            job = self._next(self.lanes[n], cursors[n])
+            if self.budget is not None and self._spent(job):
+                heapq.heappop(heap)  # this user's jobs are done for this pass
+                continue
+            job = self._next(lanes[n], cursors[n])
             if job is not None:
                 heapq.heapreplace(heap, entry(job, n))
             else:
                 heapq.heappop(heap)
+
+    def _user_lanes_after(self, last: JobRequest) -> Iterator[JobRequest]:
+        """Without fair share, once :meth:`per_user` is on: the rest of the shared lane's order, drawn from
+        each user's own lane past ``last`` (the same order, by ``(-level, submitted_at, id)``)."""
+        skip_user = last.user if self._spent(last) else None
+        cut = (-self.level[last.id], last.submitted_at, last.id)
+        entry = self._keyer()
+        lanes, cursors, heap = [], [], []
+        for lists in self.queue.lanes(True):
+            if skip_user is not None and lists[0][0][2].user == skip_user:
+                continue
+            cursor = self._lane(lists)
+            while cursor and cursor[0][:3] <= cut:  # yielded before the switch
+                self._next(lists, cursor)
+            if cursor:
+                n = len(lanes)
+                lanes.append(lists)
+                cursors.append(cursor)
+                heap.append(entry(self._next(lists, cursor), n))
+        heapq.heapify(heap)
+        yield from self._merge(heap, lanes, cursors)
 
 
 class _Pass:
@@ -572,6 +646,16 @@ class TrainhubScheduler(Scheduler):
         help="""How many queued jobs behind the head are examined for backfill per pass, e.g. 1000.
         Bounds the cost of a pass on long queues; 0 = no backfill.""",
     )
+    backfill_per_user = Integer(
+        1,
+        config=True,
+        help="""Once ``backfill_depth`` jobs behind the head were examined, backfill goes on through each
+        user's own next jobs in queue order until this many of that user's did not start (jobs that start
+        do not count), then passes that user over for the rest of the pass, e.g. 4. So one user's queue that
+        cannot start, however long, never keeps another user's startable jobs waiting while GPUs are free,
+        and a pass examines at most depth + users x this jobs (plus those it starts). 0 = stop at the depth,
+        as before issue 32 (the rest of the queue only gets the next pass's depth).""",
+    )
     reserve_after = Float(
         3600.0,
         config=True,
@@ -658,6 +742,7 @@ class TrainhubScheduler(Scheduler):
             backfill_depth=self.backfill_depth,
             reserve_after=self.reserve_after,
             preemptible_backfill=self.preemptible_backfill and self.preemption and self.backfill,
+            backfill_per_user=self.backfill_per_user,
         )
 
 
@@ -668,9 +753,14 @@ def as_queue(pending) -> PendingQueue:
 
 def _run(
     p: _Pass, order: _Order, *, backfill: bool, preemption: bool, backfill_depth: int, reserve_after: float = 0.0,
-    preemptible_backfill: bool = False,
+    preemptible_backfill: bool = False, backfill_per_user: int = 0,
 ) -> Plan:
-    """Walk the GPU jobs in ``order``; see the module docstring."""
+    """Walk the GPU jobs in ``order``; see the module docstring.
+
+    Backfill examines ``backfill_depth`` jobs behind the head in order, then (``backfill_per_user`` > 0)
+    goes on through every user's own next jobs, at most ``backfill_per_user`` per user that do not
+    start: so that a user whose queue cannot start, however long, never keeps another user's startable
+    jobs behind the depth while GPUs are free."""
     free = p.free
     waiting = p.waiting
     now = p.now
@@ -682,6 +772,7 @@ def _run(
     long_free: FreeIndex | None = None  # per node: min(free now, spare at the reservation)
     spare: dict[str, int] = {}
     scanned = 0
+    per_user = False  # past backfill_depth: each user's next jobs only (order.per_user)
     level = p.level
     cap_total = p.cap_total
     p.overtake = preemptible_backfill
@@ -732,14 +823,23 @@ def _run(
             continue
 
         # Behind the head.
-        if not backfill or scanned >= backfill_depth or free.total == 0:
-            # Nothing else can start: record the rest of the queue, explained on demand.
+        if scanned >= backfill_depth and not per_user:
+            if not backfill or free.total == 0 or not backfill_per_user:
+                # Nothing else can start: record the rest of the queue, explained on demand.
+                waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
+                waiting.rest_on_demand()
+                break
+            # Past the depth: every user's next jobs, a few each (this one first), not the rest of the queue.
+            per_user = True
+            order.per_user(backfill_per_user, p.started_ids)
+            waiting.rest_on_demand()
+        elif not backfill or free.total == 0:
             waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
             waiting.rest_on_demand()
             break
         scanned += 1
         if not free.fits(job.workers, job.gpus_per_worker):
-            waiting[job.id] = _behind(job, need, free.total, cap_total, head, head_prio, head_level, level)
+            waiting.later(job)  # behind the head, with what is free once the pass is done
             continue
         limit = job.time_limit
         if limit is not None and (res_time is None or now + limit <= res_time):
