@@ -26,3 +26,14 @@ def spawn_refusal(error: TrainhubError) -> SpawnException:
     # what the spawn form and spawn-pending pages show (they would print str(exc) otherwise)
     exc.jupyterhub_message = error.message
     return exc
+
+
+def spawn_failure(user: str, error: BaseException) -> SpawnException:
+    """A start that failed on the platform's side (a home that cannot be prepared, a server that exits at once, the
+    network gate or the storage credentials unavailable): the user and the REST API caller read what happened instead
+    of a bare "500 Internal Server Error"; the hub's log has the traceback."""
+    what = str(error) or type(error).__name__
+    message = f"The server of {user} could not start: {what}"
+    exc = SpawnException(message, status_code=500, reason="platform", log_message=f"{type(error).__name__}: {error}")
+    exc.jupyterhub_message = message
+    return exc

@@ -26,11 +26,11 @@ import sys
 import uuid
 from subprocess import Popen
 
-from jupyterhub.spawner import SimpleLocalProcessSpawner
+from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
 from jupyterhub.utils import random_port
 from traitlets import Bool, Callable, Dict, Float, Instance, Integer, List, Type, Unicode, default
 
-from trainhub.boundary import procs
+from trainhub.boundary import keeper, procs
 from trainhub.boundary.accounts import Account
 from trainhub.boundary.asuser import AsUser
 from trainhub.boundary.credentials import CredentialBroker, storage_credentials_broker
@@ -48,7 +48,7 @@ from trainhub.serverqueue import GRANTED, QueueView, ServerQueue
 from trainhub.storage import StorageConfig
 from trainhub.boundary.warmsandbox import sandbox_mounts
 
-from .errors import spawn_refusal
+from .errors import spawn_failure, spawn_refusal
 from .profile_form import render_form
 from .warm import DEFAULT_IMPORTS, WarmPool, WarmProcess, WarmUnavailable, claim_spec, launch_env, pool_for, startup_differences, warm_argv
 
@@ -386,10 +386,13 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
                 ro += cred_folders
                 result = await self._start_process(rw, ro)
                 await asyncio.to_thread(self.allocator.set_pid, self.holder, self.pid)
-            except BaseException:
+            except BaseException as e:
                 await self._kill_started()
                 await asyncio.to_thread(self.allocator.release, self.holder)
                 self.devices = []
+                if isinstance(e, Exception) and not isinstance(e, SpawnException):
+                    self.log.exception("Start of %s failed", self._log_name)
+                    raise spawn_failure(self.user.name, e) from e
                 raise
         finally:
             _starting.discard(self.holder)
@@ -446,6 +449,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             return []
         files = await asyncio.to_thread(broker.ensure, self.user.name, self.account)
         self.credentials_env = files.env(sandboxed=False)  # the folder is bound at its own path
+        self._credentials_kept = True
         return [files.folder]
 
     # -- waiting in line for GPUs (trainhub.serverqueue; the jobs engine grants) -------------------------
@@ -557,8 +561,9 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     def _start_cold(self, rw: list[str], ro: list[str]) -> None:
         env = self.get_env()
         cmd = list(self.cmd) + self.get_args()
-        argv = self.isolation.command(cmd, account=self.account, cwd=self.home_dir, rw=rw, ro=ro, devices=self.devices,
-                                      netns=self.netns or None)
+        # under a keeper: the server outlives a restart of the hub (trainhub.boundary.keeper)
+        argv = keeper.argv(self.isolation.command(cmd, account=self.account, cwd=self.home_dir, rw=rw, ro=ro,
+                                                  devices=self.devices, netns=self.netns or None))
         self.log.info("Spawning %s", " ".join(shlex.quote(a) for a in argv))
         kwargs = dict(start_new_session=True)
         kwargs.update(self.popen_kwargs)
@@ -579,8 +584,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         env = launch_env(self.env_keep, self.environment, path)
         python, imports = sys.executable, list(self.warm_imports)
 
-        def argv_for(fd: int) -> list[str]:
-            return self.isolation.command(warm_argv(python, fd, imports), account=None, cwd="/")
+        def argv_for(fd: int) -> list[str]:  # under a keeper, as a cold server: it may become one
+            return keeper.argv(self.isolation.command(warm_argv(python, fd, imports), account=None, cwd="/"))
 
         return pool_for(argv_for, env, self.warm_pool_size, self.log)
 
@@ -659,7 +664,24 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         if status is not None and self.spawn_token:
             # the server died (crash, kill): give its devices and stray kernels back
             await self._cleanup()
+        elif status is None and self.credentials_env and not self._credentials_kept:
+            await self._keep_credentials()
         return status
+
+    _credentials_kept = False  # this hub refreshes the server's storage credentials (set at start or first poll)
+
+    async def _keep_credentials(self) -> None:
+        """A server this hub did not start (it lived on through a restart of the hub): its user's storage credentials
+        are refreshed from now on, as for a server started here."""
+        broker = self._broker()
+        if broker is None:
+            return
+        try:
+            account = self.account or await asyncio.to_thread(self.isolation.account, self.user.name)
+            await asyncio.to_thread(broker.ensure, self.user.name, account)
+            self._credentials_kept = True
+        except Exception as e:  # the next poll tries again; the file keeps its credentials meanwhile
+            self.log.warning("Could not refresh the storage credentials of %s: %s", self._log_name, e)
 
     async def stop(self, now=False):
         pid = self.pid

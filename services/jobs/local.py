@@ -530,7 +530,19 @@ class LocalLauncher(Launcher):
 
     async def adopt(self, job, state):
         statuses = await self.poll(job, state)
-        return bool(statuses) and not all(s.lost for s in statuses)
+        found = bool(statuses) and not all(s.lost for s in statuses)
+        if found:  # its user's storage credentials are refreshed by this service from now on
+            await asyncio.to_thread(self._keep_credentials, job.user)
+        return found
+
+    def _keep_credentials(self, user: str) -> None:
+        broker = storage_credentials_broker(self.storage, parent=self) if self.storage is not None else None
+        if broker is None:
+            return
+        try:
+            broker.ensure(user, self.isolation.account(user) if self.isolating else None)
+        except Exception as e:  # the file keeps its credentials; the next launch of the user's tries again
+            self.log.warning("Could not refresh the storage credentials of %s: %s", user, e)
 
 
 def _zombie(pid: int) -> bool:

@@ -72,13 +72,15 @@ class FsSource:
     def pages(self):
         return iter_files(self.fs, self.path)
 
-    def copy_file(self, rel: str, size: int, dst_fs, target: str) -> int:
+    def copy_file(self, rel: str, size: int, dst_fs, target: str, budget: int) -> int:
         """Copy one listed file; returns its size."""
         if type(dst_fs) is type(self.fs):
-            self.fs.copy(f"{self.path}/{rel}", target)  # server-side on S3
+            if size > budget:
+                raise TooLarge(_too_large(self, budget))
+            self.fs.copy(f"{self.path}/{rel}", target)  # server-side on S3: an object does not grow
             return size
         with self.fs.open(f"{self.path}/{rel}", "rb") as src, dst_fs.open(target, "wb") as out:
-            return _copy_stream(src, out)
+            return _copy_stream(src, out, budget)
 
     def __str__(self):
         return self.path
@@ -94,27 +96,35 @@ class TreeSource:
         for page in self.tree.walk(self.rel):
             yield [(e.path, e.size, str(e.mtime_ns)) for e in page]
 
-    def copy_file(self, rel: str, size: int, dst_fs, target: str) -> int:
+    def copy_file(self, rel: str, size: int, dst_fs, target: str, budget: int) -> int:
         """Copy one listed file from the descriptor it is opened with (as the owner); returns the bytes copied."""
         fd = self.tree.open(f"{self.rel}/{rel}" if self.rel else rel)
         with open(fd, "rb") as src:
             if not _is_s3(dst_fs):
                 dst_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
             with dst_fs.open(target, "wb") as out:
-                return _copy_stream(src, out)
+                return _copy_stream(src, out, budget)
 
     def __str__(self):
         return os.path.join(self.tree.root, self.rel)
 
 
-def _copy_stream(src, out) -> int:
+def _copy_stream(src, out, budget: int) -> int:
     total = 0
     while True:
         chunk = src.read(1 << 20)
         if not chunk:
             return total
-        out.write(chunk)
         total += len(chunk)
+        if total > budget:
+            raise TooLarge(_too_large(getattr(src, "name", "the source"), budget, growing=True))
+        out.write(chunk)
+
+
+def _too_large(source, limit: int, growing: bool = False) -> str:
+    what = "grew past" if growing else "holds more than"
+    return (f"{source} {what} {limit / (1 << 30):.1f} GiB; a model version holds at most that much "
+            "(Registry.max_model_bytes): register a smaller folder, or the data as a dataset")
 
 
 def scan(source, progress: Callable[[int, int], None] | None = None) -> dict:
@@ -145,11 +155,19 @@ class TooManyFiles(ValueError):
     pass
 
 
+DEFAULT_MAX_MODEL_BYTES = 200 << 30  # Registry.max_model_bytes
+
+
+class TooLarge(ValueError):
+    """A model version larger than the registry takes (counted by listing, and again while copying: a file that
+    keeps growing while it is copied cannot make the copy endless)."""
+
+
 class SourceChanged(ValueError):
     """A listed file became a link, a folder or a special file before it was copied (links are never followed)."""
 
 
-def copy_tree(source, fs, dst: str, manifest: dict) -> tuple[list[dict], int]:
+def copy_tree(source, fs, dst: str, manifest: dict, max_bytes: int = DEFAULT_MAX_MODEL_BYTES) -> tuple[list[dict], int]:
     """Copy every file of ``source`` to ``dst/files/`` of ``fs`` (the platform's model area); write
     ``dst/MANIFEST.json``.
 
@@ -157,19 +175,23 @@ def copy_tree(source, fs, dst: str, manifest: dict) -> tuple[list[dict], int]:
     before anything is copied. Each file is copied from the one descriptor it was opened with; a file
     that changed or vanished since the listing is recorded with the size actually copied."""
     dst = dst.rstrip("/")
-    count = 0
+    count = listed = 0
     for page in source.pages():
         count += len(page)
+        listed += sum(size for _rel, size, _tag in page)
+        if listed > max_bytes:
+            raise TooLarge(_too_large(source, max_bytes))
         if count > MAX_MODEL_FILES:
             raise TooManyFiles(f"{source} holds more than {MAX_MODEL_FILES} files; a model version holds at most "
                                f"{MAX_MODEL_FILES} (pack them, e.g. into a tar or safetensors shards, or register "
                                "the folder as a dataset)")
     files = []
+    budget = max_bytes
     for page in source.pages():
         for rel, size, _tag in page:
             target = f"{dst}/files/{rel}"
             try:
-                copied = source.copy_file(rel, size, fs, target)
+                copied = source.copy_file(rel, size, fs, target, budget)
             except FileNotFoundError:
                 continue  # gone since the listing
             except OSError as e:
@@ -179,6 +201,7 @@ def copy_tree(source, fs, dst: str, manifest: dict) -> tuple[list[dict], int]:
                                         "nothing writes there") from None
                 raise
             files.append({"path": rel, "size": int(copied)})
+            budget -= copied
     if not files:
         raise FileNotFoundError(f"no files under {source}")
     files.sort(key=lambda f: f["path"])

@@ -44,6 +44,12 @@ class Registry(LoggingConfigurable):
 
     file_threads = Integer(4, help="Threads for storage work (scans, copies, exports).").tag(config=True)
 
+    max_model_bytes = Integer(
+        fileops.DEFAULT_MAX_MODEL_BYTES,
+        help="Largest model version in bytes (e.g. 200 GiB), counted from the listing before anything is copied and "
+             "again while copying (a file that grows meanwhile cannot make a copy endless); larger: 400.",
+    ).tag(config=True)
+
     def __init__(self, service, **kw):
         super().__init__(parent=service, **kw)
         self.service = service
@@ -199,11 +205,11 @@ class Registry(LoggingConfigurable):
         d = model_version_dict(m, v)
         try:
             files, size = await self._with_source(src, fileops.copy_tree, self.fs(), self.storage.strip(v.url),
-                                                  fileops.manifest_for(d))
+                                                  fileops.manifest_for(d), self.max_model_bytes)
         except FileNotFoundError as e:
             await self.service.store.write(self.store.finish_model_copy, v.id, error=str(e))
             raise NotFound(f"nothing to register: no files under {src}") from None
-        except (fileops.TooManyFiles, fileops.SourceChanged) as e:
+        except (fileops.TooManyFiles, fileops.SourceChanged, fileops.TooLarge) as e:
             await self.service.store.write(self.store.finish_model_copy, v.id, error=str(e))
             raise InvalidRequest(str(e)) from None
         except Exception as e:

@@ -8,6 +8,7 @@ timestamped log and the exit file.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import re
@@ -224,7 +225,13 @@ def test_a_forked_wrapper_runs_a_cold_command_as_a_started_one_would(server, tmp
     probe = ("echo \"fd $1: $(tr '\\0' , <&\"$1\")\"; echo \"env: $(env | sort | tr '\\n' ' ')\"; "
              "echo \"session: $(ps -o sid= -p $$) own: $(ps -o sid= -p $PPID)\"; exit 5")
     fd = envexec.environment_fd(job_env)
-    os.dup2(fd, 47)  # a number the server's child must give it (its own connection may sit there)
+    for _ in range(100):  # a number the server's child must give it (its own connection may sit there)
+        try:
+            os.dup2(fd, 47)
+            break
+        except OSError as e:  # EBUSY: another thread of this test process is opening a file as number 47 right now
+            if e.errno != errno.EBUSY:
+                raise
     os.close(fd)
     log, exit_file, err = tmp_path / "w.log", tmp_path / "w.exit", tmp_path / "w.wrapper.err"
     platform = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MARK": "platform"}

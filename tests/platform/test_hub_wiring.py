@@ -55,3 +55,24 @@ def test_an_admins_own_hook_is_kept(tmp_path, monkeypatch):
     s._prepare_home()
     assert (tmp_path / "data" / "homes" / "carol" / "hooked").read_text() == "carol"
     assert not startup_path(s.home_dir).exists()
+
+
+def test_a_start_that_fails_on_the_platforms_side_says_why(hub_config):
+    """No spawn ends in a bare "500 Internal Server Error": a failure while preparing the server (here the start-up
+    hook meets a file the user's account cannot read) reaches the REST API caller and the spawn page with its cause,
+    and whatever the start had taken (devices) is given back."""
+    import asyncio
+
+    from jupyterhub.spawner import SpawnException
+
+    def hook(spawner, home):
+        raise PermissionError(13, "Permission denied", "/root/checkout/kernels/__init__.py")
+
+    hub_config.LocalGPUSpawner.prepare_home_hook = hook
+    s = spawner(hub_config, "dora")
+    s.user_options = {"profile": "cpu"}
+    with pytest.raises(SpawnException) as e:
+        asyncio.run(s.start())
+    assert e.value.status_code == 500
+    assert "could not start: [Errno 13] Permission denied: '/root/checkout/kernels/__init__.py'" in e.value.jupyterhub_message
+    assert s.devices == [] and not [h for h in s.allocator.holdings() if h.user == "dora"]

@@ -167,3 +167,21 @@ def test_the_banner_names_the_mode_in_force_without_root(monkeypatch, settings, 
     iso = Isolation(bwrap=sys.executable, **settings)
     assert iso.mode == mode
     assert f"Isolation: {mode}" in "\n".join(iso.describe([]))
+
+
+def test_code_the_accounts_cannot_read_is_said_at_start_not_at_the_first_spawn(tmp_path, monkeypatch):
+    """A checkout made with umask 077 (or under a root-only folder, copied): every server of a user would die at its
+    first import; `trainhub up` says so, naming the files and the fix, before anyone spawns."""
+    code = tmp_path / "checkout" / "kernels"
+    code.mkdir(parents=True)
+    (code / "__init__.py").write_text("")
+    os.chmod(code / "__init__.py", 0o600)
+    iso = Isolation(user_accounts=True, sandbox="bwrap", code_paths=[str(tmp_path / "checkout")])
+    monkeypatch.setattr(Isolation, "interpreter_paths", staticmethod(lambda: []))
+    found = iso._unreadable_code()
+    assert len(found) == 1 and "__init__.py (-rw-------)" in found[0] and "chmod -R o+rX" in found[0], found
+    os.chmod(code / "__init__.py", 0o644)
+    os.chmod(code, 0o700)
+    assert "kernels (drwx------)" in iso._unreadable_code()[0]
+    os.chmod(code, 0o755)
+    assert iso._unreadable_code() == []

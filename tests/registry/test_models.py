@@ -151,3 +151,29 @@ def test_job_output_retention_spares_registered_versions(registry):
     v = registry.call("GET", "/models/resnet/versions/1", "alice").json()
     assert fs.cat(registry.storage.strip(v["url"] + "/files/m.pt")) == b"old"
     assert reg.expire_job_outputs() == []  # each job once
+
+
+def test_a_model_larger_than_the_registry_takes_is_refused_before_copying(registry):
+    """No single request makes the registry copy without bound: the listing's sizes are counted first."""
+    from trainhub.services.registry import files as fileops
+
+    job = registry.finished_job("alice", files={"big.bin": b"x" * 4096, "small.bin": b"y"})
+    source = type("Src", (), {"pages": lambda self: iter([[("big.bin", 4096, ""), ("small.bin", 1, "")]]),
+                              "__str__": lambda self: "outputs"})()
+    with pytest.raises(fileops.TooLarge, match="holds more than"):
+        fileops.copy_tree(source, registry.fs, "nowhere", {}, max_bytes=4000)
+    assert register(registry, job).status_code == 201  # the default takes it
+
+
+def test_a_file_that_keeps_growing_cannot_make_a_copy_endless():
+    """A user's process appending to a file while it is registered: the copy stops at the registry's limit."""
+    from trainhub.services.registry import files as fileops
+
+    class Endless:
+        name = "outputs/grows.bin"
+
+        def read(self, n):
+            return b"z" * n
+
+    with pytest.raises(fileops.TooLarge, match="grew past"):
+        fileops._copy_stream(Endless(), io.BytesIO(), 8 << 20)

@@ -37,6 +37,8 @@ from trainhub.backoff import WaitTimeout, poll
 from trainhub.boundary.procs import INSTANCE_VAR, become_subreaper, descendants, processes_with, terminate_tagged
 from trainhub.settings import DataDir, Runtime, StopRecord, read_or_create_secret
 
+from .supervise import SupervisedHub
+
 #: the packages whose folders hold trainhub's code (read-only in every sandbox)
 CODE_PACKAGES = ("trainhub", "trainhub.hub_config", "trainhub.spawner", "trainhub.services", "trainhub.extensions",
                  "trainhub.kernels")
@@ -287,16 +289,6 @@ def _install_notebook_extensions() -> None:
         os.umask(old)
 
 
-def _pump(stream, sinks):
-    for line in iter(stream.readline, b""):
-        for sink in sinks:
-            try:
-                sink.write(line)
-                sink.flush()
-            except ValueError:
-                pass
-
-
 def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float, exited_hint: str = "",
               headers: dict | None = None, ready=lambda r: r.status_code == 200) -> None:
     """Wait until ``url`` answers as ``ready`` says (200); UpError if ``proc`` exits first or time runs out."""
@@ -407,10 +399,9 @@ def run(args, out=sys.stdout) -> int:
     become_subreaper()
     log_path = dd.logs / "jupyterhub.log"
     log_file = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(dd.root))
     sinks = [log_file] + ([] if args.quiet else [sys.stdout.buffer])
-    pump = threading.Thread(target=_pump, args=(proc.stdout, sinks), daemon=True)
-    pump.start()
+    hub = SupervisedHub(cmd, env, str(dd.root), sinks)
+    hub.start()
 
     stopping = threading.Event()
 
@@ -419,38 +410,31 @@ def run(args, out=sys.stdout) -> int:
             return
         stopping.set()
         print(f"\ntrainhub: {signal.Signals(signum).name} received, stopping...", file=sys.stderr, flush=True)
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        hub.signal(signal.SIGTERM)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     code = 1
     try:
         try:
-            wait_for_hub(runtime, proc)
+            wait_for_hub(runtime, hub.proc)
         except UpError:
             stopping.set()
             raise
         print(banner(runtime, new_password, dd, gate), file=out, flush=True)
-        # until the hub exits (Ctrl-C or SIGTERM above ask it to); short pauses keep signals prompt
-        code = poll(proc.poll, lambda rc: rc is not None, what="JupyterHub to exit", start=0.2, factor=1.0)
+        # until the hub exits for a stop (Ctrl-C or SIGTERM above ask it to); a hub that dies otherwise is started
+        # again, with the servers and jobs it left running (docs/isolation.md, "What survives what")
+        code = hub.supervise(stopping, lambda proc: wait_for_hub(runtime, proc), instance)
     finally:
         # first the record (the jobs service must not take the stop's SIGTERMs for its jobs' own failures)
         StopRecord(instance, time.time(), "stopped").save(dd)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        hub.stop()
         # whatever the hub left behind (kernels, jobs, a proxy after a hub crash): everything below this process,
         # and anything with this run's marker that is not (re-parented above it some other way)
         leftovers = terminate_tagged(INSTANCE_VAR, instance, grace=STOP_GRACE, also=descendants([os.getpid()]))
         if gate is not None:  # the namespaces last: nothing runs in them any more
             gate.stop()
-        pump.join(timeout=2)
+        hub.join_output()
         log_file.close()
         print("trainhub: stopped" + (f" ({leftovers} leftover process(es) ended)" if leftovers else ""), file=sys.stderr, flush=True)
     return 0 if stopping.is_set() else code

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 import threading
 from typing import Iterable
@@ -171,7 +172,39 @@ class Isolation(LoggingConfigurable):
                        "may, and every GPU device node)")
         elif self.mode == "accounts":
             out += self._unreachable_without_sandbox()
+        if self.use_accounts:
+            out += self._unreadable_code()
         return out
+
+    def _unreadable_code(self, limit: int = 5) -> list[str]:
+        """Files of the interpreter, the virtualenv and trainhub's code that an account could not read (a checkout
+        made with umask 077, a venv copied from root's home): every server of a user would die at its first import
+        of them. A sandbox shows these folders at their own paths, so only their own modes matter (o+r files, o+rx
+        folders); without a sandbox the parents count too (:meth:`_unreachable_without_sandbox`)."""
+        bad: list[str] = []
+        for top in dict.fromkeys([*self.interpreter_paths(), *self.code_paths]):
+            for dirpath, dirnames, filenames in os.walk(top):
+                dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+                for name, need in [(d, 0o005) for d in dirnames] + [(f, 0o004) for f in filenames if f.endswith((".py", ".so", ".json"))]:
+                    path = os.path.join(dirpath, name)
+                    try:
+                        st = os.lstat(path)
+                    except OSError:
+                        continue
+                    if not stat.S_ISLNK(st.st_mode) and st.st_mode & need != need:
+                        bad.append(f"{path} ({stat.filemode(st.st_mode)})")
+                        if len(bad) >= limit:
+                            break
+                if len(bad) >= limit:
+                    break
+            if len(bad) >= limit:
+                break
+        if not bad:
+            return []
+        tops = " ".join(dict.fromkeys([*self.interpreter_paths(), *self.code_paths]))
+        return [f"users' accounts cannot read trainhub's code or its Python environment, so every server would fail to "
+                f"start: {', '.join(bad)}{' and more' if len(bad) >= limit else ''}. Make them readable "
+                f"(chmod -R o+rX {tops}) or install trainhub where every user may read it"]
 
     def _unreachable_without_sandbox(self) -> list[str]:
         """Without a sandbox an account must reach the interpreter, the venv and the code on the host itself."""

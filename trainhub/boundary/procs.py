@@ -187,6 +187,21 @@ def _reap() -> None:
             return
 
 
+def reap_adopted(skip=()) -> list[int]:
+    """Collect the exited children of this process but ``skip`` (children someone else waits for: a Popen's). A
+    child subreaper adopts the keepers of a hub that died; unreaped, their servers would look alive for ever."""
+    me = os.getpid()
+    reaped = []
+    for p in process_table().values():
+        if p.ppid == me and p.state == "Z" and p.pid not in skip:
+            try:
+                if os.waitpid(p.pid, os.WNOHANG)[0]:
+                    reaped.append(p.pid)
+            except ChildProcessError:
+                continue
+    return reaped
+
+
 def become_subreaper() -> bool:
     """Adopt orphaned descendants (Linux PR_SET_CHILD_SUBREAPER) so none escape to init."""
     try:
@@ -254,9 +269,13 @@ def listens(pids: Iterable[int], port: int) -> bool:
 def sandbox_commands(pid: int, table: dict[int, Proc] | None = None) -> list[int]:
     """The commands a sandbox runs: processes below ``pid`` whose parent is a sandbox process (the
     sandbox's init) and that are not one themselves. For ``pid`` not a sandbox: ``[pid]``."""
-    if not is_sandbox(pid):
-        return [pid]
     table = process_table() if table is None else table
+    if not is_sandbox(pid):
+        # a server's keeper (trainhub.boundary.keeper) above its sandbox: look through it
+        kids = [p for p, proc in table.items() if proc.ppid == pid]
+        if len(kids) != 1 or not is_sandbox(kids[0]):
+            return [pid]
+        pid = kids[0]
     below = descendants([pid], table)
     holders = {pid} | {p for p in below if is_sandbox(p)}
     return [p for p in below if p not in holders and table[p].ppid in holders]
