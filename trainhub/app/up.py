@@ -201,16 +201,16 @@ def prepare(args, out=sys.stdout) -> tuple[DataDir, Runtime, str | None]:
         raise UpError("users cannot be isolated as configured:\n  " + "\n  ".join(problems))
     if isolation.mode == "accounts":  # no sandbox: accounts reach their homes through the data dir
         dd.ensure(traversable=True)
+    # storage must be reachable before anyone spawns, and users must be able to get credentials of their own
+    try:
+        StorageConfig(config=config).ensure_layout()
+    except Exception as e:
+        raise UpError(f"storage {storage} is not usable: {e}") from None
     from trainhub.boundary.credentials import credentials_problem
 
     problem = credentials_problem(StorageConfig(config=config), parent=isolation)
     if problem:
         raise UpError(problem)
-    # storage must be reachable before anyone spawns
-    try:
-        StorageConfig(config=config).ensure_layout()
-    except Exception as e:
-        raise UpError(f"storage {storage} is not usable: {e}") from None
     return dd, runtime, new_password
 
 
