@@ -21,7 +21,13 @@ import threading
 
 import pytest
 
-from trainhub.boundary.network import Gate, GateClient, GateError, UserNetwork, netns_path
+from trainhub.boundary.network import Gate, GateClient, GateError, UserNetwork, netns_path, platform_prefix
+
+PREFIX = platform_prefix(f"/tests/boundary/{os.getpid()}")  # this run's namespaces only (runs may overlap)
+
+
+def ns(account: str) -> str:
+    return PREFIX + account
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nsenter"),
                                 reason="network namespaces need root, iproute2 and nsenter")
@@ -58,15 +64,15 @@ def _echo_server(bind="127.0.0.1"):
     return srv, srv.getsockname()[1]
 
 
-def _in_ns(ns: str, code: str, *args, **kw) -> subprocess.Popen:
-    return subprocess.Popen(["nsenter", f"--net={netns_path(ns)}", "--", sys.executable, "-c", code, *map(str, args)],
+def _in_ns(name: str, code: str, *args, **kw) -> subprocess.Popen:
+    return subprocess.Popen(["nsenter", f"--net={netns_path(name)}", "--", sys.executable, "-c", code, *map(str, args)],
                             stdout=subprocess.PIPE, text=True, **kw)
 
 
-def _probe(ns: str | None, host: str, port: int) -> str:
+def _probe(name: str | None, host: str, port: int) -> str:
     cmd = [sys.executable, "-c", PROBE, host, str(port)]
-    if ns:
-        cmd = ["nsenter", f"--net={netns_path(ns)}", "--", *cmd]
+    if name:
+        cmd = ["nsenter", f"--net={netns_path(name)}", "--", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
 
 
@@ -88,7 +94,7 @@ def gate():
     config = UserNetwork(forward_ports=[platform_port], egress_port=3129)
     folder = tempfile.mkdtemp(prefix="th-gate-")
     os.chmod(folder, 0o755)  # others may pass: the socket's own mode and the gate's check keep them out
-    g = Gate(config, os.path.join(folder, "gate.sock"))
+    g = Gate(config, os.path.join(folder, "gate.sock"), PREFIX)
     g.start_thread()
     yield g, GateClient(g.socket_path), platform_port, other_port
     g.stop()
@@ -99,20 +105,20 @@ def gate():
 
 def test_one_users_listening_sockets_are_out_of_another_users_reach(gate):
     g, client, platform_port, other_port = gate
-    client.ensure("th-t-alice")
-    client.ensure("th-t-bob")
+    client.ensure("alice")
+    client.ensure("bob")
     port = 45123
-    alice = _in_ns("th-t-alice", LISTENER, port, "alice")
+    alice = _in_ns(ns("alice"), LISTENER, port, "alice")
     try:
         assert alice.stdout.readline().strip() == "listening"
-        assert _probe("th-t-alice", "127.0.0.1", port) == "answer pong from alice"  # her own processes reach it
-        assert _probe("th-t-bob", "127.0.0.1", port).startswith("refused")  # bob's do not
+        assert _probe(ns("alice"), "127.0.0.1", port) == "answer pong from alice"  # her own processes reach it
+        assert _probe(ns("bob"), "127.0.0.1", port).startswith("refused")  # bob's do not
         assert _probe(None, "127.0.0.1", port).startswith("refused")  # nor the machine's, until exposed
-        host_port = client.expose("th-t-alice", port)
-        assert client.expose("th-t-alice", port) == host_port  # asked again: the same
+        host_port = client.expose(ns("alice"), port)
+        assert client.expose(ns("alice"), port) == host_port  # asked again: the same
         assert _probe(None, "127.0.0.1", host_port) == "answer pong from alice"
-        assert _probe("th-t-bob", "127.0.0.1", host_port).startswith("refused")  # the exposed port is the machine's
-        client.unexpose("th-t-alice", port)
+        assert _probe(ns("bob"), "127.0.0.1", host_port).startswith("refused")  # the exposed port is the machine's
+        client.unexpose(ns("alice"), port)
         assert _probe(None, "127.0.0.1", host_port).startswith("refused")
     finally:
         alice.kill()
@@ -121,11 +127,11 @@ def test_one_users_listening_sockets_are_out_of_another_users_reach(gate):
 
 def test_a_namespace_reaches_the_platforms_ports_and_nothing_else_of_the_machine(gate):
     g, client, platform_port, other_port = gate
-    client.ensure("th-t-carol")
-    assert _probe("th-t-carol", "127.0.0.1", platform_port) == "answer pong from the machine"
-    assert _probe("th-t-carol", "127.0.0.1", other_port).startswith("refused")
+    client.ensure("carol")
+    assert _probe(ns("carol"), "127.0.0.1", platform_port) == "answer pong from the machine"
+    assert _probe(ns("carol"), "127.0.0.1", other_port).startswith("refused")
     # the gate's listeners were there before any user process: a user cannot take the platform's port first
-    taker = subprocess.run(["nsenter", f"--net={netns_path('th-t-carol')}", "--", sys.executable, "-c",
+    taker = subprocess.run(["nsenter", f"--net={netns_path(ns('carol'))}", "--", sys.executable, "-c",
                             f"import socket; s=socket.socket(); s.bind(('127.0.0.1', {platform_port}))"],
                            capture_output=True, text=True)
     assert "Address already in use" in taker.stderr
@@ -144,9 +150,9 @@ with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
                                     "169.254.169.254:80", "[::1]:{other}", "192.168.1.1:443"])
 def test_the_egress_proxy_never_connects_to_the_machine_or_a_private_network(gate, target):
     g, client, platform_port, other_port = gate
-    client.ensure("th-t-dave")
+    client.ensure("dave")
     target = target.format(platform=platform_port, other=other_port)
-    out = subprocess.run(["nsenter", f"--net={netns_path('th-t-dave')}", "--", sys.executable, "-c", EGRESS, "3129", target],
+    out = subprocess.run(["nsenter", f"--net={netns_path(ns('dave'))}", "--", sys.executable, "-c", EGRESS, "3129", target],
                          capture_output=True, text=True, timeout=30).stdout.strip()
     assert out.startswith("HTTP/1.1 403"), out
 
@@ -157,7 +163,7 @@ def test_only_root_may_ask_the_gate(gate):
 
     bob = UserAccounts().ensure("bob")
     code = ("import socket, sys\ns = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
-            "try:\n    s.sendall(b'{\"op\": \"ensure\", \"name\": \"th-x\"}\\n')\nexcept OSError:\n    pass\n"
+            "try:\n    s.sendall(b'{\"op\": \"ensure\", \"account\": \"x\"}\\n')\nexcept OSError:\n    pass\n"
             "print(s.recv(200))")
     as_bob = ["setpriv", f"--reuid={bob.uid}", f"--regid={bob.gid}", "--clear-groups", "--", "/usr/bin/python3", "-c",
               code, g.socket_path]
@@ -166,6 +172,23 @@ def test_only_root_may_ask_the_gate(gate):
     os.chmod(g.socket_path, 0o666)  # even where the file lets them in, the gate checks who asks
     out = subprocess.run(as_bob, capture_output=True, text=True, timeout=30)
     assert "the platform only" in out.stdout, (out.stdout, out.stderr)
-    assert not os.path.exists(netns_path("th-x"))
-    with pytest.raises(GateError, match="not a user namespace"):
+    assert not os.path.exists(netns_path(ns("x")))
+    with pytest.raises(GateError, match="not an account name"):
         client.ensure("../../etc")
+
+
+def test_the_egress_proxy_never_reaches_this_machine_by_a_public_address_either(gate):
+    """A service of this machine bound to all addresses is the machine's, whatever address names it: an address of the
+    machine's own interfaces is refused even when it is not a private one (here one from TEST-NET-3 added to lo)."""
+    g, client, _platform_port, _other_port = gate
+    address = "203.0.113.77"
+    subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"], check=True)
+    try:
+        srv, port = _echo_server(bind=address)
+        client.ensure("erin")
+        out = subprocess.run(["nsenter", f"--net={netns_path(ns('erin'))}", "--", sys.executable, "-c", EGRESS, "3129",
+                              f"{address}:{port}"], capture_output=True, text=True, timeout=30).stdout.strip()
+        assert out.startswith("HTTP/1.1 403"), out
+        srv.close()
+    finally:
+        subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], check=False)

@@ -220,7 +220,7 @@ def start_gate(dd: DataDir, runtime: Runtime):
     from urllib.parse import urlparse
 
     from trainhub.boundary.isolation import Isolation
-    from trainhub.boundary.network import Gate, GateError, UserNetwork
+    from trainhub.boundary.network import Gate, GateError, UserNetwork, platform_prefix
     from trainhub.config import load_platform_config
     from trainhub.storage import StorageConfig
 
@@ -239,7 +239,7 @@ def start_gate(dd: DataDir, runtime: Runtime):
     net.forward_ports = ports + [p for p in net.forward_ports if p not in ports]
     run_dir = dd.root / "run"
     run_dir.mkdir(mode=0o700, exist_ok=True)
-    gate = Gate(net, str(run_dir / "gate.sock"))
+    gate = Gate(net, str(run_dir / "gate.sock"), platform_prefix(str(dd.root)))
     try:
         gate.start_thread()
     except GateError as e:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import ipaddress
 import json
 import logging
@@ -49,7 +50,7 @@ from traitlets.config import LoggingConfigurable
 NETNS_DIR = "/run/netns"
 #: the gate's socket, set by `trainhub up` for the hub and the services it starts
 GATE_SOCKET_VAR = "TRAINHUB_GATE_SOCKET"
-NETNS_PREFIX = "th-"
+NETNS_PREFIX = "th"
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 log = logging.getLogger("trainhub.gate")
@@ -133,8 +134,10 @@ class UserNetwork(LoggingConfigurable):
         return out
 
 
-def netns_name(account_name: str) -> str:
-    return NETNS_PREFIX + account_name
+def platform_prefix(data_dir: str) -> str:
+    """The names of one platform's namespaces (``th<digest of its data dir>-<account>``): two platforms on one
+    machine (a test run starts several) never share, remove or replace each other's namespaces."""
+    return f"{NETNS_PREFIX}{hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:8]}-"
 
 
 def netns_path(name: str) -> str:
@@ -206,15 +209,30 @@ class _Rules:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
         if any(ip in n for n in self.allow):
             return True
-        return not any(ip in n for n in self.deny) and not (ip.version == 6 and ip.ipv4_mapped is not None)
+        if any(ip in n for n in self.deny) or (ip.version == 6 and ip.ipv4_mapped is not None):
+            return False
+        return not _is_this_machine(ip)
+
+
+def _is_this_machine(ip) -> bool:
+    """An address of one of this machine's own interfaces (its public address too: a service bound to 0.0.0.0 on the
+    machine is the machine's, not the internet's). Binding to an address succeeds only where it is local."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((str(ip), 0))
+        except OSError:
+            return False
+    return True
 
 
 class Gate:
     """The gate's work, on one asyncio loop (``run`` in a thread of `trainhub up`)."""
 
-    def __init__(self, config: UserNetwork, socket_path: str):
+    def __init__(self, config: UserNetwork, socket_path: str, prefix: str = NETNS_PREFIX + "-"):
         self.config = config
         self.socket_path = socket_path
+        self.prefix = prefix  # this platform's namespaces: platform_prefix(data dir)
         self.namespaces: dict[str, Namespace] = {}
         self.rules = _Rules([ipaddress.ip_network(c, strict=False) for c in config.egress_deny],
                             [ipaddress.ip_network(c, strict=False) for c in config.egress_allow])
@@ -247,7 +265,7 @@ class Gate:
 
     async def _start(self) -> None:
         self._lock = asyncio.Lock()
-        remove_leftovers(self.config.ip)
+        remove_leftovers(self.config.ip, self.prefix)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         old = os.umask(0o077)
@@ -277,14 +295,24 @@ class Gate:
             os.unlink(self.socket_path)
 
     # -- the requests ------------------------------------------------------------------------------
+    async def ensure_account(self, account: str) -> str:
+        """The namespace of the account ``account`` (a Unix account name); returns its path."""
+        if not account or not all(c.isalnum() or c in "_-" for c in account) or len(account) > 32:
+            raise GateError(f"{account!r} is not an account name")
+        return await self.ensure(self.prefix + account)
+
     async def ensure(self, name: str) -> str:
         """The namespace ``name`` (made with its listeners when new); returns its path."""
-        if not name.startswith(NETNS_PREFIX) or "/" in name or len(name) > 64:
-            raise GateError(f"{name!r} is not a user namespace name")
+        if not name.startswith(self.prefix) or "/" in name or len(name) > 64:
+            raise GateError(f"{name!r} is not a user namespace of this platform")
         async with self._lock:
             ns = self.namespaces.get(name)
-            if ns is not None:
+            if ns is not None and os.path.exists(ns.path):
                 return ns.path
+            if ns is not None:  # removed behind the gate's back (an admin's `ip netns delete`): made anew
+                log.warning("network namespace %s disappeared; making it again", name)
+                ns.close()
+                del self.namespaces[name]
             await asyncio.to_thread(make_netns, self.config.ip, name)
             ns = Namespace(name)
             try:
@@ -426,7 +454,7 @@ class Gate:
                     req = json.loads(line)
                     op = req.get("op")
                     if op == "ensure":
-                        out = {"netns": await self.ensure(str(req["name"])),
+                        out = {"netns": await self.ensure_account(str(req["account"])),
                                "env": proxy_env(self.config.egress_port) if self.config.egress else {}}
                     elif op == "expose":
                         out = {"host_port": await self.expose(str(req["name"]), int(req["port"]))}
@@ -517,10 +545,10 @@ def make_netns(ip: str, name: str) -> None:
     _run([ip, "-n", name, "link", "set", "lo", "up"])
 
 
-def remove_leftovers(ip: str) -> list[str]:
-    """Namespaces of an earlier run (they are made anew when a user's process starts)."""
+def remove_leftovers(ip: str, prefix: str) -> list[str]:
+    """Namespaces of an earlier run of this platform (they are made anew when a user's process starts)."""
     try:
-        names = [n for n in os.listdir(NETNS_DIR) if n.startswith(NETNS_PREFIX)]
+        names = [n for n in os.listdir(NETNS_DIR) if n.startswith(prefix)]
     except FileNotFoundError:
         return []
     for n in names:
@@ -555,12 +583,12 @@ class GateClient:
             raise GateError(reply.get("error") or "the network gate closed the connection")
         return reply
 
-    def ensure(self, name: str) -> str:
-        return self.ensure_env(name)[0]
+    def ensure(self, account: str) -> str:
+        return self.ensure_env(account)[0]
 
-    def ensure_env(self, name: str) -> tuple[str, dict]:
-        """(the namespace's path, the variables a process in it needs: the egress proxy's)."""
-        reply = self._call(op="ensure", name=name)
+    def ensure_env(self, account: str) -> tuple[str, dict]:
+        """(the account's namespace path, the variables a process in it needs: the egress proxy's)."""
+        reply = self._call(op="ensure", account=account)
         return reply["netns"], dict(reply.get("env") or {})
 
     def expose(self, name: str, port: int) -> int:
@@ -587,4 +615,4 @@ class UserNetworks:
 
     def place(self, account_name: str) -> tuple[str, dict]:
         """(namespace path, environment) of an account's processes; blocking. GateError when the gate cannot."""
-        return self.client.ensure_env(netns_name(account_name))
+        return self.client.ensure_env(account_name)
