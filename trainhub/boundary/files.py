@@ -195,13 +195,19 @@ class UserTree:
 
     def stat(self, rel: str | os.PathLike) -> os.stat_result:
         """``lstat`` of ``rel`` (a link is reported as a link, never followed)."""
+        if not parts_of(rel):
+            return os.fstat(self.fd)
+        return self._at_parent(rel, lambda name, parent: os.stat(name, dir_fd=parent, follow_symlinks=False))
+
+    def _at_parent(self, rel, fn):
+        """``fn(last name, descriptor of its folder)`` as the user, the folder opened beneath the root without links."""
         parts = parts_of(rel)
         if not parts:
-            return os.fstat(self.fd)
+            raise TreeError(errno.EINVAL, "the tree's root itself", self.root)
         with self.identity():
             parent = open_beneath(self.fd, "/".join(parts[:-1]), os.O_PATH | os.O_DIRECTORY)
             try:
-                return os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+                return fn(parts[-1], parent)
             finally:
                 os.close(parent)
 
@@ -279,31 +285,13 @@ class UserTree:
 
     def symlink(self, target: str, rel: str | os.PathLike) -> None:
         """A symbolic link ``rel`` -> ``target`` (made as the user; the platform never follows it here)."""
-        parts = parts_of(rel)
-        with self.identity():
-            parent = open_beneath(self.fd, "/".join(parts[:-1]), os.O_PATH | os.O_DIRECTORY)
-            try:
-                os.symlink(target, parts[-1], dir_fd=parent)
-            finally:
-                os.close(parent)
+        self._at_parent(rel, lambda name, parent: os.symlink(target, name, dir_fd=parent))
 
     def readlink(self, rel: str | os.PathLike) -> str:
-        parts = parts_of(rel)
-        with self.identity():
-            parent = open_beneath(self.fd, "/".join(parts[:-1]), os.O_PATH | os.O_DIRECTORY)
-            try:
-                return os.readlink(parts[-1], dir_fd=parent)
-            finally:
-                os.close(parent)
+        return self._at_parent(rel, lambda name, parent: os.readlink(name, dir_fd=parent))
 
     def unlink(self, rel: str | os.PathLike) -> None:
-        parts = parts_of(rel)
-        with self.identity():
-            parent = open_beneath(self.fd, "/".join(parts[:-1]), os.O_PATH | os.O_DIRECTORY)
-            try:
-                os.unlink(parts[-1], dir_fd=parent)
-            finally:
-                os.close(parent)
+        self._at_parent(rel, lambda name, parent: os.unlink(name, dir_fd=parent))
 
     # -- whole trees -------------------------------------------------------------------------------
     def walk(self, rel: str | os.PathLike = "", page: int = 1000, skip: tuple[str, ...] = ()) -> Iterator[list[Entry]]:
