@@ -8,7 +8,6 @@ timestamped log and the exit file.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import re
@@ -224,26 +223,20 @@ def test_a_forked_wrapper_runs_a_cold_command_as_a_started_one_would(server, tmp
     job_env = {"PATH": "/usr/bin:/bin", "SECRET_OF_THE_JOB": "only through the descriptor"}
     probe = ("echo \"fd $1: $(tr '\\0' , <&\"$1\")\"; echo \"env: $(env | sort | tr '\\n' ' ')\"; "
              "echo \"session: $(ps -o sid= -p $$) own: $(ps -o sid= -p $PPID)\"; exit 5")
+    # Our own number for it: a fixed one (dup2) could close a descriptor another thread of this process holds. The
+    # server receives it under another number and must move it to the one the command line names.
     fd = envexec.environment_fd(job_env)
-    for _ in range(100):  # a number the server's child must give it (its own connection may sit there)
-        try:
-            os.dup2(fd, 47)
-            break
-        except OSError as e:  # EBUSY: another thread of this test process is opening a file as number 47 right now
-            if e.errno != errno.EBUSY:
-                raise
-    os.close(fd)
     log, exit_file, err = tmp_path / "w.log", tmp_path / "w.exit", tmp_path / "w.wrapper.err"
     platform = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MARK": "platform"}
     try:
         pid = server.wrap(["--rank", "0", "--log", str(log), "--exit-file", str(exit_file), "--cwd", str(tmp_path), "--",
-                           "/bin/bash", "-c", probe, "probe", "47"], platform, str(err), 47)
+                           "/bin/bash", "-c", probe, "probe", str(fd)], platform, str(err), fd)
     finally:
-        os.close(47)
+        os.close(fd)
     wait_for(exit_file.exists, what="the forked wrapper's exit file", timeout=20, interval=0.01)
     assert exit_file.read_text() == "5"
     text = log.read_text()
-    assert "fd 47: PATH=/usr/bin:/bin,SECRET_OF_THE_JOB=only through the descriptor" in text, text
+    assert f"fd {fd}: PATH=/usr/bin:/bin,SECRET_OF_THE_JOB=only through the descriptor" in text, text
     env_line = next(line for line in text.splitlines() if "env: " in line)
     assert "MARK=platform" in env_line and "SECRET_OF_THE_JOB" not in env_line, env_line  # the platform's environment
     sids = re.search(r"session: *(\d+) own: *(\d+)", text).groups()
