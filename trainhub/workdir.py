@@ -634,6 +634,22 @@ def _copy(src, dst) -> None:
         dst.write(chunk)
 
 
+class Below:
+    """A sink's sub-folder ``prefix`` as a sink of its own (the unpacking writes below it)."""
+
+    def __init__(self, sink, prefix: str):
+        self.sink, self.prefix = sink, member_path(prefix)
+
+    def makedirs(self, rel: str, mode: int = 0o755) -> None:
+        self.sink.makedirs(f"{self.prefix}/{rel}", mode)
+
+    def write_from(self, rel: str, fill, mode: int = 0o644) -> None:
+        self.sink.write_from(f"{self.prefix}/{rel}", fill, mode)
+
+    def symlink(self, target: str, rel: str) -> None:
+        self.sink.symlink(target, f"{self.prefix}/{rel}")
+
+
 class DirSink:
     """A folder written with plain system calls, one component at a time without following a link (the folder of a
     Kubernetes pod, tests). A local user's folder is written through their UserTree instead."""

@@ -174,7 +174,9 @@ def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[s
     # what torchrun --nnodes W --nproc_per_node 1 --node_rank i would give it (trainhub.distenv)
     env.update(distenv.worker_env(rank=index, local_rank=0, group_rank=index, world_size=workers, local_world_size=1,
                                   group_world_size=workers, master_addr=f"{name}-0.{name}", master_port=master_port,
-                                  gpus_per_worker=gpus, cores=cpu_limit, error_file=f"{POD_ROOT}/error.json",
+                                  gpus_per_worker=gpus, error_file=f"{POD_ROOT}/error.json",
+                                  # a torchrun inside sets OMP_NUM_THREADS for its own processes (as on a machine)
+                                  cores=None if distenv.runs_torchrun(command) else cpu_limit,
                                   user_env=user_env))
     env.update({
         "NODE_RANK": index,
