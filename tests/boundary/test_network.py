@@ -131,6 +131,26 @@ def test_a_namespace_reaches_the_platforms_ports_and_nothing_else_of_the_machine
     assert "Address already in use" in taker.stderr
 
 
+def test_a_namespace_removed_from_outside_is_the_same_one_under_its_name_when_next_asked(gate):
+    """Another platform's start on this machine removes every th-* namespace name it finds (its leftovers, it
+    thinks): the gate mounts the one it holds again, so new processes of the user join the running ones and the
+    gate's listeners, never a dead path (nsenter: cannot open) or a namespace without the platform's ports."""
+    g, client, platform_port, other_port = gate
+    client.ensure("th-t-dave")
+    port = 45124
+    dave = _in_ns("th-t-dave", LISTENER, port, "dave")  # a process of the user's, running in it
+    try:
+        assert dave.stdout.readline().strip() == "listening"
+        subprocess.run(["ip", "netns", "delete", "th-t-dave"], check=True)
+        assert not os.path.exists(netns_path("th-t-dave"))
+        client.ensure("th-t-dave")
+        assert _probe("th-t-dave", "127.0.0.1", port) == "answer pong from dave"  # the same namespace
+        assert _probe("th-t-dave", "127.0.0.1", platform_port) == "answer pong from the machine"  # with the listeners
+    finally:
+        dave.kill()
+        dave.wait()
+
+
 EGRESS = r"""
 import socket, sys
 port, target = int(sys.argv[1]), sys.argv[2]
