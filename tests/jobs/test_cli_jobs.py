@@ -159,6 +159,11 @@ def test_a_folder_too_big_to_send_is_a_usage_error_naming_it(api_env, capsys, pr
     assert code == 0, err
 
 
+def test_exclude_without_a_workdir_is_a_usage_error(api_env, capsys):
+    code, _, err = run(capsys, "jobs", "submit", "--exclude", "data/", "--", "python", "train.py")
+    assert code == 2 and "give --workdir DIR too" in err and api_env.service.posts == 0
+
+
 def test_without_a_workdir_a_command_with_arguments_runs_as_before(api_env, capsys):
     code, out, err = run(capsys, "jobs", "submit", "--json", "--", "bash", "-c", "echo hi $0", "there")
     assert code == 0, err

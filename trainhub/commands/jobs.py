@@ -158,6 +158,8 @@ def cmd_submit(args):
     program = list(args.program)
     if bool(program) == bool(args.shell_command):
         raise CommandError("give either SCRIPT (a .py file), -- CMD [ARG ...] or --command 'CMD', not both or neither", 2)
+    if args.exclude and not args.workdir:
+        raise CommandError("--exclude leaves things out of the folder --workdir sends: give --workdir DIR too", 2)
     script = command = None
     named = None  # the file whose name names the job
     if args.shell_command:
