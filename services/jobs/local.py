@@ -10,6 +10,8 @@ Layout of a job's folder (``<jobs_dir>/<job key>/``)::
     outputs/                     $TRAINHUB_OUTPUTS_DIR, synced to storage
     work/                        $TRAINHUB_JOB_DIR of an isolated job (the user's; attempt-<n>-worker-<r>.error.json
                                  there); without isolation $TRAINHUB_JOB_DIR is the job folder itself
+    work/workdir/ (or workdir/)  the working directory the job was sent with, unpacked as the user: its cwd
+    workdir.unpacked             the platform's mark that the copy is whole (a retry runs in it again)
 
 and ``<jobs_dir>/.forkserver.sock`` / ``.forkserver.log``: the warm fork server of `script` jobs
 (see forkserver.py; ``warm_start``).
@@ -55,7 +57,7 @@ from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
 from trainhub.workdir import Below, unpack
 
-from . import warminside, worker
+from . import outputs, warminside, worker
 from .forkserver import SOCKET_NAME, ForkServer, ForkServerError, server_environment
 from .launcher import JobView, Launcher, WorkerStatus
 from .pooledstart import PooledStarts
@@ -63,7 +65,7 @@ from .pooledstart import PooledStarts
 WORKER_SCRIPT = os.path.abspath(worker.__file__)
 WARM_INSIDE_SCRIPT = os.path.abspath(warminside.__file__)
 WORK_DIR = "work"  # $TRAINHUB_JOB_DIR of an isolated job: the part of its folder that is the user's
-WORKDIR = "workdir"  # the working directory a job was sent with, unpacked (in work/ when isolated)
+WORKDIR = outputs.WORKDIR  # the working directory a job was sent with, unpacked (in work/ when isolated)
 
 
 class _NotOnLoop(Exception):

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import tarfile
+from pathlib import Path
 
 import pytest
 from waiting import await_for
@@ -35,6 +37,7 @@ async def engine(tmp_path):
     store = JobStore(db)
     launcher = LocalLauncher(data_dir=str(data), home_dir_template="")
     storage = StorageConfig(url=str(data / "storage"))
+    storage.ensure_layout(["ann"])
     eng = JobEngine(store, LocalGPUAllocator(db_url=db, device_list=[]), launcher, QuotaPolicy(), storage,
                     OutputSyncer(storage), tick=0.1)
     yield eng
@@ -63,7 +66,7 @@ async def run(engine, **fields):
     job = await await_for(step, lambda j: j.state in JOB_TERMINAL, what="the job to end", timeout=120, interval=0.1,
                           describe=lambda j: f"still {j.state}: {j.reason}")
     jdir = engine.launcher.job_dir(job)
-    logs = "".join(p.read_text() for p in sorted(__import__("pathlib").Path(jdir).glob("attempt-*/worker-*.log")))
+    logs = "".join(p.read_text() for p in sorted(Path(jdir).glob("attempt-*/worker-*.log")))
     return job, logs, jdir
 
 
@@ -91,6 +94,11 @@ async def test_script_and_command_jobs_run_in_the_unpacked_copy(engine, project)
     assert f"cwd {jdir}/workdir path0 {jdir}/workdir [1, 2, 3]" in logs
     events = await engine.store.read(engine.store.events, job.id)
     assert any(e["kind"] == "workdir" and "2 files" in e["message"] for e in events), events
+    # the copy stays on the machine: the output sync leaves it out of the job's storage area (its logs are there)
+    area = engine.storage.root() + f"/users/ann/jobs/{job.key}"
+    await await_for(lambda: os.path.exists(f"{area}/attempt-1/worker-0.log"), what="the job's log in its storage area",
+                    timeout=60)
+    assert os.path.exists(f"{area}/script.py") and not os.path.exists(f"{area}/workdir")
 
 
 async def test_a_retried_attempt_runs_in_the_copy_its_predecessor_left(engine, project):
