@@ -37,13 +37,18 @@ pytestmark = [pytest.mark.e2e,
 
 USER = "ddp-ann"
 FIXTURE = Path(__file__).parent / "ddp_tutorial"
-MATTERS = re.compile(r"(\[GPU\d+\] Epoch \d+ \| Batchsize: \d+ \| Steps: \d+|Epoch \d+ \| Training snapshot saved at "
-                     r"snapshot\.pt|Loading snapshot|Resuming training from snapshot at Epoch \d+)\s*$")
-LOG_PREFIX = re.compile(r"^\S+Z \[\d+\] ")
+# each message is one write (print's text, then its newline: two processes sharing a pipe, as torchrun's do, may put
+# two messages on one line), so they are found wherever they are, not line by line
+MATTERS = re.compile(r"\[GPU\d+\] Epoch \d+ \| Batchsize: \d+ \| Steps: \d+|Epoch \d+ \| Training snapshot saved at "
+                     r"snapshot\.pt|Loading snapshot|Resuming training from snapshot at Epoch \d+")
+LOG_PREFIX = re.compile(r"^\S+Z \[\d+\] ", re.MULTILINE)
 
 
-def lines_that_matter(text: str) -> Counter:
-    return Counter(m.group(1) for line in text.splitlines() if (m := MATTERS.search(LOG_PREFIX.sub("", line))))
+def lines_that_matter(text: str, way: str = "") -> Counter:
+    got = Counter(MATTERS.findall(LOG_PREFIX.sub("", text)))
+    if way:  # shown with -s, and in CI's log
+        print(f"\n{way}:", *(f"{n} x {line}" for line, n in sorted(got.items())), sep="\n    ")
+    return got
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +60,7 @@ def baseline(tmp_path_factory) -> Counter:
     out = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "multigpu_torchrun.py", "2", "1"], cwd=folder,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    got = lines_that_matter(out.stdout)
+    got = lines_that_matter(out.stdout, "baseline: torchrun --standalone --nproc_per_node=2 on the machine")
     assert got == Counter({f"[GPU{r}] Epoch {e} | Batchsize: 32 | Steps: 32": 1 for r in (0, 1) for e in (0, 1)}
                           | {f"Epoch {e} | Training snapshot saved at snapshot.pt": 1 for e in (0, 1)}), out.stdout
     return got
@@ -121,7 +126,7 @@ def test_a_from_train_in_a_real_kernel_whose_notebook_folder_holds_datautils(ser
     logs = job_logs(server, job_id)
     assert state == "succeeded", out + logs[-3000:]
     assert "sent the working directory" in out and "/ddp: 1 file" in out, out
-    assert lines_that_matter(logs) == baseline, logs[-3000:]
+    assert lines_that_matter(logs, f"(a) %%train --workers 2, {job_id}") == baseline, logs[-3000:]
     unpacked_copy(server, job_id, ("datautils.py", "snapshot.pt"))
 
 
@@ -134,7 +139,8 @@ def test_b_submit_a_folder_and_a_command_with_arguments(server, baseline, capsys
     logs = job_logs(server, job_id)
     assert code == 0, err + logs[-3000:]
     assert f"working directory {folder}: 3 files" in err
-    assert lines_that_matter(logs) == baseline, logs[-3000:]
+    assert lines_that_matter(logs, f"(b) --workdir --workers 2 -- python multigpu_torchrun.py 2 1, {job_id}") == baseline, \
+        logs[-3000:]
     unpacked_copy(server, job_id, ("README.md", "multigpu_torchrun.py", "datautils.py", "snapshot.pt"))
 
 
@@ -148,5 +154,6 @@ def test_c_torchrun_with_two_processes_inside_a_one_worker_job(server, baseline,
     job_id = re.search(r"submitted (j-\d+)", out).group(1)
     logs = job_logs(server, job_id)
     assert code == 0, err + logs[-3000:]
-    assert lines_that_matter(logs) == baseline, logs[-3000:]
+    assert lines_that_matter(logs, f"(c) --workdir -- torchrun --standalone --nproc_per_node=2 ..., {job_id}") == baseline, \
+        logs[-3000:]
     unpacked_copy(server, job_id, ("README.md", "multigpu_torchrun.py", "datautils.py", "snapshot.pt"))
