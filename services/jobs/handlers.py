@@ -127,7 +127,7 @@ class JobMetricsHandler(JobAccessMixin, APIHandler):
 class WorkdirHandler(APIHandler):
     """``/workdirs/{sha256}``: a working directory sent with jobs (trainhub.workdir), the caller's own.
 
-    GET: is it stored (what it holds), or 404. PUT: store it; the body (``application/gzip``) is streamed to a file
+    GET: is it stored (what it holds), or 404. PUT: store it; the body (the ``.tar.gz``, ``application/octet-stream``) is streamed to a file
     piece by piece as it arrives (services/jobs/workdirs.py), never held whole, and past the limits dropped and refused
     (413); it must hash to its name and pass the unpacking's checks (400 naming what is wrong)."""
 

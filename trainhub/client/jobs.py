@@ -42,7 +42,7 @@ class JobsAPI(ClientBase):
             except TrainhubAPIError as e:
                 if e.status != 404:
                     raise
-                info = self._json("PUT", path, data=snap.archive, headers={"Content-Type": "application/gzip"},
+                info = self._json("PUT", path, data=snap.archive, headers={"Content-Type": "application/octet-stream"},
                                   timeout=max(self.timeout, 300))
         return {**info, "skipped": snap.skipped, "folder": snap.root}
 
