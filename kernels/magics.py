@@ -10,6 +10,7 @@ are reported as ``UsageError``: one message, no traceback, nothing submitted.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -19,17 +20,20 @@ from traitlets import Float, Integer, Unicode
 
 from trainhub.backoff import Backoff
 from trainhub.fmt import elapsed_seconds, fmt_duration, format_job, state_text
-from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
+from trainhub.jobspec import add_spec_options, add_workdir_options, parse_states, spec_from_args, workdir_summary
 from trainhub.kernels.context import CellSyntaxError, build_job_script, check_returns, left_out_message
 from trainhub.kernels.handle import running_cell
 from trainhub.states import JOB_STATES, SUCCEEDED
+from trainhub.workdir import scan
 
 CELL_HELP = """\
 Run this cell as a batch job on the platform's GPUs.
 
 Imports, functions, classes and constants from cells you already ran are sent along when the
-cell uses them; other small values (up to TrainMagics.max_value_bytes pickled) too. Inside the
-job use trainhub.log_metrics(step=..., loss=...), trainhub.outputs_dir(), trainhub.params().
+cell uses them; other small values (up to TrainMagics.max_value_bytes pickled) too. The job runs
+in a copy of the notebook's folder (its modules import, relative paths work; .gitignore and
+.trainhubignore respected): --workdir DIR sends another, --no-workdir none. Inside the job use
+trainhub.log_metrics(step=..., loss=...), trainhub.outputs_dir(), trainhub.params().
 """
 
 LINE_HELP = """\
@@ -71,6 +75,7 @@ def cell_parser() -> argparse.ArgumentParser:
     p = _UsageParser(prog="%%train", description=CELL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                      allow_abbrev=False)
     add_spec_options(p)
+    add_workdir_options(p, default="the notebook's folder")
     p.add_argument("--wait", action="store_true", help="block until the job ends; fail the cell if the job fails")
     p.add_argument("--as", dest="as_var", metavar="VAR", help="bind the JobHandle to VAR (it is also the cell's result, _)")
     p.add_argument("--return", dest="returns", metavar="NAME[,NAME...]", type=return_names, default=[],
@@ -198,7 +203,8 @@ class TrainMagics(Magics):
         try:
             script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
                                       transform=self.shell.transform_cell, line_offset=1,
-                                      returns=getattr(args, "returns", None))
+                                      returns=getattr(args, "returns", None),
+                                      workdir=not getattr(args, "no_workdir", True))  # %%sweep: no working directory (yet)
         except CellSyntaxError as e:
             where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
             pointer = f"\n    {e.line.strip()}" if e.line else ""
@@ -242,14 +248,25 @@ class TrainMagics(Magics):
         if prepared is None:
             return None
         args, script = prepared
+        folder = None if args.no_workdir else (args.workdir or os.getcwd())
         if args.dry_run:
             print(script.source)
             self._report_context(script)
+            if folder is not None:
+                listing = self._call("the working directory cannot be sent", scan, folder, exclude=args.exclude)
+                print(f"%%train would send the working directory {listing.root}: "
+                      f"{workdir_summary({'files': listing.files, 'bytes': listing.bytes, 'skipped': listing.skipped})}")
             return None
         spec = spec_from_args(args, script=script.source)
         spec.setdefault("name", f"notebook-cell-{cell_number(self.shell)}")
+        sent = None
+        if folder is not None:  # the notebook's folder: the job runs in a copy of it (trainhub.workdir)
+            sent = self._call("the job was not submitted", self.client.send_workdir, folder, exclude=args.exclude)
+            spec["workdir"] = sent["sha256"]
         job = self._call("the job was not submitted", self.client.submit, spec)
         self._report_context(script)
+        if sent is not None:
+            print(f"%%train sent the working directory {sent['folder']}: {workdir_summary(sent)}")
         handle = JobHandle(self.client, job)
 
         def panel():

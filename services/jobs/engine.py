@@ -29,6 +29,7 @@ devices of a job that has ended for longer than one pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections import defaultdict
@@ -585,6 +586,9 @@ class JobEngine(LoggingConfigurable):
         attempt = job.attempt + 1
         job.attempt = attempt
         v = view(job)
+        workdir = await self.store.lookup(self.store.workdir_of, job.id)  # a small read: on the loop with SQLite
+        if workdir:
+            v = dataclasses.replace(v, workdir=workdir)
         jdir = self.launcher.job_dir(v)
         outputs_url = self.syncer.target_url(job.user, job.key)
         env = self.attempt_env.base(v, job.retries or 0, self.api_url)

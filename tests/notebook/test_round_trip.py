@@ -25,9 +25,10 @@ def _server():
 
 
 @pytest.fixture
-def magics(shell, _server, monkeypatch):
+def magics(shell, _server, monkeypatch, tmp_path):
     _server.service.reset()
     monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.chdir(tmp_path)  # the notebook's folder, which %%train sends along
     m = shell.magics_manager.registry["TrainMagics"]
     m.client = TrainhubClient(_server.url, _server.token, retries=1, backoff=0.01)
     m.poll_interval = 0.05
