@@ -30,7 +30,7 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
 from jupyterhub.utils import random_port
 from traitlets import Bool, Callable, Dict, Float, Instance, Integer, List, Type, Unicode, default
 
-from trainhub.boundary import keeper, procs
+from trainhub.boundary import keeper, procs, userenv
 from trainhub.boundary.accounts import Account
 from trainhub.boundary.asuser import AsUser
 from trainhub.boundary.credentials import CredentialBroker, storage_credentials_broker
@@ -147,6 +147,15 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         "user, through descriptors, never following a link (home.write_bytes('.config/x', b'...'), home.makedirs, "
         "home.read_bytes, home.names). `trainhub up` sets it to install the IPython startup file that loads %%train "
         "in every kernel (trainhub.hub_config.embedded.install_kernel_startup). None = nothing.",
+    ).tag(config=True)
+
+    user_environment = Bool(
+        True,
+        help="Give each user a Python environment of their own, layered on the platform's (trainhub.boundary.userenv): "
+        "~/.trainhub/venv, made or brought up to date at each server start. In the server's terminals `python` and "
+        "`pip` are that environment's (`pip install X` and `pip install --user X` persist in the home), notebook "
+        "kernels run it, and `trainhub` is the platform's command; jobs see the same packages. False: terminals, "
+        "kernels and jobs use the platform's environment, where users cannot install anything.",
     ).tag(config=True)
 
     queue_when_full = Bool(
@@ -804,6 +813,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             env["TRAINHUB_API_URL"] = self.api_url
         env.update(self.netns_env)  # the egress proxy of the user's namespace
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
+        if self.user_environment:  # python, pip and the user's packages first; the platform's commands after them
+            env.update(userenv.server_env(os.path.realpath(self.home_dir), env))
         # the platform's markers last: no Spawner.environment entry or user option replaces them
         env[HOLDER_VAR] = self.spawn_token
         if os.environ.get(INSTANCE_VAR):
@@ -817,6 +828,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         with AsUser(self.user.name, self.account, self.isolation).tree(self.home_dir) as home:
             if self.prepare_home_hook is not None:  # e.g. %%train and %train load in every kernel of a platform notebook
                 self.prepare_home_hook(self, home)
+            if self.user_environment:
+                userenv.install(home, os.path.realpath(self.home_dir))
             if self.storage.url and self.storage.is_local and self.link_storage:
                 for name, url in ((self.link_storage, self.storage.user_url(self.user.name)),
                                   ("datasets", self.storage.datasets_url())):
