@@ -21,6 +21,8 @@ Routes (under the server's base URL; JSON errors ``{"status", "message"}``):
 - ``GET|POST|DELETE trainhub/culler/regain``                 "get a GPU again" (the culler's api/regain)
 - ``POST trainhub/snapshot``                                 every kernel saves its variables before a release
   (:mod:`.snapshot`; the culler calls it)
+- ``POST|GET trainhub/move``                                 a move of this server is starting: the open pages are told
+  (:mod:`.move`; the culler calls it first)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import shutil
 from trainhub.boundary.userenv import VAR as USER_ENV_VAR
 
 from .handlers import StorageBrowser, default_handlers
+from .move import register as register_move_event
 from .snapshot import configure_kernels
 
 
@@ -60,6 +63,7 @@ def _load_jupyter_server_extension(serverapp):
     base_url = web_app.settings["base_url"]
     web_app.settings["trainhub_storage"] = browser
     snapshot_dir = configure_kernels(serverapp.root_dir)
+    register_move_event(serverapp)
     web_app.add_handlers(".*$", default_handlers(base_url, browser))
     serverapp.log.info("trainhub storage browser: home=%s datasets=%s; kernel snapshots in %s", browser.home_url or "(none)",
                        browser.datasets_url or "(none)", snapshot_dir)

@@ -562,6 +562,8 @@ class GPUCuller(RegainMixin, Application):
         # Unsaved browser buffers cannot be saved from here (they live in the browser);
         # JupyterLab autosaves open documents (every 120 s by default) during the warning period.
         snap = None
+        if decision.action == RELEASE and server_url:
+            await self._announce_move(info, server_url, "release", decision.target_profile)
         if decision.action == RELEASE and self.snapshot_on_release and server_url:
             snap = await self._snapshot(info, server_url)
         stopped = await self.client.stop_server(info.user, info.server_name)
@@ -570,6 +572,20 @@ class GPUCuller(RegainMixin, Application):
                 await self.client.wait_stopped(info.user, info.server_name, self.stop_timeout)
             await self.client.start_server(info.user, info.server_name, decision.target_profile)
         return snap
+
+    async def _announce_move(self, info: ServerInfo, server_url: str, action: str, profile: str) -> None:
+        """Tell the server's open pages that it moves now (trainhub/move); never raises, a second or so at most: the
+        move goes on whatever the pages heard."""
+        kept = self.snapshot_on_release
+        what = "onto the CPU" if action == "release" else f"onto {profile}"
+        message = (f"trainhub is moving this server {what} (profile {profile}): "
+                   + ("your variables are kept; " if kept else "kernel state is lost; ")
+                   + "the page reconnects by itself.")
+        try:
+            await within(self.client.announce_move(server_url, {"action": action, "profile": profile, "message": message,
+                                                                "variables": kept}), 10)
+        except Exception as e:
+            self.log.info("could not tell the pages of %s/%s about the move (%r); it goes on", info.user, info.server_name, e)
 
     async def _snapshot(self, info: ServerInfo, server_url: str) -> dict:
         """The server's kernels save their variables; never raises (a release goes on without them)."""
