@@ -169,3 +169,30 @@ def test_only_root_may_ask_the_gate(gate):
     assert not os.path.exists(netns_path("th-x"))
     with pytest.raises(GateError, match="not a user namespace"):
         client.ensure("../../etc")
+
+
+def test_a_gate_removes_only_its_own_platforms_namespaces(tmp_path):
+    """Several platforms on one machine (the tests' private ones, a lab's): a gate that starts removes the namespaces
+    its platform's previous run left (listed beside its socket), never another platform's. It removed every th-
+    namespace of the machine, and the other platform's next server or job failed ("nsenter: cannot open ..."). A
+    namespace of its own removed by someone else is made anew when next asked for."""
+    from trainhub.boundary.network import make_netns
+
+    config = UserNetwork(forward_ports=[], egress=False)
+    make_netns(config.ip, "th-t-other-platform")  # a user's namespace of another platform on this machine
+    (tmp_path / "namespaces").write_text("th-t-left-here\n")
+    make_netns(config.ip, "th-t-left-here")  # this platform's previous run never stopped
+    g = Gate(config, str(tmp_path / "gate.sock"))
+    try:
+        g.start_thread()
+        assert os.path.exists(netns_path("th-t-other-platform")) and not os.path.exists(netns_path("th-t-left-here"))
+        client = GateClient(g.socket_path)
+        path = client.ensure("th-t-dora")
+        assert (tmp_path / "namespaces").read_text().split() == ["th-t-dora"]
+        subprocess.run([config.ip, "netns", "delete", "th-t-dora"], check=True)  # e.g. by an older trainhub
+        assert client.ensure("th-t-dora") == path and os.path.exists(path)
+        assert _probe("th-t-dora", "127.0.0.1", 9).startswith("refused")  # a namespace one can enter again
+    finally:
+        g.stop()
+        subprocess.run([config.ip, "netns", "delete", "th-t-other-platform"], check=False)
+    assert not os.path.exists(netns_path("th-t-dora")) and not (tmp_path / "namespaces").exists()

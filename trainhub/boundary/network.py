@@ -215,6 +215,7 @@ class Gate:
     def __init__(self, config: UserNetwork, socket_path: str):
         self.config = config
         self.socket_path = socket_path
+        self._record = os.path.join(os.path.dirname(socket_path), "namespaces")  # the namespaces this platform made
         self.namespaces: dict[str, Namespace] = {}
         self.rules = _Rules([ipaddress.ip_network(c, strict=False) for c in config.egress_deny],
                             [ipaddress.ip_network(c, strict=False) for c in config.egress_allow])
@@ -247,7 +248,7 @@ class Gate:
 
     async def _start(self) -> None:
         self._lock = asyncio.Lock()
-        remove_leftovers(self.config.ip)
+        remove_leftovers(self.config.ip, self._record)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         old = os.umask(0o077)
@@ -274,6 +275,8 @@ class Gate:
             _run([self.config.ip, "netns", "delete", name], check=False)
         self.namespaces.clear()
         with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._record)
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
 
     # -- the requests ------------------------------------------------------------------------------
@@ -283,9 +286,15 @@ class Gate:
             raise GateError(f"{name!r} is not a user namespace name")
         async with self._lock:
             ns = self.namespaces.get(name)
-            if ns is not None:
+            if ns is not None and os.path.exists(ns.path):
                 return ns.path
+            if ns is not None:  # removed by someone else: made anew (processes still in the old one keep it)
+                log.warning("network namespace %s was removed outside this gate; making it anew", name)
+                ns.close()
+                del self.namespaces[name]
             await asyncio.to_thread(make_netns, self.config.ip, name)
+            with open(self._record, "a") as f:  # for the next start's remove_leftovers, if this run never stops
+                f.write(name + "\n")
             ns = Namespace(name)
             try:
                 for port in dict.fromkeys(self.config.forward_ports):
@@ -517,14 +526,19 @@ def make_netns(ip: str, name: str) -> None:
     _run([ip, "-n", name, "link", "set", "lo", "up"])
 
 
-def remove_leftovers(ip: str) -> list[str]:
-    """Namespaces of an earlier run (they are made anew when a user's process starts)."""
+def remove_leftovers(ip: str, record: str) -> list[str]:
+    """Namespaces an earlier run of this platform made (listed in ``record``, a file beside its gate's socket; they are
+    made anew when a user's process starts). Only those: every ``th-`` namespace of the machine also took those of other
+    platforms running on it (their users' next servers and jobs then failed: "nsenter: cannot open /run/netns/...")."""
     try:
-        names = [n for n in os.listdir(NETNS_DIR) if n.startswith(NETNS_PREFIX)]
+        with open(record) as f:
+            names = [n for n in f.read().split() if n.startswith(NETNS_PREFIX) and "/" not in n]
     except FileNotFoundError:
         return []
     for n in names:
-        _run([ip, "netns", "delete", n], check=False)
+        if os.path.exists(netns_path(n)):
+            _run([ip, "netns", "delete", n], check=False)
+    os.unlink(record)
     return names
 
 
