@@ -81,6 +81,7 @@ def mover(rig):  # noqa: F811
     rig.client = MovingHub(rig.allocator)
     rig.jobs_api_url = "http://jobs.invalid/api"  # the queue's grants come from the jobs service
     rig.regain_heartbeat = 0.01
+    rig.move_notice_grace = 0  # (the pages' time to save before a move: none here)
     return rig
 
 
