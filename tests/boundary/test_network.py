@@ -212,3 +212,24 @@ def test_the_egress_proxy_never_reaches_this_machine_by_a_public_address_either(
         srv.close()
     finally:
         subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], check=False)
+
+
+def test_a_gate_removes_only_its_own_platforms_namespaces():
+    """Several platforms on one machine (the tests' private ones, a lab's): a gate that starts removes the namespaces
+    its own platform's previous run left, never another platform's (it once removed every th- namespace of the
+    machine, and the other platform's next server or job failed: "nsenter: cannot open /run/netns/...")."""
+    from trainhub.boundary.network import make_netns
+
+    config = UserNetwork(forward_ports=[], egress=False)
+    other = platform_prefix(f"/elsewhere/{os.getpid()}") + "alice"
+    make_netns(config.ip, other)  # a user's namespace of another platform on this machine
+    make_netns(config.ip, ns("left-here"))  # this platform's previous run never stopped
+    folder = tempfile.mkdtemp(prefix="th-gate-")
+    g = Gate(config, os.path.join(folder, "gate.sock"), PREFIX)
+    try:
+        g.start_thread()
+        assert os.path.exists(netns_path(other)) and not os.path.exists(netns_path(ns("left-here")))
+    finally:
+        g.stop()
+        subprocess.run([config.ip, "netns", "delete", other], check=False)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -37,7 +37,7 @@ from trainhub.backoff import WaitTimeout, poll
 from trainhub.boundary.procs import INSTANCE_VAR, become_subreaper, descendants, processes_with, terminate_tagged
 from trainhub.settings import DataDir, Runtime, StopRecord, read_or_create_secret
 
-from .supervise import SupervisedHub
+from .supervise import HubOutput, SupervisedHub
 
 #: the packages whose folders hold trainhub's code (read-only in every sandbox)
 CODE_PACKAGES = ("trainhub", "trainhub.hub_config", "trainhub.spawner", "trainhub.services", "trainhub.extensions",
@@ -307,17 +307,38 @@ def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float, exite
         raise UpError(f"{what} did not answer at {url} within {timeout:.0f} s") from None
 
 
-def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) -> None:
+#: seconds between two looks at the proxy's routes while waiting for a hub that does not log at INFO (it will not say
+#: it runs): each look is a line in the proxy's log
+ROUTES_POLL = 5.0
+
+
+def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, output: HubOutput | None = None, timeout: float = 90) -> None:
     """The hub answers on its own port, the proxy routes to it, then the public URL answers.
 
-    Asking the public URL before the hub's route exists makes the proxy log a red 404 per attempt.
+    Asking the public URL before the hub's route exists makes the proxy log a red 404 per attempt, and asking the
+    proxy's API for its routes logs a line per request (it was five a second): a hub that logs at INFO says when
+    it runs (``output``, from the output pump), and only a hub that does not is looked at through the proxy's
+    routes, every ``ROUTES_POLL`` seconds.
     """
     hint = f"; see {Path(runtime.data_dir) / 'logs' / 'jupyterhub.log'}"
     wait_http(f"http://127.0.0.1:{runtime.hub_port}/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
     token = read_or_create_secret(DataDir(runtime.data_dir).proxy_token_file)[0]
-    wait_http(f"http://127.0.0.1:{runtime.proxy_api_port}/api/routes", proc, "the proxy's route to JupyterHub", timeout,
-              exited_hint=hint, headers={"Authorization": f"token {token}"},
-              ready=lambda r: r.status_code == 200 and "/" in r.json())
+    routes = f"http://127.0.0.1:{runtime.proxy_api_port}/api/routes"
+    output = output or HubOutput()
+    deadline = time.monotonic() + timeout
+    while not output.running.wait(min(ROUTES_POLL, max(0.0, deadline - time.monotonic()))):
+        if proc.poll() is not None:
+            raise UpError(f"JupyterHub exited with code {proc.returncode} while starting{hint}")
+        if time.monotonic() >= deadline:
+            raise UpError(f"the proxy's route to JupyterHub did not appear at {routes} within {timeout:.0f} s{hint}")
+        if output.logs_info.is_set():
+            continue  # it will say so
+        try:
+            r = requests.get(routes, timeout=2, headers={"Authorization": f"token {token}"})
+            if r.status_code == 200 and "/" in r.json():
+                break
+        except (requests.RequestException, ValueError):
+            pass
     wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
 
 
@@ -401,30 +422,35 @@ def run(args, out=sys.stdout) -> int:
     log_file = open(log_path, "ab")
     sinks = [log_file] + ([] if args.quiet else [sys.stdout.buffer])
     hub = SupervisedHub(cmd, env, str(dd.root), sinks)
-    hub.start()
-
     stopping = threading.Event()
 
     def on_signal(signum, _frame):
         if stopping.is_set():
+            print(f"\ntrainhub: already stopping ({signal.Signals(signum).name} ignored): servers, kernels and jobs are "
+                  "being ended", file=sys.stderr, flush=True)
             return
         stopping.set()
         print(f"\ntrainhub: {signal.Signals(signum).name} received, stopping...", file=sys.stderr, flush=True)
         hub.signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # the hub runs in a session of its own (SupervisedHub.start): these signals reach it only from here, once (a
+    # closed terminal's SIGHUP too: the hub no longer gets it from the terminal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    hub.start()
+    if stopping.is_set():  # a signal before the hub started
+        hub.signal(signal.SIGTERM)
     code = 1
     try:
         try:
-            wait_for_hub(runtime, hub.proc)
+            wait_for_hub(runtime, hub.proc, hub.output)
         except UpError:
             stopping.set()
             raise
         print(banner(runtime, new_password, dd, gate), file=out, flush=True)
         # until the hub exits for a stop (Ctrl-C or SIGTERM above ask it to); a hub that dies otherwise is started
         # again, with the servers and jobs it left running (docs/isolation.md, "What survives what")
-        code = hub.supervise(stopping, lambda proc: wait_for_hub(runtime, proc), instance)
+        code = hub.supervise(stopping, lambda proc, output: wait_for_hub(runtime, proc, output), instance)
     finally:
         # first the record (the jobs service must not take the stop's SIGTERMs for its jobs' own failures)
         StopRecord(instance, time.time(), "stopped").save(dd)

@@ -2,7 +2,9 @@
  * trainhub JupyterLab extension: the side panel (plugin `trainhub:panel`), its main-area views
  * (jobs table, usage chart, a job's logs and metrics, TensorBoard; views.ts) and the idle-GPU
  * warning (plugin `trainhub:culler-notification`, in culler.ts) and this server's GPUs in the status bar
- * (plugin `trainhub:gpu-status`, in gpustatus.ts).
+ * (plugin `trainhub:gpu-status`, in gpustatus.ts), and moves of this server by trainhub (plugins `trainhub:server-move`
+ * and `trainhub:connection-lost`, in move.ts: one notice with progress, no "Server unavailable" dialog, the page
+ * reconnects by itself).
  * Nothing is awaited in `activate`: the panel loads its data when first shown.
  *
  * Commands (also in the command palette, category "trainhub"): `trainhub:open-panel`,
@@ -14,6 +16,7 @@ import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/appu
 import { TrainhubAPI } from './api';
 import cullerNotification from './culler';
 import gpuStatus from './gpustatus';
+import { connectionLost, serverMove } from './move';
 import { jobsIcon, trainhubIcon, usageIcon } from './icons';
 import { TrainhubPanel } from './panel';
 import { IViewArgs, OPEN_VIEW_COMMAND, Views } from './views';
@@ -79,4 +82,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [plugin, cullerNotification, gpuStatus];
+export default [plugin, cullerNotification, gpuStatus, serverMove, connectionLost];
