@@ -24,7 +24,7 @@ import time
 from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
-from trainhub.fmt import clip, fmt_number, sweep_progress
+from trainhub.fmt import clip, fmt_number, plural, sweep_progress
 from trainhub.jobspec import add_spec_options, add_sweep_options, sweep_spec
 from trainhub.handle import seen_text
 from trainhub.kernels.handle import LiveDisplay
@@ -102,7 +102,7 @@ class SweepMagics(TrainMagics):
         self._report_context(script, "%%sweep")
         handle = SweepHandle(self.client, sweep)
         self._present(handle, lambda: SweepPanel(self.client, sweep, poll=self.poll_interval),
-                      f"started sweep {sweep['id']}: {sweep['trials']} trials, {sweep['parallel']} at a time, "
+                      f"started sweep {sweep['id']}: {plural(sweep['trials'], 'trial')}, {sweep['parallel']} at a time, "
                       f"{sweep['mode']}imising {sweep['metric']}", args.as_var)
         if args.wait:
             try:

@@ -29,6 +29,7 @@ from sqlalchemy import JSON, Float, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from trainhub.db import Base, SQLiteReader, get_engine, init_db, session_factory, write_session
+from trainhub.fmt import plural
 
 WAITING, GRANTED = "waiting", "granted"
 STALE_AFTER = 60.0  # seconds without the spawner's heartbeat
@@ -177,7 +178,7 @@ class QueueView:
     def text(self) -> tuple[str, str]:
         """(plain, html) description of the wait."""
         r = self.row
-        head = f"{self.profile}: in line for {self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+        head = f"{self.profile}: in line for {plural(self.gpus, 'GPU')}"
         if r is None:
             return head + "...", html.escape(head + "...")
         if r.position:

@@ -81,3 +81,24 @@ def test_wait_reason_text():
     estimate = wait_reason_text(job, dict(why, reserved_start=None, estimated_start=1_000_120.0), now=1_000_000.0)
     assert "  expected:" in estimate and "(in 02:00)" in estimate and "starts by" not in estimate
     assert "no scheduling pass" in wait_reason_text(job, {}, now=0) and "is queued: waiting" in wait_reason_text(job, {})
+
+
+# -- counts: the one pluralisation ----------------------------------------------------------------
+@pytest.mark.parametrize("n, word, text", [
+    (1, "item", "1 item"), (0, "item", "0 items"), (2, "item", "2 items"), (1, "retry", "1 retry"),
+    (0, "retry", "0 retries"), (3, "process", "3 processes"), (1.0, "core", "1 core"), (1.5, "core", "1.5 cores"),
+    (2, "GPU", "2 GPUs"),
+])
+def test_plural(n, word, text):
+    from trainhub.fmt import plural
+
+    assert plural(n, word) == text
+
+
+def test_counted_texts_never_say_1_items():
+    from trainhub.fmt import fmt_devices, measurement_line, sweep_progress
+
+    assert fmt_devices({"gpus": 1, "workers": 1}) == "1 GPU x 1 worker"
+    assert fmt_devices({"gpus": 0, "workers": 2}) == "0 GPUs x 2 workers"
+    assert measurement_line({"rank": 0, "cpu_percent": 50, "cpu_cores": 1, "samples": 1}).endswith("CPU 50% of 1 core, 1 sample")
+    assert sweep_progress({"trials": 1, "progress": {"done": 0}}) == "0/1 trial done, 0 running"

@@ -34,6 +34,7 @@ import requests
 
 from trainhub import gpus as gpu_inventory
 from trainhub.backoff import WaitTimeout, poll
+from trainhub.fmt import noun, plural
 from trainhub.boundary.procs import INSTANCE_VAR, become_subreaper, descendants, processes_with, terminate_tagged
 from trainhub.settings import DataDir, Runtime, StopRecord, read_or_create_secret
 
@@ -132,7 +133,7 @@ def end_leftovers(dd: DataDir, out=sys.stderr) -> None:
     if processes_with(INSTANCE_VAR, old.instance):
         began = time.time()
         ended = terminate_tagged(INSTANCE_VAR, old.instance, grace=STOP_GRACE)
-        print(f"trainhub: ended {ended} process(es) left by the previous run, which did not stop", file=out, flush=True)
+        print(f"trainhub: ended {plural(ended, 'process')} left by the previous run, which did not stop", file=out, flush=True)
         StopRecord(old.instance, began, "did not stop cleanly").save(dd)
     elif record is None or record.instance != old.instance:
         StopRecord(old.instance, time.time(), "did not stop cleanly").save(dd)
@@ -261,7 +262,7 @@ def _enable_available_services(runtime: Runtime) -> None:
         names = {n.strip() for n in wanted.split(",") if n.strip() and n.strip() != "none"}
         unknown = names - set(modules)
         if unknown:
-            raise UpError(f"TRAINHUB_SERVICES names unknown service(s) {sorted(unknown)}; known: {sorted(modules)}")
+            raise UpError(f"TRAINHUB_SERVICES names unknown {noun(len(unknown), 'service')} {sorted(unknown)}; known: {sorted(modules)}")
         for name in set(modules) - names:
             runtime.service_ports.pop(name, None)
     for name, module in modules.items():
@@ -329,7 +330,7 @@ def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -
     lines = ["", f"trainhub is running at {runtime.public_url}"]
     n = len(runtime.devices)
     kind = "simulated " if runtime.simulated else ""
-    lines.append(f"  GPU pool: {n} {kind}device{'s' if n != 1 else ''}" + (" (no NVIDIA driver found; --gpus N simulates N devices)" if n == 0 else ""))
+    lines.append(f"  GPU pool: {plural(n, kind + 'device')}" + (" (no NVIDIA driver found; --gpus N simulates N devices)" if n == 0 else ""))
     lines.append(f"  Storage:  {runtime.storage}")
     isolation = Isolation(config=load_platform_config(dd.root))
     lines += isolation.describe([GPUDevice(**d) for d in runtime.devices], run_as=_whoami())

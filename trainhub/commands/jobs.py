@@ -93,7 +93,7 @@ def add_parser(sub):
 
     c = jobs.add_parser("cancel", help="cancel a job", description="Cancel a job: its workers get SIGTERM, then "
                         "SIGKILL after the grace period. Cancelling a finished job changes nothing.")
-    c.add_argument("id", metavar="ID", nargs="+", help="job id(s)")
+    c.add_argument("id", metavar="ID", nargs="+", help="one or more job ids")
     _conn(c)
     c.set_defaults(func=cmd_cancel)
 
@@ -110,7 +110,7 @@ def add_parser(sub):
                          "in the job) into one folder, one run per job, and run TensorBoard on it until Ctrl-C, copying "
                          "new event files every --refresh seconds. In a platform terminal its address is under your "
                          "server (jupyter-server-proxy); the side panel's TensorBoard button does the same from the browser.")
-    tb.add_argument("id", metavar="ID", nargs="+", help="job id(s)")
+    tb.add_argument("id", metavar="ID", nargs="+", help="one or more job ids")
     tb.add_argument("--port", type=int, default=0, metavar="N", help="TensorBoard's port on 127.0.0.1 (default: a free one)")
     tb.add_argument("--logdir", metavar="DIR", help="where to gather the event files (default: ~/.cache/trainhub/tensorboard/...)")
     tb.add_argument("--refresh", type=float, default=30.0, metavar="S", help="seconds between copies of new event files")

@@ -6,6 +6,8 @@
 import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { plural } from './dom';
+
 export type Stage = 'none' | 'staging' | 'production' | 'archived';
 export const STAGES: Stage[] = ['none', 'staging', 'production', 'archived'];
 
@@ -323,7 +325,7 @@ export class TrainhubAPI {
 /** Python code that loads a dataset version, for "insert loading code". */
 export function loadingSnippet(v: IDatasetVersion): string {
   const lines = [
-    `# dataset ${v.name} v${v.version}${v.format ? ` (${v.format})` : ''}: ${v.file_count} file${v.file_count === 1 ? '' : 's'}, ${humanSize(v.size)}`,
+    `# dataset ${v.name} v${v.version}${v.format ? ` (${v.format})` : ''}: ${plural(v.file_count, 'file')}, ${humanSize(v.size)}`,
     'from trainhub.client import TrainhubClient',
     `ds = TrainhubClient().dataset(${JSON.stringify(v.name)}, ${v.version})`
   ];

@@ -9,7 +9,7 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { IJob, JOB_STATES, TrainhubAPI } from './api';
-import { button, el, humanDuration, shortTime, StatusLine } from './dom';
+import { button, el, humanDuration, noun, plural, shortTime, StatusLine } from './dom';
 import { logsIcon, metricsIcon, refreshIcon, registerIcon, tensorboardIcon } from './icons';
 import { ITensorBoardStatus, tensorboardStatus } from './tensorboard';
 
@@ -239,7 +239,7 @@ export class JobsTable extends Widget {
     this.renderCompare();
     const filter = this.stateFilter.value ? ` ${this.stateFilter.value}` : '';
     const more = this.total > this.jobs.length ? ` (the newest ${this.jobs.length} of ${this.total} loaded)` : '';
-    this.status.set(`${rows.length}${filter} job(s) shown${more}`);
+    this.status.set(`${rows.length}${filter} ${noun(rows.length, 'job')} shown${more}`);
   }
 
   private row(j: IJob): HTMLTableRowElement {
@@ -297,7 +297,7 @@ export class JobsTable extends Widget {
     inner.classList.add('th-compare-btn');
     if (this.tb?.available) {
       inner.disabled = n === 0;
-      inner.title = n ? `Open one TensorBoard with the ${n} selected job(s) side by side` : 'Select jobs to compare them in one TensorBoard';
+      inner.title = n ? `Open one TensorBoard with the ${plural(n, 'selected job')} side by side` : 'Select jobs to compare them in one TensorBoard';
       b.title = inner.title;
     }
     this.compare.replaceChildren(b);

@@ -10,7 +10,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { humanSize, IArea, IDataset, IDatasetVersion, IEntry, IModelVersion, loadingSnippet, Stage, STAGES, TrainhubAPI } from './api';
-import { button, confirmDialog, el, iconNode, StatusLine } from './dom';
+import { button, confirmDialog, el, iconNode, noun, plural, StatusLine } from './dom';
 import {
   copyIcon,
   datasetsIcon,
@@ -208,7 +208,7 @@ export class TrainhubPanel extends Widget {
       );
       list.append(more);
     }
-    this.setStatus(shown ? `${shown}${page.next_after ? '+' : ''} items in ${page.url}` : `empty: ${page.url}`);
+    this.setStatus(shown ? `${shown}${page.next_after ? '+' : ''} ${noun(shown, 'item')} in ${page.url}` : `empty: ${page.url}`);
   }
 
   private entryRow(e: IEntry, preview: HTMLElement, writable: boolean): HTMLElement {
@@ -266,7 +266,7 @@ export class TrainhubPanel extends Widget {
         await this.api.upload(this.area, this.path ? `${this.path}/${f.name}` : f.name, f);
       }
       await this.show_('storage');
-      this.setStatus(`uploaded ${files.length} file(s)`);
+      this.setStatus(`uploaded ${plural(files.length, 'file')}`);
     } catch (error) {
       this.fail(error);
     }
@@ -305,12 +305,12 @@ export class TrainhubPanel extends Widget {
     for (const d of page.items) {
       list.append(this.datasetRow(d));
     }
-    this.setStatus(`${page.total} dataset(s)`);
+    this.setStatus(plural(page.total, 'dataset'));
   }
 
   private datasetRow(d: IDataset): HTMLElement {
     const row = el('li', { class: 'th-item th-dataset', 'data-name': d.name });
-    const head = el('div', { class: 'th-item-head' }, el('strong', {}, d.name), ` · ${d.versions.length} version(s) · ${d.owner}`);
+    const head = el('div', { class: 'th-item-head' }, el('strong', {}, d.name), ` · ${plural(d.versions.length, 'version')} · ${d.owner}`);
     if (d.deprecated) {
       head.append(el('span', { class: 'th-badge th-deprecated' }, 'deprecated'));
     }
@@ -370,13 +370,13 @@ export class TrainhubPanel extends Widget {
       const stages = Object.entries(m.stages)
         .map(([s, vs]) => `${s}: v${vs.join(', v')}`)
         .join(' · ');
-      const head = el('div', { class: 'th-item-head' }, el('strong', {}, m.name), ` · ${m.versions.length} version(s)${stages ? ' · ' + stages : ''}`);
+      const head = el('div', { class: 'th-item-head' }, el('strong', {}, m.name), ` · ${plural(m.versions.length, 'version')}${stages ? ' · ' + stages : ''}`);
       const details = el('div', { class: 'th-details' });
       head.addEventListener('click', () => void this.expandModel(m.name, details));
       row.append(head, details);
       list.append(row);
     }
-    this.setStatus(`${page.total} model(s)`);
+    this.setStatus(plural(page.total, 'model'));
   }
 
   private async expandModel(name: string, details: HTMLElement): Promise<void> {
@@ -455,7 +455,7 @@ export class TrainhubPanel extends Widget {
     for (const j of page.items) {
       const row = el('li', { class: `th-item th-job th-state-${j.state}`, 'data-id': j.id });
       row.append(
-        el('div', {}, el('strong', {}, j.id), ` ${j.name} · `, el('span', { class: 'th-state' }, j.state), ` · ${j.gpus * j.workers} GPU(s)`),
+        el('div', {}, el('strong', {}, j.id), ` ${j.name} · `, el('span', { class: 'th-state' }, j.state), ` · ${plural(j.gpus * j.workers, 'GPU')}`),
         el('div', { class: 'th-desc' }, j.reason || '')
       );
       const links = el('div', { class: 'th-row th-job-actions' });
@@ -472,7 +472,7 @@ export class TrainhubPanel extends Widget {
       row.append(links);
       list.append(row);
     }
-    this.setStatus(`${page.total} job(s)`);
+    this.setStatus(plural(page.total, 'job'));
   }
 
   private async registerFromJob(job: string): Promise<void> {
@@ -495,6 +495,6 @@ export class TrainhubPanel extends Widget {
     );
     const u = this.current(gen, await this.api.usage({ by: 'day', user: PageConfig.getOption('hubUser') || null }));
     this.body.replaceChildren(bar, ...usageFigure(u, true));
-    this.setStatus(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
+    this.setStatus(u.items.length ? `${plural(u.items.length, 'day')} with GPU use` : 'no GPU use in this period');
   }
 }

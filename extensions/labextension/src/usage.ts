@@ -9,7 +9,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IUsage, TrainhubAPI } from './api';
 import { barChart, legend } from './chart';
-import { button, el, StatusLine } from './dom';
+import { button, el, plural, StatusLine } from './dom';
 import { refreshIcon } from './icons';
 
 export const PERIODS = [7, 30, 90];
@@ -156,7 +156,7 @@ export class UsageView extends Widget {
       this.usage = u;
       this.node.dataset.user = u.user ?? EVERYONE;
       this.content.replaceChildren(...usageFigure(u));
-      this.status.set(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
+      this.status.set(u.items.length ? `${plural(u.items.length, 'day')} with GPU use` : 'no GPU use in this period');
     } catch (error) {
       this.status.fail(error);
     }
