@@ -130,8 +130,9 @@ def state_text(job: dict, sep: str = " ") -> str:
     return f"{state}{sep}({reason})" if reason and reason != state else f"{state}"
 
 
-def format_job(job: dict) -> str:
-    """A job as lines of ``field: value`` (``trainhub jobs show``, ``%train status`` without widgets)."""
+def format_job(job: dict, events: list[dict] | None = None) -> str:
+    """A job as lines of ``field: value`` (``trainhub jobs show``, ``%train status`` without widgets); with the
+    job's ``events`` the attempt line also tells restarts by the platform from retries."""
     lines = [f"{job['id']}  {job.get('name') or ''}".rstrip(),
              f"  state:    {state_text(job)}",
              f"  user:     {job.get('user', '')}",
@@ -142,7 +143,7 @@ def format_job(job: dict) -> str:
              f"  finished: {job.get('finished') or '-'}",
              f"  elapsed:  {fmt_duration(elapsed_seconds(job))}"]
     if job.get("attempt") or job.get("retries"):
-        lines.append(f"  attempt:  {job.get('attempt', 1)} of {1 + (job.get('retries') or 0)}")
+        lines.append(f"  attempt:  {attempt_text(job, events)}")
     if job.get("exit_codes"):
         lines.append(f"  exit codes: {job['exit_codes']}")
     if job.get("time_limit"):
@@ -153,6 +154,41 @@ def format_job(job: dict) -> str:
         if job.get(key):
             lines.append(f"  {key.replace('_', ' ')}: {job[key]}")
     return "\n".join(lines)
+
+
+#: How the jobs engine ends the message of an attempt it stopped and put back in the queue without spending a retry
+#: (the platform stopped, a higher-priority job preempted it, a gang could not be placed): see :func:`restart_causes`.
+REQUEUED = "; requeued"
+_RESTART_CAUSES = (("platform ", "a platform stop"), ("preempted", "a preemption"))
+
+
+def restart_causes(events: list[dict] | None) -> list[str]:
+    """Why each earlier attempt of a job was restarted by the platform rather than retried after a failure, oldest
+    first ("a platform stop", "a preemption", "a stall"), from its events (kind "queued", message ending in
+    :data:`REQUEUED`). These attempts do not count against the job's ``retries``."""
+    out = []
+    for e in events or []:
+        message = e.get("message") or ""
+        if e.get("kind") == "queued" and message.endswith(REQUEUED):
+            out.append(next((cause for prefix, cause in _RESTART_CAUSES if message.startswith(prefix)), "a stall"))
+    return out
+
+
+def attempt_text(job: dict, events: list[dict] | None = None) -> str:
+    """The attempt line: ``2 of 3`` (retries + 1), and with restarts by the platform, which the retries do not pay
+    for, how many and why: ``2 of 2 (0 retries allowed; 1 restart after a platform stop, not counted against them)``.
+    ``events`` None (not read): the retries only, no "of"."""
+    attempt, retries = job.get("attempt") or 1, job.get("retries") or 0
+    if events is None:
+        return f"{attempt} ({plural(retries, 'retry')} allowed)"
+    causes = restart_causes(events)
+    text = f"{attempt} of {retries + 1 + len(causes)}"
+    if not causes:
+        return text
+    kinds = list(dict.fromkeys(causes))
+    why = (f"after {kinds[0]}" if len(kinds) == 1
+           else "(" + ", ".join(f"{causes.count(c)} after {c}" for c in kinds) + ")")
+    return f"{text} ({plural(retries, 'retry')} allowed; {plural(len(causes), 'restart')} {why}, not counted against the retries)"
 
 
 _RESUMED = re.compile(r"resumed from step \d+")

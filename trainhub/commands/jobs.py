@@ -255,11 +255,11 @@ def cmd_show(args):
     if args.json:
         print(json.dumps(job, indent=2))
         return 0
-    print(format_job(job))
     try:
         events = client.events(job["id"])
-    except Exception:  # an older service without the events route: the job alone
-        events = []
+    except Exception:  # an older service without the events route: the job alone (its attempt without restarts)
+        events = None
+    print(format_job(job, events))
     if events:
         print("  events:")
         print(format_events(events, indent="    "))
