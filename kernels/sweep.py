@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import html
 import math
-import sys
 import threading
 import time
 
@@ -28,7 +27,7 @@ from trainhub.fmt import clip, fmt_number, plural, sweep_progress
 from trainhub.jobspec import add_spec_options, add_sweep_options, sweep_spec
 from trainhub.handle import seen_text
 from trainhub.kernels.handle import LiveDisplay
-from trainhub.kernels.magics import TrainMagics, _UsageParser, cell_number
+from trainhub.kernels.magics import TrainMagics, _UsageParser, cell_number, server_profile_default
 from trainhub.kernels.widget import panel_backoff, svg_axes
 from trainhub.searchspace import SPACE_VARIABLE
 from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, SWEEP_TERMINAL, TRIAL_CANCELLED,
@@ -98,7 +97,8 @@ class SweepMagics(TrainMagics):
             print(json.dumps({k: v for k, v in body.items() if k != "script"}, indent=2))
             print(body["script"])
             return None
-        sweep = self._call("the sweep was not started", self.client.create_sweep, body)
+        profile = server_profile_default(body)
+        sweep = self._submit("the sweep was not started", self.client.create_sweep, body, profile)
         self._report_context(script, "%%sweep")
         handle = SweepHandle(self.client, sweep)
         self._present(handle, lambda: SweepPanel(self.client, sweep, poll=self.poll_interval),
@@ -109,7 +109,7 @@ class SweepMagics(TrainMagics):
                 sweep = handle.wait(poll=self.poll_interval)
             except KeyboardInterrupt:
                 print(f"stopped waiting; sweep {handle.id} keeps running (cancel it with the Cancel button or "
-                      f"{args.as_var or 'the handle'}.cancel())", file=sys.stderr)
+                      f"{args.as_var or 'the handle'}.cancel())")
                 raise
             if handle.panel is None:
                 print(summary_line(sweep))
