@@ -24,6 +24,8 @@ AD_HOC = [
     re.compile(r"""['"]{2} if [^'"]+ == 1 else ['"]s['"]"""),  # f"GPU{'' if n == 1 else 's'}"
     re.compile(r"""[!=]== 1 \? ['"]{2} : ['"]s['"]"""),       # `file${n === 1 ? '' : 's'}`
     re.compile(r"""!== 1 \? ['"]s['"]"""),
+    # a count written before a plural noun: "${n} files", f"{n} jobs" (use plural(n, 'file'))
+    re.compile(r"\{[^{}]+\} (files|items|jobs|models|datasets|versions|trials|lines|samples|workers|days|metrics|reports|retries)\b"),
 ]
 
 

@@ -53,6 +53,17 @@ class Stale extends Error {}
 
 const refreshButton = (onClick: () => void) => button({ title: 'Reload', icon: refreshIcon, className: 'th-refresh' }, onClick);
 
+/** What an empty registry tab shows: what it is for, and each way to fill it as text to copy. */
+function emptyHint(lead: string, ways: [string, string, 'text'?][], after: string): HTMLElement {
+  const box = el('div', { class: 'th-empty th-empty-hint' }, el('p', {}, lead));
+  const list = el('dl', { class: 'th-ways' });
+  for (const [where, what, text] of ways) {
+    list.append(el('dt', {}, where), el('dd', {}, text ? el('span', {}, what) : el('pre', { class: 'th-code' }, what)));
+  }
+  box.append(list, el('p', {}, after));
+  return box;
+}
+
 export class TrainhubPanel extends Widget {
   constructor(private options: IPanelOptions) {
     super();
@@ -305,7 +316,38 @@ export class TrainhubPanel extends Widget {
     for (const d of page.items) {
       list.append(this.datasetRow(d));
     }
+    if (!page.items.length) {
+      this.body.append(q ? el('div', { class: 'th-empty' }, `No dataset matches "${q}".`) : this.emptyDatasets());
+    }
     this.setStatus(plural(page.total, 'dataset'));
+  }
+
+  /** An empty registry says how to fill it: the exact command, the Python call and where the data may live. */
+  private emptyDatasets(): HTMLElement {
+    const user = PageConfig.getOption('hubUser') || '<you>';
+    return emptyHint(
+      'No datasets registered yet. A dataset version names a folder of storage (yours or the shared datasets/) ' +
+        'so others find it, load it by name and see which models used it. Register one:',
+      [
+        ['in a terminal', `trainhub datasets register mnist users/${user}/data/mnist --format images`],
+        ['in a notebook', `from trainhub.client import TrainhubClient
+TrainhubClient().register_dataset("mnist", "users/${user}/data/mnist", format="images")`]
+      ],
+      'Paths are in the Storage tab ("copy path"); datasets/... is the shared, read-only area. Then "Insert code" here loads it.'
+    );
+  }
+
+  /** The same for models: they come from a succeeded job's outputs. */
+  private emptyModels(): HTMLElement {
+    return emptyHint(
+      "No models registered yet. A model version is a copy of a succeeded job's outputs, with its metrics and lineage. Register one:",
+      [
+        ['from the jobs', 'the Register button of a succeeded job (Jobs tab, or the jobs table)', 'text'],
+        ['in a notebook', 'job.register_model("resnet")   # job: the handle of %%train --as job'],
+        ['in a terminal', 'trainhub models register resnet --job j-000042']
+      ],
+      'Versions get stages (staging, production) and export from here.'
+    );
   }
 
   private datasetRow(d: IDataset): HTMLElement {
@@ -338,8 +380,8 @@ export class TrainhubPanel extends Widget {
   private datasetVersionRow(v: IDatasetVersion): HTMLElement {
     const text =
       v.status === 'pending'
-        ? `v${v.version} · scanning (${v.progress?.files ?? 0} files so far)`
-        : `v${v.version} · ${v.file_count} files · ${humanSize(v.size)}${v.format ? ' · ' + v.format : ''}`;
+        ? `v${v.version} · scanning (${plural(v.progress?.files ?? 0, 'file')} so far)`
+        : `v${v.version} · ${plural(v.file_count, 'file')} · ${humanSize(v.size)}${v.format ? ' · ' + v.format : ''}`;
     const row = el('div', { class: 'th-version', 'data-version': String(v.version) }, el('span', { title: v.url }, text));
     if (v.deprecated) {
       row.append(el('span', { class: 'th-badge th-deprecated', title: v.deprecation_message ?? '' }, 'deprecated'));
@@ -375,6 +417,9 @@ export class TrainhubPanel extends Widget {
       head.addEventListener('click', () => void this.expandModel(m.name, details));
       row.append(head, details);
       list.append(row);
+    }
+    if (!page.items.length) {
+      this.body.append(q ? el('div', { class: 'th-empty' }, `No model matches "${q}".`) : this.emptyModels());
     }
     this.setStatus(plural(page.total, 'model'));
   }

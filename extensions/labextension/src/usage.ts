@@ -82,7 +82,7 @@ export class UsageView extends Widget {
     this.me = PageConfig.getOption('hubUser') || '';
     this.period = el('select', { class: 'th-period', 'aria-label': 'Period' });
     for (const d of PERIODS) {
-      const o = el('option', { value: String(d) }, `last ${d} days`);
+      const o = el('option', { value: String(d) }, `last ${plural(d, 'day')}`);
       o.selected = d === 30;
       this.period.append(o);
     }
