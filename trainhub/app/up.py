@@ -322,6 +322,28 @@ def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) 
     wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
 
 
+def cli_command(data_dir, args: str, *, env=None, which=shutil.which, script: str | None = None) -> str:
+    """``trainhub ARGS`` as it must be typed in a shell to reach this platform, for the banner: ``trainhub`` when that
+    name on PATH is this environment's script, else the script's absolute path (``make up`` runs
+    ``.venv/bin/trainhub``, which is not on PATH); with ``--data-dir DIR`` after the command unless the CLI's default
+    (``$TRAINHUB_DATA_DIR``, else ``./.trainhub`` from here) is this platform's data dir. ``script``: this
+    environment's ``trainhub`` (default: beside its Python)."""
+    import shlex
+
+    env = os.environ if env is None else env
+    script = script or os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "trainhub")
+    found = which("trainhub", path=env.get("PATH"))
+    try:
+        same = bool(found) and os.path.samefile(found, script)
+    except OSError:
+        same = False
+    command = f"{'trainhub' if same else shlex.quote(script)} {args}"
+    default = Path(env.get("TRAINHUB_DATA_DIR") or ".trainhub").expanduser().resolve()
+    if default != Path(data_dir).expanduser().resolve():
+        command += f" --data-dir {shlex.quote(str(Path(data_dir).expanduser().resolve()))}"
+    return command
+
+
 def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -> str:
     from trainhub.config import load_platform_config
     from trainhub.gpus import GPUDevice
@@ -347,7 +369,8 @@ def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -
         lines.append(f"  (shown once; it is also saved, readable only by you, in {dd.admin_password_file})")
     else:
         lines.append(f"  Log in as '{runtime.admin_user}'; the password is in {dd.admin_password_file}")
-    lines.append("  Add users: trainhub users add NAME   |   API token: trainhub token NAME   |   GPU pool: trainhub status")
+    lines.append(f"  Add users: {cli_command(dd.root, 'users add NAME')}   |   API token: {cli_command(dd.root, 'token NAME')}"
+                 f"   |   GPU pool: {cli_command(dd.root, 'status')}")
     lines.append("  Press Ctrl-C to stop everything.")
     return "\n".join(lines) + "\n"
 
