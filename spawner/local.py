@@ -560,14 +560,14 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             await asyncio.to_thread(queue.withdraw, self.holder)
             self._queued.done = True
 
-    def _free_profiles(self) -> list[str]:
-        """The profiles this user could start at once (the way out of the line)."""
+    def _free_profiles(self) -> list[tuple[str, str]]:
+        """The profiles this user could start at once (the way out of the line), as (slug, display name)."""
         held = {h.device for h in self.allocator.holdings()}
         free = [d for d in self.allocator.devices() if d.index not in held]
         out = []
         for p in self.catalog.for_user(self._groups(), self._is_admin):
             if len([d for d in free if not p.gpu_model or p.gpu_model.lower() in d.name.lower()]) >= p.gpus:
-                out.append(p.display_name)
+                out.append((p.slug, p.display_name))
         return out
 
     async def progress(self):

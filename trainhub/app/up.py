@@ -34,6 +34,7 @@ import requests
 
 from trainhub import gpus as gpu_inventory
 from trainhub.backoff import WaitTimeout, poll
+from trainhub.fmt import noun, plural
 from trainhub.boundary.procs import INSTANCE_VAR, become_subreaper, descendants, processes_with, terminate_tagged
 from trainhub.settings import DataDir, Runtime, StopRecord, read_or_create_secret
 
@@ -132,7 +133,7 @@ def end_leftovers(dd: DataDir, out=sys.stderr) -> None:
     if processes_with(INSTANCE_VAR, old.instance):
         began = time.time()
         ended = terminate_tagged(INSTANCE_VAR, old.instance, grace=STOP_GRACE)
-        print(f"trainhub: ended {ended} process(es) left by the previous run, which did not stop", file=out, flush=True)
+        print(f"trainhub: ended {plural(ended, 'process')} left by the previous run, which did not stop", file=out, flush=True)
         StopRecord(old.instance, began, "did not stop cleanly").save(dd)
     elif record is None or record.instance != old.instance:
         StopRecord(old.instance, time.time(), "did not stop cleanly").save(dd)
@@ -261,7 +262,7 @@ def _enable_available_services(runtime: Runtime) -> None:
         names = {n.strip() for n in wanted.split(",") if n.strip() and n.strip() != "none"}
         unknown = names - set(modules)
         if unknown:
-            raise UpError(f"TRAINHUB_SERVICES names unknown service(s) {sorted(unknown)}; known: {sorted(modules)}")
+            raise UpError(f"TRAINHUB_SERVICES names unknown {noun(len(unknown), 'service')} {sorted(unknown)}; known: {sorted(modules)}")
         for name in set(modules) - names:
             runtime.service_ports.pop(name, None)
     for name, module in modules.items():
@@ -342,6 +343,28 @@ def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, output: HubOutput | N
     wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
 
 
+def cli_command(data_dir, args: str, *, env=None, which=shutil.which, script: str | None = None) -> str:
+    """``trainhub ARGS`` as it must be typed in a shell to reach this platform, for the banner: ``trainhub`` when that
+    name on PATH is this environment's script, else the script's absolute path (``make up`` runs
+    ``.venv/bin/trainhub``, which is not on PATH); with ``--data-dir DIR`` after the command unless the CLI's default
+    (``$TRAINHUB_DATA_DIR``, else ``./.trainhub`` from here) is this platform's data dir. ``script``: this
+    environment's ``trainhub`` (default: beside its Python)."""
+    import shlex
+
+    env = os.environ if env is None else env
+    script = script or os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "trainhub")
+    found = which("trainhub", path=env.get("PATH"))
+    try:
+        same = bool(found) and os.path.samefile(found, script)
+    except OSError:
+        same = False
+    command = f"{'trainhub' if same else shlex.quote(script)} {args}"
+    default = Path(env.get("TRAINHUB_DATA_DIR") or ".trainhub").expanduser().resolve()
+    if default != Path(data_dir).expanduser().resolve():
+        command += f" --data-dir {shlex.quote(str(Path(data_dir).expanduser().resolve()))}"
+    return command
+
+
 def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -> str:
     from trainhub.config import load_platform_config
     from trainhub.gpus import GPUDevice
@@ -350,7 +373,7 @@ def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -
     lines = ["", f"trainhub is running at {runtime.public_url}"]
     n = len(runtime.devices)
     kind = "simulated " if runtime.simulated else ""
-    lines.append(f"  GPU pool: {n} {kind}device{'s' if n != 1 else ''}" + (" (no NVIDIA driver found; --gpus N simulates N devices)" if n == 0 else ""))
+    lines.append(f"  GPU pool: {plural(n, kind + 'device')}" + (" (no NVIDIA driver found; --gpus N simulates N devices)" if n == 0 else ""))
     lines.append(f"  Storage:  {runtime.storage}")
     isolation = Isolation(config=load_platform_config(dd.root))
     lines += isolation.describe([GPUDevice(**d) for d in runtime.devices], run_as=_whoami())
@@ -367,7 +390,8 @@ def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -
         lines.append(f"  (shown once; it is also saved, readable only by you, in {dd.admin_password_file})")
     else:
         lines.append(f"  Log in as '{runtime.admin_user}'; the password is in {dd.admin_password_file}")
-    lines.append("  Add users: trainhub users add NAME   |   API token: trainhub token NAME   |   GPU pool: trainhub status")
+    lines.append(f"  Add users: {cli_command(dd.root, 'users add NAME')}   |   API token: {cli_command(dd.root, 'token NAME')}"
+                 f"   |   GPU pool: {cli_command(dd.root, 'status')}")
     lines.append("  Press Ctrl-C to stop everything.")
     return "\n".join(lines) + "\n"
 

@@ -101,7 +101,7 @@ def add_parser(sub):
 
     c = jobs.add_parser("cancel", help="cancel a job", description="Cancel a job: its workers get SIGTERM, then "
                         "SIGKILL after the grace period. Cancelling a finished job changes nothing.")
-    c.add_argument("id", metavar="ID", nargs="+", help="job id(s)")
+    c.add_argument("id", metavar="ID", nargs="+", help="one or more job ids")
     _conn(c)
     c.set_defaults(func=cmd_cancel)
 
@@ -118,7 +118,7 @@ def add_parser(sub):
                          "in the job) into one folder, one run per job, and run TensorBoard on it until Ctrl-C, copying "
                          "new event files every --refresh seconds. In a platform terminal its address is under your "
                          "server (jupyter-server-proxy); the side panel's TensorBoard button does the same from the browser.")
-    tb.add_argument("id", metavar="ID", nargs="+", help="job id(s)")
+    tb.add_argument("id", metavar="ID", nargs="+", help="one or more job ids")
     tb.add_argument("--port", type=int, default=0, metavar="N", help="TensorBoard's port on 127.0.0.1 (default: a free one)")
     tb.add_argument("--logdir", metavar="DIR", help="where to gather the event files (default: ~/.cache/trainhub/tensorboard/...)")
     tb.add_argument("--refresh", type=float, default=30.0, metavar="S", help="seconds between copies of new event files")
@@ -278,11 +278,11 @@ def cmd_show(args):
     if args.json:
         print(json.dumps(job, indent=2))
         return 0
-    print(format_job(job))
     try:
         events = client.events(job["id"])
-    except Exception:  # an older service without the events route: the job alone
-        events = []
+    except Exception:  # an older service without the events route: the job alone (its attempt without restarts)
+        events = None
+    print(format_job(job, events))
     if events:
         print("  events:")
         print(format_events(events, indent="    "))
