@@ -185,7 +185,9 @@ def configure(c, data_dir: str) -> None:
     c.Spawner.server_token_scopes = c.Spawner.get("server_token_scopes", scopes.SERVER_TOKEN_SCOPES)
     c.Spawner.poll_interval = c.Spawner.get("poll_interval", 10)
     c.Spawner.http_timeout = c.Spawner.get("http_timeout", 60)
-    c.Spawner.start_timeout = c.Spawner.get("start_timeout", 120)
+    # Spawner.start_timeout: LocalGPUSpawner's own default (listen_timeout + 60 s), which never counts the time a
+    # server waits in line for GPUs (LocalGPUSpawner.max_queue_wait bounds that); a fixed 120 s here ended every
+    # queued spawn after two minutes with an empty "Spawn failed: "
     server_env = {INSTANCE_VAR: os.environ.get(INSTANCE_VAR, "")}
     if runtime.service_ports.get("trainhub-culler"):
         # where a notebook server reaches the culler's API (warnings, keep) with its own token
@@ -207,6 +209,13 @@ def configure(c, data_dir: str) -> None:
         if svc_scopes:
             roles.append({"name": svc["name"], "scopes": svc_scopes, "services": [svc["name"]]})
     c.JupyterHub.load_roles = roles + list(c.JupyterHub.get("load_roles", []))
+    # the services' polling (groups every 30 s, the culler's passes, token checks) at debug level, not INFO
+    tornado_settings = dict(c.JupyterHub.get("tornado_settings", {}))
+    if "log_function" not in tornado_settings:
+        from trainhub.hub_config.accesslog import make_log_function
+
+        tornado_settings["log_function"] = make_log_function(svc["name"] for svc in services)
+        c.JupyterHub.tornado_settings = tornado_settings
 
     reconcile_ledger(c)
     prefill_warm_servers(c)

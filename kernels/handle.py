@@ -16,6 +16,14 @@ def running_cell(shell) -> int | None:
     return getattr(result, "execution_count", None) or None
 
 
+def settle(panel, timeout: float = 30.0) -> None:
+    """Wait (at most ``timeout`` s) for a live panel whose job or sweep has ended to see the end and publish its final
+    static form (trainhub.kernels.widget.StaticForm); nothing for no panel or one that is not polling."""
+    thread = getattr(panel, "_thread", None)
+    if thread is not None and thread.is_alive():
+        panel.done.wait(timeout)
+
+
 class LiveDisplay:
     """How a handle shows itself as a cell's value: never a snapshot that goes stale.
 
@@ -45,6 +53,17 @@ class LiveDisplay:
 class JobHandle(LiveDisplay, _JobHandle):
     """One job: ``status`` (refreshed), ``job`` (last seen), ``logs()``, ``metrics()``, ``cancel()``,
     ``wait()``, ``result()``, ``show()`` (the live panel)."""
+
+    def wait(self, poll: float = 1.0, timeout: float | None = None, raise_on_failure: bool = True) -> dict:
+        """Block until the job ends (see the core's ``JobHandle.wait``); with a live panel, also until the panel has
+        published its final static form, so a notebook run headless and saved after this cell shows the end."""
+        try:
+            job = super().wait(poll=poll, timeout=timeout, raise_on_failure=raise_on_failure)
+        except JobFailedError:
+            settle(self.panel)
+            raise
+        settle(self.panel)
+        return job
 
     def show(self):
         """Display the live panel again (in a notebook)."""

@@ -10,6 +10,7 @@ are reported as ``UsageError``: one message, no traceback, nothing submitted.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -18,18 +19,22 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import Float, Integer, Unicode
 
 from trainhub.backoff import Backoff
-from trainhub.fmt import elapsed_seconds, fmt_duration, format_job, state_text
-from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
+from trainhub.fmt import elapsed_seconds, fmt_duration, format_job, plural, state_text
+from trainhub.jobspec import add_spec_options, add_workdir_options, parse_states, spec_from_args, workdir_summary
 from trainhub.kernels.context import CellSyntaxError, build_job_script, check_returns, left_out_message
 from trainhub.kernels.handle import running_cell
 from trainhub.states import JOB_STATES, SUCCEEDED
+from trainhub.workdir import scan
 
 CELL_HELP = """\
 Run this cell as a batch job on the platform's GPUs.
 
 Imports, functions, classes and constants from cells you already ran are sent along when the
-cell uses them; other small values (up to TrainMagics.max_value_bytes pickled) too. Inside the
-job use trainhub.log_metrics(step=..., loss=...), trainhub.outputs_dir(), trainhub.params().
+cell uses them; other small values (up to TrainMagics.max_value_bytes pickled) too. The job runs
+in a copy of the notebook's folder (its modules import, relative paths work; .gitignore and
+.trainhubignore respected): --workdir DIR sends another, --no-workdir none. Inside the job use
+trainhub.log_metrics(step=..., loss=...), trainhub.outputs_dir(), trainhub.params().
+Without --gpus or --profile the job gets this server's profile (its GPUs per worker); --gpus 0 for none.
 """
 
 LINE_HELP = """\
@@ -40,6 +45,26 @@ LINE_HELP = """\
 %train result ID [--as VAR]         wait for a job, then set the values it sent back (%%train --return)
 %train help                         this help and the %%train flags
 """
+
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def help_cells(lines: list[str]) -> list[str]:
+    """An IPython input transformer: a ``%%train`` or ``%%sweep`` cell asking for ``--help`` (or ``-h``) gets a body
+    line when it has none, so the magic prints its usage: IPython refuses a cell magic with an empty body before
+    calling it ("cell body is empty"). Installed by ``load_ipython_extension``; every other cell is left as it is."""
+    if not lines or not lines[0].startswith(("%%train", "%%sweep")) or "".join(lines[1:]).strip():
+        return lines
+    first = lines[0].rstrip("\n")
+    name, _, args = first[2:].partition(" ")
+    try:
+        words = shlex.split(args)
+    except ValueError:
+        return lines
+    if name in ("train", "sweep") and any(w in HELP_FLAGS for w in words):
+        return [first + "\n", "\n"]
+    return lines
 
 
 class _UsageParser(argparse.ArgumentParser):
@@ -60,6 +85,21 @@ class _HelpShown(Exception):
     pass
 
 
+def server_profile_default(spec: dict) -> str | None:
+    """``%%train`` and ``%%sweep`` without ``--gpus`` or ``--profile`` run on this server's profile
+    (``$TRAINHUB_PROFILE``): its GPUs per worker, as docs/notebooks.md says. Sets ``spec["profile"]`` and returns it;
+    None (spec unchanged) when the flags chose, or outside a platform server."""
+    profile = os.environ.get("TRAINHUB_PROFILE", "").strip()
+    if not profile or spec.get("gpus") is not None or spec.get("profile"):
+        return None
+    spec["profile"] = profile
+    return profile
+
+
+def profile_note(profile: str) -> str:
+    return f"as this server's profile {profile}"
+
+
 def cell_number(shell) -> int:
     """The running cell's number as its prompt shows it (``[2]``): IPython has already counted the cell in
     ``execution_count`` while it runs; the display hook's result holds the cell's own number."""
@@ -71,6 +111,7 @@ def cell_parser() -> argparse.ArgumentParser:
     p = _UsageParser(prog="%%train", description=CELL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                      allow_abbrev=False)
     add_spec_options(p)
+    add_workdir_options(p, default="the notebook's folder")
     p.add_argument("--wait", action="store_true", help="block until the job ends; fail the cell if the job fails")
     p.add_argument("--as", dest="as_var", metavar="VAR", help="bind the JobHandle to VAR (it is also the cell's result, _)")
     p.add_argument("--return", dest="returns", metavar="NAME[,NAME...]", type=return_names, default=[],
@@ -171,6 +212,21 @@ class TrainMagics(Magics):
         except ValueError as e:
             raise UsageError(f"{what}: {e}") from None
 
+    def _submit(self, what: str, fn, spec: dict, profile: str | None):
+        """Submit ``spec`` (a job or a sweep); when its GPUs came from this server's profile, say so (stdout), and
+        with a refusal say how to choose others."""
+        try:
+            made = self._call(what, fn, spec)
+        except UsageError as e:
+            if not profile:
+                raise
+            raise UsageError(f"{e}\n(without --gpus {profile_note(profile)}; pass --gpus N, e.g. --gpus 0, to choose)") from None
+        gpus = made.get("gpus")  # a sweep's trials resolve theirs when they start
+        if profile and gpus != 0:
+            per_worker = f"{plural(gpus, 'GPU')} per worker, " if gpus else ""
+            print(f"{made['id']}: {per_worker}{profile_note(profile)} (--gpus N to choose)")
+        return made
+
     def _widgets(self) -> bool:
         """Widgets only in a kernel with a frontend (not in terminal IPython or plain shells)."""
         if getattr(self.shell, "kernel", None) is None:
@@ -198,7 +254,8 @@ class TrainMagics(Magics):
         try:
             script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
                                       transform=self.shell.transform_cell, line_offset=1,
-                                      returns=getattr(args, "returns", None))
+                                      returns=getattr(args, "returns", None),
+                                      workdir=not getattr(args, "no_workdir", True))  # %%sweep: no working directory (yet)
         except CellSyntaxError as e:
             where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
             pointer = f"\n    {e.line.strip()}" if e.line else ""
@@ -242,14 +299,26 @@ class TrainMagics(Magics):
         if prepared is None:
             return None
         args, script = prepared
+        folder = None if args.no_workdir else (args.workdir or os.getcwd())
         if args.dry_run:
             print(script.source)
             self._report_context(script)
+            if folder is not None:
+                listing = self._call("the working directory cannot be sent", scan, folder, exclude=args.exclude)
+                print(f"%%train would send the working directory {listing.root}: "
+                      f"{workdir_summary({'files': listing.files, 'bytes': listing.bytes, 'skipped': listing.skipped})}")
             return None
         spec = spec_from_args(args, script=script.source)
         spec.setdefault("name", f"notebook-cell-{cell_number(self.shell)}")
-        job = self._call("the job was not submitted", self.client.submit, spec)
+        sent = None
+        if folder is not None:  # the notebook's folder: the job runs in a copy of it (trainhub.workdir)
+            sent = self._call("the job was not submitted", self.client.send_workdir, folder, exclude=args.exclude)
+            spec["workdir"] = sent["sha256"]
+        profile = server_profile_default(spec)
+        job = self._submit("the job was not submitted", self.client.submit, spec, profile)
         self._report_context(script)
+        if sent is not None:
+            print(f"%%train sent the working directory {sent['folder']}: {workdir_summary(sent)}")
         handle = JobHandle(self.client, job)
 
         def panel():
@@ -280,18 +349,20 @@ class TrainMagics(Magics):
         except ResultsError as e:
             if e.values:
                 self.shell.user_ns.update(e.values)
-                print(f"%train: set {', '.join(e.values)} from {handle.id}", file=sys.stderr)
+                print(f"%train: set {', '.join(e.values)} from {handle.id}")
             raise UsageError(f"the values of {handle.id} could not all come back: {e}") from None
         if as_var:
             self.shell.user_ns[as_var] = values
-            print(f"%train: {as_var} = the values {handle.id} sent back ({', '.join(values)})", file=sys.stderr)
+            print(f"%train: {as_var} = the values {handle.id} sent back ({', '.join(values)})")
         else:
             self.shell.user_ns.update(values)
-            print(f"%train: set {', '.join(values)} from {handle.id}", file=sys.stderr)
+            print(f"%train: set {', '.join(values)} from {handle.id}")
         return values
 
     def _report_context(self, script, magic: str = "%%train") -> None:
-        """What the capture carried (information, on stdout) and what it could not (warnings, on stderr)."""
+        """What the capture carried (information, on stdout) and what it could not (warnings, on stderr). Every
+        message of these magics that only informs (values set, waiting stopped) goes to stdout; stderr, which a
+        notebook shows as a red box, is kept for what may break the job."""
         notes = []
         if script.carried_code:
             notes.append("from earlier cells: " + ", ".join(script.carried_code))
@@ -318,7 +389,7 @@ class TrainMagics(Magics):
             return self._wait_text(handle)
         except KeyboardInterrupt:
             print(f"stopped waiting; {handle.id} keeps running (cancel it with %train cancel {handle.id} "
-                  "or the Cancel button)", file=sys.stderr)
+                  "or the Cancel button)")
             raise
 
     def _wait_text(self, handle) -> dict:
@@ -399,7 +470,7 @@ class TrainMagics(Magics):
         try:
             handle.wait(poll=self.poll_interval, timeout=args.timeout)
         except KeyboardInterrupt:
-            print(f"stopped waiting; {handle.id} keeps running", file=sys.stderr)
+            print(f"stopped waiting; {handle.id} keeps running")
             raise
         except JobFailedError as e:
             raise UsageError(str(e)) from None

@@ -93,14 +93,25 @@ def why_not(value, error: BaseException | None = None) -> str:
     return f"{name} cannot be pickled"
 
 
+#: the namespace entry that records a restore (the note, the names restored, what was not kept)
+RESTORED = "_trainhub_restored"
+
+
 def user_variables(shell) -> dict:
-    """The user's variables, as ``%who`` lists them (no IPython names, no names starting with _)."""
+    """The user's variables, as ``%who`` lists them (no IPython names, no names starting with _).
+
+    The variables a restore put back count as the user's even while IPython still hides them: a kernel
+    hides everything in its namespace once its start-up files have run (``InteractiveShellApp.hide_initial_ns``),
+    the restored variables included, until :func:`_unhide` runs before the first execution. A snapshot taken
+    before that (a second move with no cell run in between) keeps them all the same.
+    """
     hidden = getattr(shell, "user_ns_hidden", {})
+    restored = set((shell.user_ns.get(RESTORED) or {}).get("restored") or ())
     out = {}
     for name, value in shell.user_ns.items():
         if name.startswith("_") or name in SKIP:
             continue
-        if name in hidden and hidden[name] is value:
+        if name in hidden and hidden[name] is value and name not in restored:
             continue
         out[name] = value
     return out
@@ -250,10 +261,31 @@ def restore_at_start(shell, environ=os.environ) -> str | None:
     if not manifest and not names and not error:
         return None
     text = note(manifest, names, error, gpus=has_gpus(environ))
-    shell.user_ns["_trainhub_restored"] = {"note": text, "restored": names, "not_kept": manifest.get("not_kept", {}),
-                                           "error": error}
+    shell.user_ns[RESTORED] = {"note": text, "restored": names, "not_kept": manifest.get("not_kept", {}), "error": error}
+    _unhide_before_first_execution(shell, names)
     _show_once(shell, text)
     return text
+
+
+def _unhide_before_first_execution(shell, names: list[str]) -> None:
+    """``%who``, ``%whos`` and the variable inspectors list the restored variables again.
+
+    The start-up files run before the kernel hides its initial namespace (``hide_initial_ns``), so the
+    restored names are hidden right after this module restores them; they are taken out of
+    ``user_ns_hidden`` again before the first execution (silent ones included), once."""
+    def unhide(*args):
+        shell.events.unregister("pre_execute", unhide)
+        hidden = getattr(shell, "user_ns_hidden", None)
+        if hidden is None:
+            return
+        for name in names:
+            if name in hidden and hidden[name] is shell.user_ns.get(name, _MISSING):
+                del hidden[name]
+
+    shell.events.register("pre_execute", unhide)
+
+
+_MISSING = object()
 
 
 def _show_once(shell, text: str) -> None:

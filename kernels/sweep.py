@@ -17,19 +17,19 @@ from __future__ import annotations
 import argparse
 import html
 import math
-import sys
+import os
 import threading
 import time
 
 from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
-from trainhub.fmt import clip, fmt_number, sweep_progress
+from trainhub.fmt import clip, fmt_number, plural, sweep_progress, text_table
 from trainhub.jobspec import add_spec_options, add_sweep_options, sweep_spec
 from trainhub.handle import seen_text
-from trainhub.kernels.handle import LiveDisplay
-from trainhub.kernels.magics import TrainMagics, _UsageParser, cell_number
-from trainhub.kernels.widget import panel_backoff, svg_axes
+from trainhub.kernels.handle import LiveDisplay, settle
+from trainhub.kernels.magics import TrainMagics, _UsageParser, cell_number, server_profile_default
+from trainhub.kernels.widget import StaticForm, panel_backoff, svg_axes
 from trainhub.searchspace import SPACE_VARIABLE
 from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, SWEEP_TERMINAL, TRIAL_CANCELLED,
                              TRIAL_FAILED, TRIAL_RUNNING)
@@ -98,18 +98,19 @@ class SweepMagics(TrainMagics):
             print(json.dumps({k: v for k, v in body.items() if k != "script"}, indent=2))
             print(body["script"])
             return None
-        sweep = self._call("the sweep was not started", self.client.create_sweep, body)
+        profile = server_profile_default(body)
+        sweep = self._submit("the sweep was not started", self.client.create_sweep, body, profile)
         self._report_context(script, "%%sweep")
         handle = SweepHandle(self.client, sweep)
         self._present(handle, lambda: SweepPanel(self.client, sweep, poll=self.poll_interval),
-                      f"started sweep {sweep['id']}: {sweep['trials']} trials, {sweep['parallel']} at a time, "
+                      f"started sweep {sweep['id']}: {plural(sweep['trials'], 'trial')}, {sweep['parallel']} at a time, "
                       f"{sweep['mode']}imising {sweep['metric']}", args.as_var)
         if args.wait:
             try:
                 sweep = handle.wait(poll=self.poll_interval)
             except KeyboardInterrupt:
                 print(f"stopped waiting; sweep {handle.id} keeps running (cancel it with the Cancel button or "
-                      f"{args.as_var or 'the handle'}.cancel())", file=sys.stderr)
+                      f"{args.as_var or 'the handle'}.cancel())")
                 raise
             if handle.panel is None:
                 print(summary_line(sweep))
@@ -203,8 +204,10 @@ class SweepHandle(LiveDisplay):
         return self.sweep
 
     def wait(self, poll: float = 1.0, timeout: float | None = None) -> dict:
-        """Block until the sweep is completed, failed or cancelled; returns the sweep."""
+        """Block until the sweep is completed, failed or cancelled (and a live panel has published its final static
+        form); returns the sweep."""
         self.sweep = self.client.wait_sweep(self.id, poll=poll, timeout=timeout)
+        settle(self.panel)
         return self.sweep
 
     def show(self):
@@ -361,8 +364,65 @@ def render_plots(sweep: dict, trials: list[dict]) -> str:
     return "<div style='display:flex;flex-wrap:wrap;gap:10px'>" + "".join(charts) + "</div>"
 
 
+# -- the static form (see trainhub.kernels.widget: what outlives the widget) ---------------------------
+#: The MIME type of a sweep's static form as JSON (rendered live by the JupyterLab panel extension).
+SWEEP_MIME = "application/vnd.trainhub.sweep+json"
+STATIC_TRIALS = 10  # trials in the static form (the newest)
+STATIC_SWEEP_FIELDS = ("id", "name", "user", "state", "reason", "trials", "parallel", "metric", "mode", "sampler", "pruner",
+                       "progress", "best", "created", "finished")
+
+
+def sweep_links(sweep: dict, server_prefix: str | None = None) -> dict:
+    """``jobs_table``: the sweep's trials in the user's jobs table (``lab?trainhub-sweep=ID``); none outside a server."""
+    from urllib.parse import quote
+
+    prefix = server_prefix if server_prefix is not None else os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+    return {"jobs_table": f"{prefix.rstrip('/')}/lab?trainhub-sweep={quote(str(sweep['id']))}"} if prefix else {}
+
+
+def sweep_static_text(sweep: dict, trials: list[dict], links: dict | None = None) -> str:
+    """The sweep as plain text: its summary line, the newest trials as a table, where to see more."""
+    lines = [summary_line(sweep)]
+    if sweep.get("reason") and sweep.get("best"):
+        lines.append(f"  {sweep['reason']}")
+    rows = trial_rows(trials)[-STATIC_TRIALS:]
+    if rows:
+        cols = [c for c in rows[0] if c != "reason"]
+        table = text_table([[fmt_number(r.get(c), 4, none="") for c in cols] for r in rows], cols)
+        lines += ["  " + ln for ln in table.splitlines()]
+        if len(trials) > len(rows):
+            lines.append(f"  (the newest {len(rows)} of {plural(len(trials), 'trial')})")
+    else:
+        lines.append("  (no trials yet)")
+    if (links or {}).get("jobs_table"):
+        lines.append(f"  trials in the jobs table: {links['jobs_table']}")
+    lines.append(f"  details: trainhub sweeps show {sweep.get('id')}")
+    return "\n".join(lines)
+
+
+def sweep_static_html(sweep: dict, trials: list[dict], links: dict | None = None) -> str:
+    parts = [render_header(sweep), render_trials_table(trials, max_rows=STATIC_TRIALS)]
+    anchors = []
+    if (links or {}).get("jobs_table"):
+        anchors.append(f"<a href='{html.escape(links['jobs_table'], quote=True)}' target='_blank' rel='noopener'>"
+                       "its trials in the jobs table</a>")
+    anchors.append(f"details: <code>trainhub sweeps show {html.escape(str(sweep.get('id')))}</code>")
+    parts.append("<div style='font-size:12px;color:#57606a;margin-top:2px'>" + " &middot; ".join(anchors) + "</div>")
+    return (f"<div class='trainhub-sweep-static' data-trainhub-sweep='{html.escape(str(sweep.get('id')), quote=True)}'>"
+            + "".join(parts) + "</div>")
+
+
+def sweep_static_bundle(sweep: dict, trials: list[dict], links: dict | None = None) -> dict:
+    links = sweep_links(sweep) if links is None else links
+    data = {"version": 1, "kind": "sweep", "id": sweep.get("id"),
+            "sweep": {k: sweep.get(k) for k in STATIC_SWEEP_FIELDS if k in sweep},
+            "trials": trial_rows(trials)[-STATIC_TRIALS:], "links": links}
+    return {"text/plain": sweep_static_text(sweep, trials, links), "text/html": sweep_static_html(sweep, trials, links),
+            SWEEP_MIME: data}
+
+
 # -- the live panel --------------------------------------------------------------------------------
-class SweepPanel:
+class SweepPanel(StaticForm):
     """Live view of one sweep: ``update(sweep, trials)`` sets the widgets from API dicts; ``start()``
     polls every ``poll`` seconds on a daemon thread until the sweep ends or ``stop()``."""
 
@@ -388,10 +448,15 @@ class SweepPanel:
         self.widget = w.VBox([w.HBox([self.header, self.cancel_button],
                                      layout=w.Layout(justify_content="space-between", align_items="flex-start")),
                               self.bar, self.plots, self.table, self.message])
+        self._init_static("sweep")
         self.update(sweep, [])
 
-    def _repr_mimebundle_(self, **kw):
-        return self.widget._repr_mimebundle_(**kw)
+    def static(self) -> dict:
+        return sweep_static_bundle(self.sweep, self.trials)
+
+    def _static_key(self) -> tuple:
+        best = self.sweep.get("best") or {}
+        return (self.sweep.get("state"), (self.sweep.get("progress") or {}).get("done"), best.get("value"))
 
     def update(self, sweep: dict | None = None, trials: list[dict] | None = None) -> None:
         if sweep is not None:
@@ -406,6 +471,7 @@ class SweepPanel:
             self.trials = trials
             self.table.value = render_trials_table(trials)
             self.plots.value = render_plots(self.sweep, trials)
+        self.publish()  # the static form: at once when the state, progress or best changes, else every static_every s
 
     def cancel(self) -> None:
         try:
@@ -448,7 +514,8 @@ class SweepPanel:
                 if pause.sleep(until=self._stop):
                     break
         finally:
+            self.publish(force=True)  # the final state and trials
             self.done.set()
 
 
-__all__ = ["SweepMagics", "SweepHandle", "SweepPanel", "BestTrial", "sweep_parser", "sweep_body"]
+__all__ = ["SweepMagics", "SweepHandle", "SweepPanel", "BestTrial", "sweep_parser", "sweep_body", "SWEEP_MIME"]

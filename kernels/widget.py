@@ -1,4 +1,4 @@
-"""The live panel shown under a ``%%train`` cell (ipywidgets).
+"""The live panel shown under a ``%%train`` cell (ipywidgets), and the static form that outlives it.
 
 State, elapsed time, GPUs/devices, a log tail, small line charts of the reported metrics and a
 Cancel button. A daemon thread polls the API and sets widget values (value updates from a thread
@@ -6,20 +6,33 @@ reach the browser; the kernel stays free); another follows the job's logs (``GET
 which streams each line as it is written), so a line shows under the cell as it is printed, not at the
 next poll; where the follow cannot be had, the poll reads the log tail as before. The ``render_*``
 functions are pure: job/metrics dicts in, HTML out, so tests feed them canned API answers.
+
+Every display of a panel is one output holding, beside the widget, a static form of the job: ``text/plain`` and
+``text/html`` (state, reason, elapsed time, devices, a metrics summary, the last log lines, links to the job in the
+jobs table and to TensorBoard) and :data:`JOB_MIME` (the same as JSON, for the JupyterLab panel extension). A widget
+lives only as long as its kernel; a notebook reopened later, after a kernel restart or run headless (nbclient,
+papermill, ``jupyter execute``) keeps the static form. It is re-published in place (``update_display``, one display
+id per panel) when the job changes state, every :attr:`StaticForm.static_every` seconds while it runs and, with the
+final lines, when it ends, so a saved notebook shows the final state. In JupyterLab the panel extension renders the
+output (``extensions/labextension/src/liveoutput.ts``): the live widget while its kernel holds it, else a live view
+of the job that polls the jobs API (docs/notebooks.md, "The panel under the cell").
 """
 
 from __future__ import annotations
 
 import html
 import math
+import os
 import re
 import threading
 import time
+import uuid
 from collections import deque
 from datetime import datetime, timezone
 
 from trainhub.backoff import Backoff
-from trainhub.fmt import diagnosis_summary, elapsed_seconds, fmt_devices, fmt_duration, measurement_line, parse_time, resumed_from
+from trainhub.fmt import (diagnosis_summary, elapsed_seconds, fmt_devices, fmt_duration, fmt_number, measurement_line, parse_time,
+                          resumed_from, state_text)
 from trainhub.states import CANCELLED, FAILED, JOB_TERMINAL, LOST, QUEUED, RUNNING, SUCCEEDED
 
 STATE_COLORS = {QUEUED: "#8a6d00", RUNNING: "#1f6feb", SUCCEEDED: "#1a7f37", FAILED: "#cf222e", CANCELLED: "#6e7781",
@@ -176,14 +189,168 @@ def render_diagnosis(body: dict | None) -> str:
     return "<div style='font-size:12px'>" + "".join(items) + "</div>"
 
 
+# -- the static form: what a saved, reopened or headless-run notebook shows ---------------------------------
+#: The MIME type of a job's static form as JSON (rendered live by the JupyterLab panel extension).
+JOB_MIME = "application/vnd.trainhub.job+json"
+#: Log lines kept in the static form.
+STATIC_LOG_LINES = 10
+#: The fields of the job object the static form keeps (what the header shows).
+STATIC_FIELDS = ("id", "name", "user", "state", "reason", "gpus", "workers", "devices", "profile", "created", "started",
+                 "finished", "attempt", "outputs_url", "sweep_id")
+
+
+def job_links(job: dict, server_prefix: str | None = None) -> dict:
+    """Where to see the job in the user's server (root-relative links; none outside a server): ``jobs_table``
+    (JupyterLab opens its jobs table on the job: ``lab?trainhub-job=ID``) and, once it started, ``tensorboard``."""
+    from urllib.parse import quote
+
+    prefix = server_prefix if server_prefix is not None else os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+    if not prefix:
+        return {}
+    links = {"jobs_table": f"{prefix.rstrip('/')}/lab?trainhub-job={quote(str(job['id']))}"}
+    if job.get("state") not in (None, QUEUED):
+        from trainhub.tensorboard import open_link
+
+        links["tensorboard"] = open_link([job["id"]], prefix)
+    return links
+
+
+def last_metrics(metrics: dict | None) -> dict[str, tuple[float, float]]:
+    """{metric: (step, last value)} of the charted series (worker 0's when several report)."""
+    return {name: pts[-1] for name, pts in metric_series(metrics).items() if pts}
+
+
+def metrics_summary(metrics: dict | None, limit: int = 8) -> str:
+    """``loss 0.123 (step 99), acc 0.91 (step 99)``: each metric's last value; "" when none was reported."""
+    last = list(last_metrics(metrics).items())
+    text = ", ".join(f"{name} {fmt_number(v, 4)} (step {x:g})" for name, (x, v) in last[:limit])
+    return text + (f", and {len(last) - limit} more" if len(last) > limit else "")
+
+
+def log_tail(text: str, lines: int = STATIC_LOG_LINES) -> list[str]:
+    """The last ``lines`` non-blank log lines, shortened as the panel shows them."""
+    return [short_log_line(ln) for ln in (text or "").splitlines() if ln.strip()][-lines:]
+
+
+def static_text(job: dict, logs: str = "", metrics: dict | None = None, links: dict | None = None,
+                now: datetime | None = None) -> str:
+    """The job as plain text: what a notebook shows where neither the widget nor HTML can (``text/plain``)."""
+    name = f" {job['name']}" if job.get("name") else ""
+    lines = [f"{job.get('id', '?')}{name}: {state_text(job)}",
+             f"  {_timing(job, now)} · {fmt_devices(job)}" + (f" · profile {job['profile']}" if job.get("profile") else "")]
+    if job.get("outputs_url") and job.get("state") in JOB_TERMINAL:
+        lines.append(f"  outputs: {job['outputs_url']}")
+    summary = metrics_summary(metrics)
+    if summary:
+        lines.append(f"  metrics: {summary}")
+    tail = log_tail(logs)
+    lines.append("  last log lines:" if tail else "  (no log output yet)")
+    lines += [f"    {ln}" for ln in tail]
+    links = links or {}
+    if links.get("jobs_table"):
+        lines.append(f"  jobs table: {links['jobs_table']}")
+    if links.get("tensorboard"):
+        lines.append(f"  TensorBoard: {links['tensorboard']}")
+    lines.append(f"  live panel: %train status {job.get('id')}   details: trainhub jobs show {job.get('id')}")
+    return "\n".join(lines)
+
+
+def static_html(job: dict, logs: str = "", metrics: dict | None = None, links: dict | None = None,
+                now: datetime | None = None) -> str:
+    """The job as HTML with inline styles (``text/html``: nbconvert, GitHub, an untrusted or extension-less frontend)."""
+    parts = [render_header(job, now)]
+    summary = metrics_summary(metrics)
+    if summary:
+        parts.append(f"<div style='font-size:12px'>metrics: {html.escape(summary)}</div>")
+    parts.append(render_logs(logs, STATIC_LOG_LINES))
+    links = links or {}
+    anchors = [f"<a href='{html.escape(links[k], quote=True)}' target='_blank' rel='noopener'>{label}</a>"
+               for k, label in (("jobs_table", "open in the jobs table"), ("tensorboard", "TensorBoard")) if links.get(k)]
+    anchors.append(f"live panel: <code>%train status {html.escape(str(job.get('id')))}</code>")
+    parts.append("<div style='font-size:12px;color:#57606a;margin-top:2px'>" + " &middot; ".join(anchors) + "</div>")
+    return (f"<div class='trainhub-job-static' data-trainhub-job='{html.escape(str(job.get('id')), quote=True)}'>"
+            + "".join(parts) + "</div>")
+
+
+def static_bundle(job: dict, logs: str = "", metrics: dict | None = None, links: dict | None = None,
+                  now: datetime | None = None) -> dict:
+    """The static form as a MIME bundle: ``text/plain``, ``text/html`` and :data:`JOB_MIME` (the job's fields, last
+    log lines, last metric values and links as JSON)."""
+    links = job_links(job) if links is None else links
+    data = {"version": 1, "kind": "job", "id": job.get("id"), "job": {k: job.get(k) for k in STATIC_FIELDS if k in job},
+            "logs": log_tail(logs), "metrics": {k: list(v) for k, v in last_metrics(metrics).items()}, "links": links}
+    return {"text/plain": static_text(job, logs, metrics, links, now), "text/html": static_html(job, logs, metrics, links, now),
+            JOB_MIME: data}
+
+
+class StaticForm:
+    """What a live panel (job or sweep) shares: one display id for all its displays, its widget's view and the static
+    form in one bundle, re-published in place (``update_display``) from any thread. Subclasses give :meth:`static`
+    and :meth:`_static_key` (what, when it changes, is published at once)."""
+
+    #: seconds between two re-publications of the static form while the job or sweep runs (a change of
+    #: ``_static_key`` and the end are published at once)
+    static_every = 30.0
+    widget = None
+
+    def _init_static(self, what: str) -> None:
+        self.display_id = f"trainhub-{what}-{uuid.uuid4().hex}"
+        self._displayed = False
+        self._published: tuple | None = None
+        self._published_at = 0.0
+
+    def static(self) -> dict:
+        raise NotImplementedError
+
+    def _static_key(self) -> tuple:
+        return ()
+
+    def bundle(self) -> dict:
+        """The widget's view (while its kernel lives) and the static form, in one MIME bundle (the widget's own
+        ``text/plain``, ``VBox(children=...)``, gives way to the static form's)."""
+        data = dict(self.static())
+        view = self.widget._repr_mimebundle_() if self.widget is not None else None
+        if view:
+            data.update({k: v for k, v in view.items() if k != "text/plain"})
+        return data
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kw):
+        return self.bundle()
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.bundle(), raw=True, display_id=self.display_id)
+        self._displayed = True
+        self._published, self._published_at = self._static_key(), time.monotonic()
+
+    def publish(self, force: bool = False) -> None:
+        """Re-publish every display of this panel (widget and static form) in place when what the static form says
+        changed (``_static_key``), after ``static_every`` seconds, or ``force``; never raises (a kernel shutting down).
+        From a thread the update goes out under the cell running now: a frontend matches it by display id (JupyterLab,
+        nbclient, which keeps only the running cell's messages)."""
+        if not self._displayed:
+            return
+        key = self._static_key()
+        if not force and key == self._published and time.monotonic() - self._published_at < self.static_every:
+            return
+        try:
+            from IPython.display import update_display
+
+            update_display(self.bundle(), raw=True, display_id=self.display_id)
+            self._published, self._published_at = key, time.monotonic()
+        except Exception:
+            pass
+
+
 def panel_backoff(what: str, poll: float) -> Backoff:
     """The pauses of a live panel's polling thread: ``poll`` seconds while the API answers; after each
     failure twice the last (at most 32 x ``poll`` and 30 s) until it answers again (``reset()``)."""
     return Backoff(what, start=poll, factor=2.0, cap=min(poll * 32, 30.0))
 
 
-class JobPanel:
-    """Live view of one job. ``update(job, metrics, logs)`` sets the widgets from API dicts;
+class JobPanel(StaticForm):
+    """Live view of one job, with its static form (see the module docstring). ``update(job, metrics, logs)`` sets the widgets from API dicts;
     ``start()`` runs a daemon thread that polls every ``poll`` seconds (metrics every
     ``metrics_every`` s) until the job ends or ``stop()``, and one that streams its log lines as they come;
     ``done`` is set when it has ended."""
@@ -227,11 +394,15 @@ class JobPanel:
         self.widget = w.VBox([w.HBox([self.header, w.HBox([self.tensorboard, self.cancel_button], layout=plain)],
                                      layout=w.Layout(justify_content="space-between", align_items="flex-start")),
                               self.diagnosis, self.chart, self.logs, self.message], layout=plain)
+        self._init_static("job")
         self.update(job, logs="")
 
     # -- display ----------------------------------------------------------------------------------
-    def _repr_mimebundle_(self, **kw):
-        return self.widget._repr_mimebundle_(**kw)
+    def static(self) -> dict:
+        return static_bundle(self.job, self.log_text, self.metrics)
+
+    def _static_key(self) -> tuple:
+        return (self.job.get("state"), self.job.get("reason"), self.job.get("attempt"))
 
     def update(self, job: dict | None = None, metrics: dict | None = None, logs: str | None = None,
                now: datetime | None = None) -> None:
@@ -248,6 +419,7 @@ class JobPanel:
         if logs is not None:
             self.log_text = logs
             self.logs.value = render_logs(logs, self.log_lines)
+        self.publish()  # the static form: at once on a state change, else every static_every seconds
 
     def cancel(self) -> None:
         try:
@@ -383,4 +555,5 @@ class JobPanel:
                 if self._pause(pause.next_delay()):
                     break
         finally:
+            self.publish(force=True)  # the final state, metrics and lines, before anyone waiting on `done` goes on
             self.done.set()

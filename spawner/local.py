@@ -30,7 +30,7 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
 from jupyterhub.utils import random_port
 from traitlets import Bool, Callable, Dict, Float, Instance, Integer, List, Type, Unicode, default
 
-from trainhub.boundary import keeper, procs
+from trainhub.boundary import keeper, procs, userenv
 from trainhub.boundary.accounts import Account
 from trainhub.boundary.asuser import AsUser
 from trainhub.boundary.credentials import CredentialBroker, storage_credentials_broker
@@ -53,6 +53,9 @@ from .profile_form import render_form
 from .warm import DEFAULT_IMPORTS, WarmPool, WarmProcess, WarmUnavailable, claim_spec, launch_env, pool_for, startup_differences, warm_argv
 
 
+#: seconds JupyterHub's limit on a start that may wait in line gets beyond start_timeout + max_queue_wait: the
+#: spawner's own limits, which say why, come first (LocalGPUSpawner.start)
+QUEUE_MARGIN = 60
 # holders whose server this hub is starting right now (allocated, no process recorded yet)
 _starting: set[str] = set()
 # one ledger reconciler per allocator class in the hub process (see LocalGPUSpawner._ensure_reconciler)
@@ -146,6 +149,15 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         "in every kernel (trainhub.hub_config.embedded.install_kernel_startup). None = nothing.",
     ).tag(config=True)
 
+    user_environment = Bool(
+        True,
+        help="Give each user a Python environment of their own, layered on the platform's (trainhub.boundary.userenv): "
+        "~/.trainhub/venv, made or brought up to date at each server start. In the server's terminals `python` and "
+        "`pip` are that environment's (`pip install X` and `pip install --user X` persist in the home), notebook "
+        "kernels run it, and `trainhub` is the platform's command; jobs see the same packages. False: terminals, "
+        "kernels and jobs use the platform's environment, where users cannot install anything.",
+    ).tag(config=True)
+
     queue_when_full = Bool(
         True,
         help="A GPU server whose devices are all held (or whose user or group is at its quota) waits in line, in the "
@@ -160,8 +172,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
 
     listen_timeout = Integer(
         120,
-        help="Seconds a started server has to listen on its port. JupyterHub's start_timeout defaults to this plus "
-        "max_queue_wait (set Spawner.start_timeout lower and queued spawns fail at that).",
+        help="Seconds a started server has to listen on its port. Spawner.start_timeout defaults to this plus 60 s.",
     ).tag(config=True)
 
     warm_start = Bool(
@@ -210,6 +221,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
 
     devices = List(help="Device indices this server holds (state).")
     _queued: QueueView | None = None  # while this spawn waits in line
+    _in_line_since: float | None = None  # loop time this spawn joined the line (None: not in line)
+    _in_line_seconds = 0.0  # time this spawn spent in line so far
     profile_slug = Unicode("", help="Profile this server was started with (state).")
     spawn_token = Unicode("", help="Marker in the server's environment to find its processes (state).")
     sandboxed = Bool(False, help="The server runs in a bubblewrap sandbox (state): signals go to the processes inside.")
@@ -243,7 +256,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
 
     @default("start_timeout")
     def _default_start_timeout(self):
-        return self.listen_timeout + (self.max_queue_wait if self.queue_when_full else 0)
+        # the start itself: home, network, credentials, the server listening (the time in line is max_queue_wait's)
+        return self.listen_timeout + 60
 
     @default("home_dir")
     def _default_home_dir(self):
@@ -348,7 +362,50 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         except TrainhubError as e:
             raise spawn_refusal(e) from None
 
-    async def start(self):
+    def start(self):
+        """Start the server; time spent waiting in line for GPUs does not count against ``start_timeout``.
+
+        JupyterHub reads ``start_timeout`` right after this returns and cancels the spawn once it has passed. So for
+        a spawn that may wait in line, its limit is raised to ``start_timeout + max_queue_wait`` (and a margin) for
+        this spawn, and the configured value is back once the start ends; the spawner enforces both limits itself,
+        each failing with its reason: the line's (``max_queue_wait``, "No GPU became free ... in line (last: ...)")
+        and the start's (``start_timeout`` of time not in line). JupyterHub's own timeout, which names no reason
+        ("Spawn failed: "), never comes first. The Kubernetes spawner does the same for Kueue's queue.
+        """
+        limit = self.start_timeout
+        if self._queue_open:
+            self.start_timeout = limit + self.max_queue_wait + QUEUE_MARGIN
+        return self._start_within(limit)  # a coroutine: JupyterHub wraps it in a task after reading start_timeout
+
+    async def _start_within(self, limit: float):
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        self._in_line_since, self._in_line_seconds = None, 0.0
+        task = asyncio.ensure_future(self._start())
+        try:
+            while True:
+                in_line = self._in_line_since is not None
+                active = loop.time() - began - self._in_line_seconds - (loop.time() - self._in_line_since if in_line else 0)
+                if active > limit:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    message = (f"The server of {self.user.name} did not start within {fmt_duration(limit, 'units')} "
+                               "(time waiting in line for GPUs not counted); see the hub's log.")
+                    exc = SpawnException(message, status_code=500, reason="timeout",
+                                         log_message=f"start of {self._log_name} passed start_timeout={limit}")
+                    exc.jupyterhub_message = message
+                    raise exc
+                done, _ = await asyncio.wait({task}, timeout=1.0 if in_line else max(0.05, limit - active))
+                if done:
+                    return task.result()
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        finally:
+            self.start_timeout = limit
+
+    async def _start(self):
         profile = self._selected_profile()
         try:
             self.isolation.check_user(self.user.name)
@@ -473,6 +530,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
                                 profile=profile.slug, gpu_model=profile.gpu_model, reason=refusal.message)
         self.log.info("%s waits in line for %d GPU(s): %s", self._log_name, profile.gpus, refusal.message)
         self._queued = QueueView(profile.display_name, profile.gpus)
+        loop = asyncio.get_running_loop()
+        self._in_line_since = loop.time()  # not counted against start_timeout (start())
         pause = Backoff(f"GPUs for {self._log_name}", start=0.5, factor=1.0, timeout=self.max_queue_wait)
         granted = False
         try:
@@ -496,17 +555,19 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
                 await asyncio.to_thread(self.allocator.release, self.holder)
             raise
         finally:
+            self._in_line_seconds += loop.time() - self._in_line_since
+            self._in_line_since = None
             await asyncio.to_thread(queue.withdraw, self.holder)
             self._queued.done = True
 
-    def _free_profiles(self) -> list[str]:
-        """The profiles this user could start at once (the way out of the line)."""
+    def _free_profiles(self) -> list[tuple[str, str]]:
+        """The profiles this user could start at once (the way out of the line), as (slug, display name)."""
         held = {h.device for h in self.allocator.holdings()}
         free = [d for d in self.allocator.devices() if d.index not in held]
         out = []
         for p in self.catalog.for_user(self._groups(), self._is_admin):
             if len([d for d in free if not p.gpu_model or p.gpu_model.lower() in d.name.lower()]) >= p.gpus:
-                out.append(p.display_name)
+                out.append((p.slug, p.display_name))
         return out
 
     async def progress(self):
@@ -752,6 +813,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             env["TRAINHUB_API_URL"] = self.api_url
         env.update(self.netns_env)  # the egress proxy of the user's namespace
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
+        if self.user_environment:  # python, pip and the user's packages first; the platform's commands after them
+            env.update(userenv.server_env(os.path.realpath(self.home_dir), env))
         # the platform's markers last: no Spawner.environment entry or user option replaces them
         env[HOLDER_VAR] = self.spawn_token
         if os.environ.get(INSTANCE_VAR):
@@ -765,6 +828,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         with AsUser(self.user.name, self.account, self.isolation).tree(self.home_dir) as home:
             if self.prepare_home_hook is not None:  # e.g. %%train and %train load in every kernel of a platform notebook
                 self.prepare_home_hook(self, home)
+            if self.user_environment:
+                userenv.install(home, os.path.realpath(self.home_dir))
             if self.storage.url and self.storage.is_local and self.link_storage:
                 for name, url in ((self.link_storage, self.storage.user_url(self.user.name)),
                                   ("datasets", self.storage.datasets_url())):

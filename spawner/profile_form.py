@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from trainhub.fmt import plural
 from trainhub.profiles import Profile
 from trainhub.quotas import QuotaStatus
 
@@ -28,7 +29,7 @@ def render_form(profiles: list[tuple[Profile, int, int]], quota: QuotaStatus, de
             if total < profile.gpus:
                 blocked = f"needs {profile.gpus} GPUs; this platform has {total}"
             elif remaining is not None and profile.gpus > remaining:
-                blocked = f"over your quota ({remaining} GPU{'s' if remaining != 1 else ''} left)"
+                blocked = f"over your quota ({plural(remaining, 'GPU')} left)"
             elif free < profile.gpus and queue:
                 wait = "all busy: it will wait in line and start when GPUs free up"
             elif free < profile.gpus:
@@ -47,7 +48,7 @@ def render_form(profiles: list[tuple[Profile, int, int]], quota: QuotaStatus, de
   </label>"""
         )
     if remaining is None:
-        quota_line = f"You hold {quota.held} GPU{'s' if quota.held != 1 else ''}; no GPU quota applies to you."
+        quota_line = f"You hold {plural(quota.held, 'GPU')}; no GPU quota applies to you."
     else:
         quota_line = f"Your GPU quota: {remaining} of {quota.limit if quota.limit is not None else '∞'} remaining (you hold {quota.held})."
         for g, info in quota.groups.items():

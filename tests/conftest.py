@@ -392,15 +392,17 @@ class Platform:
 
     # -- kernels ----------------------------------------------------------------
     def kernel_exec(self, user: str, code: str, token: str | None = None, timeout: float = 60,
-                    keep_kernel: bool = False, kernel_id: str | None = None) -> str:
-        """Run ``code`` in a fresh kernel of the user's server (or in kernel ``kernel_id``, kept); returns its stdout."""
+                    keep_kernel: bool = False, kernel_id: str | None = None, path: str | None = None) -> str:
+        """Run ``code`` in a fresh kernel of the user's server (or in kernel ``kernel_id``, kept); returns its stdout.
+        ``path``: the notebook the kernel is for (its folder is the kernel's working directory), as JupyterLab asks."""
         import websocket  # websocket-client, a jupyter-server dependency
 
         token = token or self.token(user)
         base = f"{self.url}/user/{user}/api/kernels"
         headers = {"Authorization": f"token {token}"}
         if kernel_id is None:
-            r = requests.post(base, headers=headers, json={"name": "python3"}, timeout=60)
+            r = requests.post(base, headers=headers, json={"name": "python3", **({"path": path} if path else {})},
+                              timeout=60)
             assert r.status_code == 201, f"kernel start: {r.status_code} {r.text[:300]}"
             kid = r.json()["id"]
         else:

@@ -53,6 +53,8 @@ class FakeJobsService:
                 j.kill()
         self.jobs: dict[str, dict] = {}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.workdirs: dict[str, bytes] = {}  # sha256 -> archive (PUT /workdirs/{sha256})
+        self.workdir_puts = 0
         self.posts = 0  # POST /jobs received (accepted or not)
         self.fail_gets = 0  # answer the next N GETs with 503 (proxy without service)
         self.fail_posts = 0  # the same for POSTs (after counting them in ``posts``)
@@ -60,7 +62,7 @@ class FakeJobsService:
     # -- jobs -----------------------------------------------------------------------------------
     def submit(self, spec: dict) -> tuple[int, dict]:
         allowed = {"name", "command", "script", "gpus", "workers", "env", "time_limit", "retries", "profile",
-                   "priority", "preemptible"}
+                   "priority", "preemptible", "workdir"}
         unknown = set(spec) - allowed
         if unknown:
             return 400, {"status": 400, "message": f"unknown field(s): {', '.join(sorted(unknown))}"}
@@ -80,11 +82,23 @@ class FakeJobsService:
             return 400, {"status": 400, "message": f"the job needs {total} GPUs but the whole pool has {self.pool_gpus}"}
         if total > self.quota_gpus:
             return 403, {"status": 403, "message": f"the job needs {total} GPUs but your quota is {self.quota_gpus} GPUs"}
+        workdir = spec.get("workdir")
+        if workdir is not None and workdir not in self.workdirs:
+            return 404, {"status": 404, "message": f"no working directory {workdir} is stored: PUT /workdirs/{workdir} first"}
         with self.lock:
             self.counter += 1
             job_id = f"j-{self.counter:06d}"
         jdir = self.root / job_id
         (jdir / "outputs").mkdir(parents=True)
+        cwd = jdir
+        if workdir is not None:  # unpacked as the documented contract says: the job's cwd is the copy
+            import io
+
+            from trainhub import workdir as wd
+
+            with wd.DirSink(jdir / "workdir") as sink:
+                wd.unpack(io.BytesIO(self.workdirs[workdir]), sink)
+            cwd = jdir / "workdir"
         job = {"id": job_id, "name": spec.get("name") or job_id, "user": USER, "state": "running", "reason": "",
                "gpus": gpus, "workers": workers, "devices": [list(range(w * gpus, (w + 1) * gpus)) for w in range(workers)],
                "profile": profile, "command": spec.get("command") or "python script.py", "script": spec.get("script"),
@@ -100,15 +114,24 @@ class FakeJobsService:
         env.pop("TRAINHUB_API_URL", None)
         if spec.get("script"):
             (jdir / "script.py").write_text(spec["script"])
-            argv = [sys.executable, "script.py"]
+            argv = [sys.executable, str(jdir / "script.py")]
         else:
             argv = ["bash", "-c", spec["command"]]
         log = open(jdir / "output.log", "wb")
-        self.procs[job_id] = subprocess.Popen(argv, cwd=jdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+        self.procs[job_id] = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True)
         log.close()
         self.jobs[job_id] = job
         return 201, job
+
+    def workdir_info(self, sha: str) -> dict:
+        import io
+
+        from trainhub import workdir as wd
+
+        got = wd.check_archive(io.BytesIO(self.workdirs[sha]))
+        return {"sha256": sha, "size": len(self.workdirs[sha]), "files": got.files, "bytes": got.bytes,
+                "entries": got.entries}
 
     def poll(self, job_id: str) -> dict:
         job = self.jobs[job_id]
@@ -253,9 +276,35 @@ class MetricsHandler(Base):
             self.send(self.svc.metrics(job_id))
 
 
+class WorkdirHandler(Base):
+    def get(self, sha):
+        if sha not in self.svc.workdirs:
+            return self.fail(404, f"no working directory {sha}")
+        self.send(self.svc.workdir_info(sha))
+
+    def put(self, sha):
+        import hashlib
+
+        body = self.request.body
+        self.svc.workdir_puts += 1
+        if hashlib.sha256(body).hexdigest() != sha:
+            return self.fail(400, "the archive does not hash to its name")
+        existed = sha in self.svc.workdirs
+        self.svc.workdirs[sha] = body
+        self.send(self.svc.workdir_info(sha), 200 if existed else 201)
+
+
+class RootHandler(Base):
+    def get(self):
+        self.send({"service": "trainhub", "version": "contract", "links": {},
+                   "limits": {"workdir_bytes": 50 << 20, "workdir_files": 10_000}})
+
+
 def make_app(svc: FakeJobsService, base: str = "/services/trainhub/api") -> tornado.web.Application:
     kw = {"svc": svc}
     return tornado.web.Application([
+        (base + r"/?", RootHandler, kw),
+        (base + r"/workdirs/([0-9a-f]{64})", WorkdirHandler, kw),
         (base + r"/jobs", JobsHandler, kw),
         (base + r"/jobs/([^/]+)", JobHandler, kw),
         (base + r"/jobs/([^/]+)/logs", LogsHandler, kw),

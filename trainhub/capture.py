@@ -6,8 +6,8 @@ The one place where trainhub decides what a job needs from the code that submitt
 
 A ``%%train`` cell usually calls helpers defined in earlier cells. :func:`build_job_script`
 collects, from the cells this kernel already ran, the imports, function and class definitions
-and simple constant assignments (``LR = 0.1``) the cell needs (the last definition of each name
-wins; statements that are magics or shell escapes are ignored, ``%%`` cells skipped whole), then
+and simple constant assignments (``LR = 0.1``) the cell needs, annotations included (the last definition of
+each name wins; statements that are magics or shell escapes are ignored, ``%%`` cells skipped whole), then
 embeds the values of other names the cell uses, pickled, when they are small. Values that are
 too big or cannot be pickled are listed in :attr:`JobScript.left_out` with the reason; the magic
 refuses to submit and tells the user how to pass data instead.
@@ -23,6 +23,7 @@ Pure functions over strings, functions and namespace dicts: no IPython needed he
 
 from __future__ import annotations
 
+import __future__
 import ast
 import base64
 import builtins
@@ -219,11 +220,18 @@ def collect_definitions(cells: list[str], transform=None) -> dict[str, Definitio
 # -- free names ---------------------------------------------------------------------------------
 class _ModuleLevel(ast.NodeVisitor):
     """Names a module's top-level code reads before binding them, in execution order
-    (function and lambda bodies are left to symtable)."""
+    (function and lambda bodies are left to symtable). Annotations evaluated at definition time count
+    (a top-level function's arguments and return, a top-level annotated assignment) unless
+    ``postponed`` (``from __future__ import annotations``)."""
 
-    def __init__(self):
+    def __init__(self, postponed: bool = False):
         self.bound: set[str] = set()
         self.free: set[str] = set()
+        self.postponed = postponed
+
+    def _annotation(self, node):
+        if node is not None and not self.postponed:
+            self.visit(node)
 
     def _load(self, name):
         if name not in self.bound:
@@ -243,6 +251,7 @@ class _ModuleLevel(ast.NodeVisitor):
     def visit_AnnAssign(self, node):
         if node.value is not None:
             self.visit(node.value)
+        self._annotation(node.annotation)
         self.visit(node.target)
 
     def visit_AugAssign(self, node):
@@ -274,6 +283,9 @@ class _ModuleLevel(ast.NodeVisitor):
         args = node.args
         for d in args.defaults + [d for d in args.kw_defaults if d is not None]:
             self.visit(d)
+        for a in _arguments(args):
+            self._annotation(a.annotation)
+        self._annotation(node.returns)
         self.bound.add(node.name)
 
     visit_FunctionDef = visit_AsyncFunctionDef = _def
@@ -314,11 +326,64 @@ def _nested_globals(table: symtable.SymbolTable) -> set[str]:
     return out
 
 
-def free_names(source: str | ast.Module) -> set[str]:
-    """Global names ``source`` reads without binding them first (builtins excluded)."""
+def _arguments(args: ast.arguments) -> list[ast.arg]:
+    return [*args.posonlyargs, *args.args, *([args.vararg] if args.vararg else []), *args.kwonlyargs,
+            *([args.kwarg] if args.kwarg else [])]
+
+
+def future_features(source: str | ast.Module) -> list[str]:
+    """The ``from __future__ import ...`` features of ``source``'s top level, in order."""
+    tree = source if isinstance(source, ast.Module) else ast.parse(source)
+    out: list[str] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            out += [a.name for a in stmt.names if a.name not in out]
+    return out
+
+
+def _names_in_annotation(node: ast.AST | None) -> set[str]:
+    """Names an annotation reads, strings included (``"Dataset"``, ``list["Model"]``: forward references)."""
+    out: set[str] = set()
+    if node is None:
+        return out
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.strip():
+            try:
+                out |= _names_in_annotation(ast.parse(n.value.strip(), mode="eval"))
+            except SyntaxError:
+                pass  # Literal["some text"]
+    return out
+
+
+def annotation_names(source: str | ast.Module) -> set[str]:
+    """Every name the annotations of ``source`` read (arguments, returns, annotated assignments; in classes and
+    functions too; strings parsed as forward references): what ``typing.get_type_hints``, dataclasses or pydantic
+    need, even where Python itself does not evaluate them (``from __future__ import annotations``). Builtins and
+    names ``source`` binds at its top level are left out."""
+    tree = source if isinstance(source, ast.Module) else ast.parse(source)
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for a in _arguments(n.args):
+                out |= _names_in_annotation(a.annotation)
+            out |= _names_in_annotation(n.returns)
+        elif isinstance(n, ast.AnnAssign):
+            out |= _names_in_annotation(n.annotation)
+    bound: set[str] = set()
+    for stmt in tree.body:
+        bound |= _stored_names(stmt)
+    return out - bound - BUILTIN_NAMES
+
+
+def free_names(source: str | ast.Module, postponed: bool = False) -> set[str]:
+    """Global names ``source`` reads without binding them first (builtins excluded), annotations evaluated at
+    definition time included (see :func:`annotation_names` for all of them); ``postponed``: annotations are not
+    evaluated, as under ``from __future__ import annotations`` (which ``source`` may also say itself)."""
     tree = source if isinstance(source, ast.Module) else ast.parse(source)
     text = source if isinstance(source, str) else ast.unparse(tree)
-    v = _ModuleLevel()
+    v = _ModuleLevel(postponed=postponed or "annotations" in future_features(tree))
     for stmt in tree.body:
         v.visit(stmt)
     try:
@@ -363,11 +428,13 @@ class Resolved:
     carried: dict[str, Definition] = field(default_factory=dict)  # name -> source carried as code
     modules: dict[str, str] = field(default_factory=dict)  # bound name -> module name
     values: dict[str, tuple[object, int]] = field(default_factory=dict)  # name -> (value, pickled size)
+    late: set[str] = field(default_factory=set)  # values pickled by reference to carried code: loaded after it
     left_out: dict[str, str] = field(default_factory=dict)  # name -> why it cannot be carried
     undefined: list[str] = field(default_factory=list)  # read, but bound nowhere
 
 
-def resolve_context(needed, definition_of, namespace, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> Resolved:
+def resolve_context(needed, definition_of, namespace, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                    optional=(), postponed: bool = False) -> Resolved:
     """Decide, for each name in ``needed`` and everything the carried code needs in turn, how the job gets it.
 
     ``definition_of(name)``: a :class:`Definition` when the name can be carried as source (an import,
@@ -375,20 +442,27 @@ def resolve_context(needed, definition_of, namespace, *, max_value_bytes: int = 
     import, any other value is pickled (at most ``max_value_bytes``); a value pickled by reference to
     ``__main__`` needs that class or function carried as source too. Names starting with ``_`` and
     IPython's own names are never carried.
+
+    ``optional``: names carried the same way when they can be, but never reported as undefined (the names of
+    annotations Python does not evaluate: see :func:`annotation_names`); carried code adds its own. ``postponed``:
+    the script imports ``annotations`` from ``__future__``, so carried code does not evaluate its annotations.
     """
     out = Resolved()
     seen: set[str] = set()
-    queue = sorted(needed)
+    queue = [(n, False) for n in sorted(needed)] + [(n, True) for n in sorted(set(optional) - set(needed))]
     while queue:
-        name = queue.pop(0)
+        name, soft = queue.pop(0)
         if name in seen or name in BUILTIN_NAMES:
             continue
-        seen.add(name)
         d = definition_of(name)
+        if soft and d is None and name not in namespace:
+            continue  # a forward reference, or a name only a type checker knows: looked up again if needed
+        seen.add(name)
         if d is not None:
             out.carried[name] = d
             try:
-                queue += sorted(free_names(d.source) - {name})
+                queue += [(n, False) for n in sorted(free_names(d.source, postponed) - {name})]
+                queue += [(n, True) for n in sorted(annotation_names(d.source) - {name})]
             except SyntaxError:
                 pass
             continue
@@ -407,42 +481,70 @@ def resolve_context(needed, definition_of, namespace, *, max_value_bytes: int = 
         try:
             data, main_names = pickle_value(value)
         except Exception as e:  # pickle raises many kinds
-            out.left_out[name] = f"cannot be pickled ({type(e).__name__}: {str(e)[:120]})"
+            if not soft:
+                out.left_out[name] = f"cannot be pickled ({type(e).__name__}: {str(e)[:120]})"
             continue
         if len(data) > max_value_bytes:
-            out.left_out[name] = f"{fmt_size(len(data))} pickled, over the {fmt_size(max_value_bytes)} limit"
+            if not soft:
+                out.left_out[name] = f"{fmt_size(len(data))} pickled, over the {fmt_size(max_value_bytes)} limit"
             continue
         missing_src = sorted(n for n in main_names if definition_of(n) is None)
+        if missing_src and soft:
+            continue
         if missing_src:
             # pickled by reference to the notebook, but the job could not define it: it would fail to load
             out.left_out[name] = (f"needs {', '.join(missing_src)} from the notebook, whose source is not in this "
                                   "kernel's history (define it in a cell, then run %%train again)")
             continue
         out.values[name] = (value, len(data))
-        queue += sorted(main_names - seen)
+        if main_names:
+            out.late.add(name)
+        queue += [(n, False) for n in sorted(main_names - seen)]
     out.undefined.sort()
     return out
 
 
 # -- the script ---------------------------------------------------------------------------------
+def history_futures(cells: list[str], transform=None) -> list[str]:
+    """The ``from __future__`` features earlier cells turned on: IPython compiles every later cell with them."""
+    out: list[str] = []
+    for raw in cells:
+        src = _transform(raw, transform) if raw and raw.strip() else None
+        if src is None or "__future__" not in src:
+            continue
+        try:
+            out += [f for f in future_features(src) if f not in out]
+        except SyntaxError:
+            continue
+    return out
+
+
 def build_job_script(cell: str, history: list[str], user_ns: dict | None = None, *,
                      max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, transform=None,
-                     line_offset: int = 1, returns: list[str] | None = None) -> JobScript:
+                     line_offset: int = 1, returns: list[str] | None = None, workdir: bool = False) -> JobScript:
     """Make the job script for ``cell`` (the ``%%train`` body).
 
     ``history``: the raw sources of cells already run, oldest first; ``transform``: turns a raw cell
     into Python (IPython's ``shell.transform_cell``), so line magics become ``get_ipython()`` calls that
     are skipped. ``user_ns``: the kernel namespace, for values. ``line_offset``: added to syntax-error
     line numbers (1: the ``%%train`` line is the cell's first line). ``returns``: names whose values
-    rank 0 sends back when the cell has finished (``--return``); see :func:`check_returns`.
+    rank 0 sends back when the cell has finished (``--return``); see :func:`check_returns`. ``workdir``:
+    the job runs in a copy of the notebook's folder (trainhub.workdir): its modules are imported from
+    there first, as in the notebook (``sys.path[0]`` is the working directory).
     """
     user_ns = user_ns or {}
     tree = parse_cell(cell, line_offset)
     defs = collect_definitions(history, transform)
-    r = resolve_context(free_names(tree), defs.get, user_ns, max_value_bytes=max_value_bytes)
+    future = history_futures(history, transform)
+    future += [f for f in future_features(tree) if f not in future]
+    if "annotations" in future and "annotations" not in future_features(tree):
+        # the kernel compiles the cell with the annotations of an earlier cell's import postponed: so does the job
+        tree = parse_cell("from __future__ import annotations\n" + cell, line_offset - 1)
+    r = resolve_context(free_names(tree), defs.get, user_ns, max_value_bytes=max_value_bytes,
+                        optional=annotation_names(tree), postponed="annotations" in future)
     return JobScript(
         source=render_script(cell, r, header="generated by trainhub's %%train from a notebook cell",
-                             body_title="the %%train cell", returns=returns),
+                             body_title="the %%train cell", returns=returns, future=future, path0_cwd=workdir),
         carried_code=sorted(r.carried),
         carried_values={k: n for k, (_, n) in r.values.items()},
         left_out=r.left_out,
@@ -468,17 +570,50 @@ def _modules_in(source: str) -> set[str]:
     return names
 
 
+PATH0_CWD = ("import os as _th_os, sys as _th_sys\n"
+             "_th_sys.path.insert(0, _th_os.getcwd())  # the working directory first, as in the notebook\n"
+             "del _th_os, _th_sys")
+
+
+def _without_futures(body: str) -> str:
+    """``body`` with its top-level ``from __future__`` imports turned into comments (the script starts with them)."""
+    try:
+        tree = ast.parse(body)
+    except SyntaxError:
+        return body
+    lines = body.splitlines()
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            for i in range(stmt.lineno - 1, stmt.end_lineno):
+                lines[i] = "# " + lines[i] + ("  (moved to the top of the script)" if i == stmt.lineno - 1 else "")
+    return "\n".join(lines) + ("\n" if body.endswith("\n") else "")
+
+
 def render_script(body: str, r: Resolved, *, header: str, body_title: str, returns: list[str] | None = None,
-                  order=None, origin: str = "earlier cells") -> str:
+                  order=None, origin: str = "earlier cells", future=(), path0_cwd: bool = False) -> str:
     """The job script: imports and modules, carried definitions (in ``order``, default: where they were
-    last run), pickled values, then ``body``; with ``returns``, rank 0 sends those names back at the end."""
+    last run), pickled values, then ``body``; with ``returns``, rank 0 sends those names back at the end.
+    ``future``: ``__future__`` features, imported first (the body's own such imports become comments);
+    ``path0_cwd``: the working directory goes first on ``sys.path`` before anything is imported."""
     carried, modules = r.carried, r.modules
-    values = {k: v for k, (v, _) in r.values.items()}
+    # values come before the definitions (a class body, a decorator or an annotation may read one: Scale =
+    # fractions.Fraction), but those pickled by reference to carried classes or functions after them
+    early = {k: v for k, (v, _) in r.values.items() if k not in r.late}
+    values = {k: v for k, (v, _) in r.values.items() if k in r.late}
     out = [f"# Job script {header}."]
+    if future:
+        out.append(f"from __future__ import {', '.join(future)}")
+        body = _without_futures(body)
+    if path0_cwd:
+        out.append(PATH0_CWD)
     if modules or carried:
         out.append(f"\n# --- context: imports, definitions and constants from {origin} ---")
     for name, module in sorted(modules.items()):
         out.append(f"import {module}" if name == module else f"import {module} as {name}")
+    if early:
+        out.append(f"\n# --- values from {origin}: " + ", ".join(sorted(early)) + " (pickled) ---")
+        out.append("import base64 as _th_b64, pickle as _th_pickle")
+        out.append(pickled_assignment(early))
     seen_src = set()
     for d in (order if order is not None else sorted(carried.values(), key=lambda d: d.order)):
         if d.source in seen_src:
@@ -580,6 +715,8 @@ def build_function_script(fn, args: tuple = (), kwargs: dict | None = None, *,
         raise CaptureError(f"{fn.__qualname__}: only functions defined at the top level of a module or notebook cell can "
                            "run as a job (not lambdas, nested functions or methods)")
     module = sys.modules.get(fn.__module__)
+    # a module written with postponed annotations: its functions are carried with them postponed too
+    future = ["annotations"] if fn.__code__.co_flags & __future__.annotations.compiler_flag else []
     call_args = (args, kwargs)
     try:
         args_data, args_main = pickle_value(call_args)
@@ -630,7 +767,8 @@ def build_function_script(fn, args: tuple = (), kwargs: dict | None = None, *,
         if definition_of(name) is None:
             raise CaptureError(f"the source of {name} cannot be found (inspect.getsource failed): define it in a file "
                                "or a notebook cell")
-        r = resolve_context({name} | args_main, definition_of, ns, max_value_bytes=max_value_bytes)
+        r = resolve_context({name} | args_main, definition_of, ns, max_value_bytes=max_value_bytes,
+                            postponed=bool(future))
         body = "import base64 as _th_b64, pickle as _th_pickle\n"
         call = name
     body += f"_th_args, _th_kwargs = {unpickle_expression(call_args)}\ndel _th_b64, _th_pickle\n"
@@ -639,7 +777,7 @@ def build_function_script(fn, args: tuple = (), kwargs: dict | None = None, *,
     order = _topological(r.carried)
     source = render_script(body, r, header=f"generated by @trainhub.remote for {fn.__module__}.{name}",
                            body_title=f"the call: {name}(...), its value sent back", order=order,
-                           origin=f"module {fn.__module__}")
+                           origin=f"module {fn.__module__}", future=future)
     return JobScript(source=source, carried_code=sorted(r.carried),
                      carried_values={k: n for k, (_, n) in r.values.items()}, left_out=r.left_out,
                      undefined=r.undefined)

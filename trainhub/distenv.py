@@ -10,8 +10,8 @@
     OMP_NUM_THREADS (1 when nproc_per_node > 1, unless set)
 
 A trainhub job's layout maps onto torchrun's: on one machine, W workers are
-``torchrun --nproc_per_node W`` (one group, local ranks 0..W-1); on Kubernetes, W pods of one worker
-are ``torchrun --nnodes W --nproc_per_node 1 --node_rank i`` (W groups of one). The values differ
+``torchrun --nproc_per_node W`` (one node: one group, local ranks 0..W-1); on Kubernetes, W pods of one worker
+are ``torchrun --nnodes W --nproc_per_node 1 --node_rank i`` (W nodes, a group of one each). The values differ
 from torchrun's on purpose in three places:
 
 - ``TORCHELASTIC_USE_AGENT_STORE=False``: no agent runs beside the workers, so rank 0 hosts the
@@ -25,14 +25,21 @@ from torchrun's on purpose in three places:
   the one it inherits.
 
 Also the ``PET_*`` variables (``torchrun``'s own options from the environment, as Kubeflow's
-PyTorchJob sets them): ``PET_NNODES`` (workers), ``PET_NPROC_PER_NODE`` (GPUs per worker, at least
-1), ``PET_NODE_RANK`` (the worker's rank), ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``: a job whose
-command is ``torchrun train.py`` (each worker a node) starts its processes in the job's layout.
+PyTorchJob sets them), the same layout said as torchrun's options: ``PET_NNODES`` (the nodes: 1 on one
+machine, the workers on Kubernetes), ``PET_NODE_RANK`` (the worker's node: 0 on one machine, its rank
+on Kubernetes), ``PET_NPROC_PER_NODE`` (the processes of a node: the workers on one machine; where a node
+holds one worker, its GPUs, at least 1), ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``. So
+``torchrun train.py`` as the command of a one-worker job starts one process per GPU of the worker, and on
+Kubernetes each pod is a node of the job's group. On one machine the workers of a W-worker job already
+are torchrun's W processes (trainhub plays its agent): a torchrun inside each would be a second agent of
+the same node, so the local launcher refuses such a job (:func:`runs_torchrun`; docs/jobs-local.md,
+"torchrun").
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 # the variables torchrun's agent sets for each worker (torch/distributed/elastic/agent/server/local_elastic_agent.py,
 # torch/distributed/elastic/multiprocessing/api.py and run.py)
@@ -91,7 +98,8 @@ def worker_env(*, rank, local_rank, group_rank, world_size: int, local_world_siz
         "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(local_world_size),
         "GROUP_WORLD_SIZE": str(group_world_size), "ROLE_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        "PET_NNODES": str(world_size), "PET_NPROC_PER_NODE": str(max(1, gpus_per_worker)), "PET_NODE_RANK": rank,
+        "PET_NNODES": str(group_world_size), "PET_NODE_RANK": group_rank,
+        "PET_NPROC_PER_NODE": str(local_world_size if local_world_size > 1 else max(1, gpus_per_worker)),
         "PET_MASTER_ADDR": master_addr, "PET_MASTER_PORT": str(master_port),
     }
     if error_file:
@@ -102,3 +110,59 @@ def worker_env(*, rank, local_rank, group_rank, world_size: int, local_world_siz
     if threads is not None and "OMP_NUM_THREADS" not in user_env:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
+
+
+_OPERATORS = {"&&", "||", ";", "|", "&", "(", ")"}
+_WRAPPERS = {"env", "exec", "time", "nice", "nohup", "command", "stdbuf", "setsid"}
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def runs_torchrun(command: str | None) -> bool:
+    """Does the shell ``command`` start torchrun (``torchrun ...``, ``python -m torch.distributed.run`` or
+    ``.launch``), as one of its simple commands? What a command line says only: a script that runs torchrun
+    itself is not seen."""
+    import shlex
+
+    if not command or "torch" not in command:
+        return False
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:
+        return False
+    segment: list[str] = []
+    for token in tokens + [";"]:
+        if token in _OPERATORS or set(token) <= set("&|;()"):
+            if _segment_runs_torchrun(segment):
+                return True
+            segment = []
+        else:
+            segment.append(token)
+    return False
+
+
+def _segment_runs_torchrun(words: list[str]) -> bool:
+    i = 0
+    while i < len(words):  # NAME=value assignments, env/exec/nice... with their options
+        word = words[i]
+        if _ASSIGNMENT.match(word) or os.path.basename(word) in _WRAPPERS or (i > 0 and (word[:1] == "-" or word.isdigit())):
+            i += 1
+            continue
+        break
+    if i >= len(words):
+        return False
+    program = os.path.basename(words[i])
+    if program == "torchrun":
+        return True
+    if program.startswith("python"):
+        rest = words[i + 1:]
+        for j, word in enumerate(rest):
+            if word == "-m" and j + 1 < len(rest):
+                return rest[j + 1] in TORCHRUN_MODULES
+            if word.startswith("-m") and len(word) > 2:
+                return word[2:] in TORCHRUN_MODULES
+            if not word.startswith("-"):
+                return False  # a script: python train.py
+    return False

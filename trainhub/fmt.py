@@ -13,6 +13,25 @@ from datetime import datetime, timezone
 
 from trainhub.states import PENDING, TRIAL_FINAL, TRIAL_RUNNING, TRIAL_STATES
 
+# -- counts -------------------------------------------------------------------------------------
+#: Plurals that are not the word plus "s" (the one table; add a word here, never a ``(s)`` or ``'s' if`` in a message).
+IRREGULAR_PLURALS = {"retry": "retries", "process": "processes", "entry": "entries", "child": "children"}
+
+
+def plural(n, word: str, many: str | None = None) -> str:
+    """``1 GPU``, ``2 GPUs``, ``0 retries``, ``1.5 cores``: a count and its noun, the one pluralisation of every
+    message (the CLI, the kernel side, the services' texts). ``many``: the plural when it is neither the word plus
+    "s" nor in :data:`IRREGULAR_PLURALS`. ``n`` may be a float (``{n:g}`` is shown)."""
+    return f"{n:g} {noun(n, word, many)}" if isinstance(n, float) else f"{n} {noun(n, word, many)}"
+
+
+def noun(n, word: str, many: str | None = None) -> str:
+    """The noun alone, singular for exactly one (``noun(3, "trial")`` -> ``trials``)."""
+    if n == 1:
+        return word
+    return many or IRREGULAR_PLURALS.get(word) or word + "s"
+
+
 # -- durations and sizes --------------------------------------------------------------------------
 DURATION_STYLES = ("clock", "units", "coarse")
 
@@ -98,8 +117,7 @@ def text_table(rows: list[list], header: list[str]) -> str:
 def fmt_devices(job: dict) -> str:
     """``2 GPUs x 2 workers (devices 0,1 | 2,3)``."""
     gpus, workers = job.get("gpus"), job.get("workers") or 1
-    text = (f"{gpus if gpus is not None else '?'} GPU{'' if gpus == 1 else 's'} x "
-            f"{workers} worker{'' if workers == 1 else 's'}")
+    text = f"{plural(gpus, 'GPU') if gpus is not None else '? GPUs'} x {plural(workers, 'worker')}"
     devices = job.get("devices")
     if devices:
         text += " (devices " + " | ".join(",".join(str(d) for d in w) or "-" for w in devices) + ")"
@@ -112,19 +130,20 @@ def state_text(job: dict, sep: str = " ") -> str:
     return f"{state}{sep}({reason})" if reason and reason != state else f"{state}"
 
 
-def format_job(job: dict) -> str:
-    """A job as lines of ``field: value`` (``trainhub jobs show``, ``%train status`` without widgets)."""
+def format_job(job: dict, events: list[dict] | None = None) -> str:
+    """A job as lines of ``field: value`` (``trainhub jobs show``, ``%train status`` without widgets); with the
+    job's ``events`` the attempt line also tells restarts by the platform from retries."""
     lines = [f"{job['id']}  {job.get('name') or ''}".rstrip(),
              f"  state:    {state_text(job)}",
              f"  user:     {job.get('user', '')}",
              f"  gpus:     {fmt_devices(job)}" + (f", profile {job['profile']}" if job.get("profile") else ""),
-             "  run:      " + (job.get("command") or f"python script.py ({len((job.get('script') or '').splitlines())} lines)"),
+             "  run:      " + (job.get("command") or f"python script.py ({plural(len((job.get('script') or '').splitlines()), 'line')})"),
              f"  created:  {job.get('created') or '-'}",
              f"  started:  {job.get('started') or '-'}",
              f"  finished: {job.get('finished') or '-'}",
              f"  elapsed:  {fmt_duration(elapsed_seconds(job))}"]
     if job.get("attempt") or job.get("retries"):
-        lines.append(f"  attempt:  {job.get('attempt', 1)} of {1 + (job.get('retries') or 0)}")
+        lines.append(f"  attempt:  {attempt_text(job, events)}")
     if job.get("exit_codes"):
         lines.append(f"  exit codes: {job['exit_codes']}")
     if job.get("time_limit"):
@@ -135,6 +154,41 @@ def format_job(job: dict) -> str:
         if job.get(key):
             lines.append(f"  {key.replace('_', ' ')}: {job[key]}")
     return "\n".join(lines)
+
+
+#: How the jobs engine ends the message of an attempt it stopped and put back in the queue without spending a retry
+#: (the platform stopped, a higher-priority job preempted it, a gang could not be placed): see :func:`restart_causes`.
+REQUEUED = "; requeued"
+_RESTART_CAUSES = (("platform ", "a platform stop"), ("preempted", "a preemption"))
+
+
+def restart_causes(events: list[dict] | None) -> list[str]:
+    """Why each earlier attempt of a job was restarted by the platform rather than retried after a failure, oldest
+    first ("a platform stop", "a preemption", "a stall"), from its events (kind "queued", message ending in
+    :data:`REQUEUED`). These attempts do not count against the job's ``retries``."""
+    out = []
+    for e in events or []:
+        message = e.get("message") or ""
+        if e.get("kind") == "queued" and message.endswith(REQUEUED):
+            out.append(next((cause for prefix, cause in _RESTART_CAUSES if message.startswith(prefix)), "a stall"))
+    return out
+
+
+def attempt_text(job: dict, events: list[dict] | None = None) -> str:
+    """The attempt line: ``2 of 3`` (retries + 1), and with restarts by the platform, which the retries do not pay
+    for, how many and why: ``2 of 2 (0 retries allowed; 1 restart after a platform stop, not counted against them)``.
+    ``events`` None (not read): the retries only, no "of"."""
+    attempt, retries = job.get("attempt") or 1, job.get("retries") or 0
+    if events is None:
+        return f"{attempt} ({plural(retries, 'retry')} allowed)"
+    causes = restart_causes(events)
+    text = f"{attempt} of {retries + 1 + len(causes)}"
+    if not causes:
+        return text
+    kinds = list(dict.fromkeys(causes))
+    why = (f"after {kinds[0]}" if len(kinds) == 1
+           else "(" + ", ".join(f"{causes.count(c)} after {c}" for c in kinds) + ")")
+    return f"{text} ({plural(retries, 'retry')} allowed; {plural(len(causes), 'restart')} {why}, not counted against the retries)"
 
 
 _RESUMED = re.compile(r"resumed from step \d+")
@@ -230,7 +284,7 @@ def measurement_line(w: dict) -> str:
     if w.get("cpu_percent") is not None:
         cpu = f"CPU {_num(w['cpu_percent'], '%')}"
         if w.get("cpu_cores"):
-            cpu += f" of {w['cpu_cores']:g} core{'s' if w['cpu_cores'] != 1 else ''}"
+            cpu += f" of {plural(float(w['cpu_cores']), 'core')}"
         if w.get("max_process_cpu_percent") is not None and w.get("max_process_cpu_percent") != w.get("cpu_percent"):
             cpu += f" (busiest process {_num(w['max_process_cpu_percent'], '%')})"
         parts.append(cpu)
@@ -240,7 +294,7 @@ def measurement_line(w: dict) -> str:
         parts.append(f"read {_num(w['read_mb_s'], ' MB/s', 1)}")
     if w.get("step_rate") is not None:
         parts.append(f"{w['step_rate']:.3g} steps/s")
-    parts.append(f"{w.get('samples', 0)} samples")
+    parts.append(plural(w.get("samples", 0), "sample"))
     return f"worker {w.get('rank', '?')}: " + ", ".join(parts)
 
 
@@ -268,7 +322,7 @@ def format_diagnosis(body: dict, remedies: bool = True, indent: str = "") -> str
                 lines.append(f"{indent}    - {r}")
     workers = body.get("workers") or []
     if workers:
-        lines.append(f"{indent}  measured (means over the last {max(w.get('samples', 0) for w in workers)} samples, "
+        lines.append(f"{indent}  measured (means over the last {plural(max(w.get('samples', 0) for w in workers), 'sample')}, "
                      f"every {body.get('sample_interval', '?')}s):")
         for w in workers:
             lines.append(f"{indent}    {measurement_line(w)}")
@@ -280,7 +334,7 @@ def sweep_progress(sweep: dict) -> str:
     """``3/10 trials done, 2 complete, 1 pruned, 4 running``."""
     p = sweep.get("progress") or {}
     n = sweep.get("trials", "?")
-    parts = [f"{p.get('done', 0)}/{n} trials done"]
+    parts = [f"{p.get('done', 0)}/{n} {noun(n, 'trial')} done"]
     for key in (s for s in TRIAL_STATES if s in TRIAL_FINAL):  # complete, pruned, failed, cancelled
         if p.get(key):
             parts.append(f"{p[key]} {key}")

@@ -16,6 +16,7 @@ import argparse
 import re
 
 from trainhub.exceptions import InvalidRequest
+from trainhub.fmt import fmt_size
 from trainhub.searchspace import SpaceError, merge_spaces, parse_space, reports_metric, space_from_source
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
@@ -103,6 +104,31 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", metavar="T", type=time_limit,
                    help="stop the job after T: seconds or 90s, 30m, 2h (default or 0: no limit)")
     p.add_argument("--retries", type=nonneg_int, metavar="R", help="re-run a failed job up to R times (default 0)")
+
+
+def add_workdir_options(p: argparse.ArgumentParser, *, default: str = "") -> None:
+    """The working-directory flags shared by `trainhub jobs submit` and %%train (trainhub.workdir). ``default``: the
+    folder sent when --workdir is not given (%%train: the notebook's), "" none."""
+    g = p.add_argument_group("working directory")
+    where = f" (default: {default})" if default else ""
+    g.add_argument("--workdir", metavar="DIR", help="send the folder DIR along: the job runs in a copy of it, so its "
+                   "modules import and relative paths work as here" + where + "; .gitignore and .trainhubignore are "
+                   "respected, hidden folders and __pycache__ left out, at most 50 MB and 10,000 entries")
+    g.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="leave out what PATTERN matches (the syntax of .gitignore: data/, *.pt); repeatable")
+    if default:
+        g.add_argument("--no-workdir", action="store_true",
+                       help="send no folder: the job runs in your home directory")
+
+
+def workdir_summary(sent: dict) -> str:
+    """One line on a working directory sent (``JobsAPI.send_workdir``'s answer): what it holds, what was left out."""
+    text = f"{sent.get('files', 0):,} file{'s' if sent.get('files') != 1 else ''}, {fmt_size(sent.get('bytes', 0))}"
+    skipped = sent.get("skipped") or {}
+    if skipped:
+        names = ", ".join(sorted(skipped)[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        text += f" (left out: {names}: links leaving it or special files)"
+    return text
 
 
 def spec_from_args(args, *, command: str | None = None, script: str | None = None) -> dict:

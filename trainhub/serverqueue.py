@@ -29,6 +29,7 @@ from sqlalchemy import JSON, Float, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from trainhub.db import Base, SQLiteReader, get_engine, init_db, session_factory, write_session
+from trainhub.fmt import plural
 
 WAITING, GRANTED = "waiting", "granted"
 STALE_AFTER = 60.0  # seconds without the spawner's heartbeat
@@ -161,23 +162,60 @@ class ServerQueue:
             s.commit()
 
 
+#: What a "Start ... now" button of the pending page does (an inline handler: the page sets each progress event's
+#: ``html_message`` as HTML): stop this pending spawn through the hub's API (the cookie and the page's XSRF token, as
+#: the page's own Stop Server button), wait until the hub no longer holds it pending, then start the server again
+#: through the hub's spawn URL with the button's profile (``/hub/spawn/USER[/SERVER]?profile=SLUG``).
+SWITCH_SCRIPT = """(function (b) {
+  var d = window.jhdata || {}, base = d.base_url || '/hub/';
+  var m = window.location.pathname.match(/spawn-pending\\/([^/]+)(?:\\/([^/?#]+))?/);
+  if (!m) { return; }
+  var user = m[1], server = m[2] || '', q = d.xsrf_token ? '?_xsrf=' + encodeURIComponent(d.xsrf_token) : '';
+  var say = function (text) { b.textContent = text; };
+  b.disabled = true; say('Stopping the wait...');
+  var api = base + 'api/users/' + user + (server ? '/servers/' + server : '/server');
+  fetch(api + q, {method: 'DELETE', credentials: 'same-origin'}).then(function (r) {
+    if (!r.ok && r.status !== 400) { throw new Error('the hub answered ' + r.status); }
+    var left = 120;
+    var check = function () {
+      fetch(base + 'api/users/' + user + q, {credentials: 'same-origin'}).then(function (r) { return r.json(); }).then(function (u) {
+        var s = (u.servers || {})[server];
+        if (!s || !s.pending) {
+          window.location.href = base + 'spawn/' + user + (server ? '/' + server : '') + '?profile=' + encodeURIComponent(b.getAttribute('data-profile'));
+        } else if (--left > 0) { setTimeout(check, 500); } else { say('The wait did not stop; reload the page'); }
+      });
+    };
+    check();
+  }).catch(function (e) { b.disabled = false; say('Could not stop the wait (' + e.message + '); try again'); });
+})(this)"""
+
+
+def free_profile_button(slug: str, name: str) -> str:
+    """A button of the pending page that starts the server on profile ``slug`` now (see :data:`SWITCH_SCRIPT`)."""
+    return (f'<button type="button" class="btn btn-sm btn-primary trainhub-start-free" data-profile="{html.escape(slug)}" '
+            f'onclick="{html.escape(SWITCH_SCRIPT)}">Start {html.escape(name)} now</button>')
+
+
 class QueueView:
     """What the spawner shows while its request waits: JupyterHub progress events built from the
-    request's row (position, the scheduler's reason, the estimate) and the profiles free now."""
+    request's row (position, the scheduler's reason, the estimate) and the profiles free now (each a
+    button on the pending page that starts the server on it at once)."""
 
     def __init__(self, profile: str, gpus: int):
         self.profile, self.gpus = profile, gpus
         self.row: QueuedServer | None = None
-        self.free_now: list[str] = []
+        self.free_now: list[tuple[str, str]] = []
         self.done = False
 
-    def update(self, row: QueuedServer, free_now: list[str]) -> None:
-        self.row, self.free_now = row, list(free_now)
+    def update(self, row: QueuedServer, free_now: list) -> None:
+        """``free_now``: the profiles the user could start at once, as ``(slug, display name)`` (a bare name: text only)."""
+        self.row = row
+        self.free_now = [(p, p) if isinstance(p, str) else (p[0], p[1]) for p in free_now]
 
     def text(self) -> tuple[str, str]:
         """(plain, html) description of the wait."""
         r = self.row
-        head = f"{self.profile}: in line for {self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+        head = f"{self.profile}: in line for {plural(self.gpus, 'GPU')}"
         if r is None:
             return head + "...", html.escape(head + "...")
         if r.position:
@@ -188,10 +226,12 @@ class QueueView:
         core += "."
         if not self.free_now:
             return core, html.escape(core)
-        free = ", ".join(self.free_now)
-        return (f"{core} Free now: {free} (press Stop Server and start again with one of them to start at once).",
-                f"{html.escape(core)} <strong>Free now:</strong> {html.escape(free)} — press Stop Server and start "
-                "again with one of them to start at once.")
+        free = ", ".join(name for _, name in self.free_now)
+        buttons = " ".join(free_profile_button(slug, name) for slug, name in self.free_now)
+        return (f"{core} Free now: {free} (stop waiting and start on one of them at once: its button on the "
+                "spawn page, or stop the server and start it again with that profile).",
+                f"{html.escape(core)}<br><strong>Free now:</strong> {buttons} "
+                "<span class=\"text-muted\">(stops waiting and starts your server on it at once)</span>")
 
     def event(self) -> dict:
         if self.row is not None and self.row.state == GRANTED:

@@ -23,6 +23,7 @@ from trainhub.exceptions import Conflict, Forbidden, InsufficientStorage, Invali
 from trainhub.httpapi import JSONErrors
 from trainhub.storage import resolve_in_area
 
+from .move import MoveHandler
 from .snapshot import SnapshotHandler
 
 HOME, DATASETS = "home", "datasets"
@@ -580,6 +581,7 @@ def default_handlers(base_url: str, browser: StorageBrowser) -> list:
         (url_path_join(base_url, "trainhub", "culler", "release"), CullerReleaseHandler),
         (url_path_join(base_url, "trainhub", "culler", "regain"), CullerRegainHandler),
         (url_path_join(base_url, "trainhub", "snapshot"), SnapshotHandler),
+        (url_path_join(base_url, "trainhub", "move"), MoveHandler),
         # the rest of trainhub/ is a JSON 404, except what the sibling tensorboard extension serves
         (url_path_join(base_url, "trainhub") + r"(?:/(?!tensorboard(?:/|$)).*)?", NoRouteHandler),
     ]

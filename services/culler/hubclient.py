@@ -89,6 +89,17 @@ class HubClient(LoggingConfigurable):
                           connect_timeout=self.request_timeout, follow_redirects=False)
         return json.loads((await AsyncHTTPClient().fetch(req)).body)
 
+    async def announce_move(self, server_url: str, move: dict, timeout: float = 5.0) -> None:
+        """``POST <server>trainhub/move``: the server's open JupyterLab pages are told that it is about to move (they
+        show the move's progress instead of JupyterLab's "Server unavailable" dialog). Raises on any failure."""
+        origin = urlsplit(self.public_url)
+        if not origin.netloc:
+            raise RuntimeError("public_url is not set: cannot reach single-user servers (set TRAINHUB_PUBLIC_URL)")
+        url = f"{origin.scheme}://{origin.netloc}{server_url.rstrip('/')}/trainhub/move"
+        req = HTTPRequest(url, method="POST", headers=self._headers({"Content-Type": "application/json"}),
+                          body=json.dumps(move), request_timeout=timeout, connect_timeout=timeout, follow_redirects=False)
+        await AsyncHTTPClient().fetch(req)
+
     async def running_jobs(self, user: str) -> int | None:
         """Running jobs of ``user``; None when no jobs service is configured. Raises on any error."""
         if not self.jobs_api_url:

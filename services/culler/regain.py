@@ -153,6 +153,8 @@ class RegainMixin:
             state["state"] = "restarting"
             info = ServerInfo(user=user, server_name=server_name, devices=tuple(state["devices"]),
                               held_since=self.policy.utcnow())
+            if server_url:
+                await self._announce_move(info, server_url, "regain", state["profile"])
             if self.snapshot_on_release and server_url:
                 snap = await self._snapshot(info, server_url)
             stopped = await self.client.stop_server(user, server_name)

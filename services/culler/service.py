@@ -124,6 +124,13 @@ class GPUCuller(RegainMixin, Application):
         <server>trainhub/snapshot); each notebook's next kernel, on the CPU profile, restores them.
         The release goes on when the snapshot fails or times out (logged and in the audit row).""",
     ).tag(config=True)
+    move_notice_grace = Float(
+        2.0,
+        help="""Seconds between telling a server's open JupyterLab pages that it moves (trainhub/move) and the move's
+        first step (the snapshot): the pages save their documents and let go of their kernels meanwhile. Only when the
+        server took the notice. 0 = none.""",
+    ).tag(config=True)
+
     snapshot_timeout = Float(
         60.0,
         help="Seconds a release waits for the server's kernels to save their variables (all kernels together).",
@@ -562,6 +569,8 @@ class GPUCuller(RegainMixin, Application):
         # Unsaved browser buffers cannot be saved from here (they live in the browser);
         # JupyterLab autosaves open documents (every 120 s by default) during the warning period.
         snap = None
+        if decision.action == RELEASE and server_url:
+            await self._announce_move(info, server_url, "release", decision.target_profile)
         if decision.action == RELEASE and self.snapshot_on_release and server_url:
             snap = await self._snapshot(info, server_url)
         stopped = await self.client.stop_server(info.user, info.server_name)
@@ -570,6 +579,23 @@ class GPUCuller(RegainMixin, Application):
                 await self.client.wait_stopped(info.user, info.server_name, self.stop_timeout)
             await self.client.start_server(info.user, info.server_name, decision.target_profile)
         return snap
+
+    async def _announce_move(self, info: ServerInfo, server_url: str, action: str, profile: str) -> None:
+        """Tell the server's open pages that it moves now (trainhub/move), then give them ``move_notice_grace`` to save
+        their documents; never raises: the move goes on whatever the pages heard."""
+        kept = self.snapshot_on_release
+        what = "onto the CPU" if action == "release" else f"onto {profile}"
+        message = (f"trainhub is moving this server {what} (profile {profile}): "
+                   + ("your variables are kept; " if kept else "kernel state is lost; ")
+                   + "the page reconnects by itself.")
+        try:
+            await within(self.client.announce_move(server_url, {"action": action, "profile": profile, "message": message,
+                                                                "variables": kept}), 10)
+        except Exception as e:
+            self.log.info("could not tell the pages of %s/%s about the move (%r); it goes on", info.user, info.server_name, e)
+            return
+        if self.move_notice_grace > 0:  # the pages save their documents (a save cut by the stop would hang it)
+            await asyncio.sleep(self.move_notice_grace)
 
     async def _snapshot(self, info: ServerInfo, server_url: str) -> dict:
         """The server's kernels save their variables; never raises (a release goes on without them)."""

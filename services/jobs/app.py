@@ -19,7 +19,7 @@ from traitlets.config import Application, PyFileConfigLoader
 
 from trainhub import __version__
 from trainhub.config import load_platform_config
-from trainhub.exceptions import Conflict, TooManyQueued
+from trainhub.exceptions import Conflict, NotFound, TooManyQueued
 from trainhub.httpapi import MAX_SERVER_BODY_BYTES
 from trainhub.boundary.isolation import Isolation
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
@@ -31,6 +31,7 @@ from trainhub.services.contract import BodySchemas
 from trainhub.states import QUEUED, SUBMITTED_REASON
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
+from trainhub.workdir import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, Limits
 
 from .engine import JobEngine, view
 from .handlers import default_handlers
@@ -40,6 +41,7 @@ from .logwatch import LogWatch
 from .outputs import OutputSyncer
 from .spec import JobSpec
 from .store import JobStore
+from .workdirs import FOLDER as WORKDIRS_FOLDER, WorkdirStore
 
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 
@@ -161,6 +163,14 @@ class JobsService(Application):
         each queued job costs every scheduling pass and the database alike, whoever queued it. Only state "queued"
         counts (running jobs are bounded by GPU quotas); submissions in flight count too, so a burst cannot pass it.
         0 = no cap.""").tag(config=True)
+    max_workdir_bytes = Integer(DEFAULT_MAX_BYTES, help="""Most bytes of files (unpacked) a job's working directory
+        may hold (PUT /workdirs/{sha256}; %%train and `trainhub jobs submit --workdir` send it, trainhub.workdir). A
+        bigger one is refused (413) before it is stored; the senders check the same limits first and name what weighs
+        most.""").tag(config=True)
+    max_workdir_files = Integer(DEFAULT_MAX_FILES, help="""Most files, folders and links a job's working directory may
+        hold.""").tag(config=True)
+    workdir_keep = Float(86400.0, help="""Seconds an uploaded working directory is kept after it was last sent or named
+        by a job, once no queued or running job names it (removed at its owner's next upload).""").tag(config=True)
     config_file = Unicode("", help="Extra traitlets Python config file, loaded over the platform config (the Helm chart passes "
                           "its services_config.py, which applies trainhub.app.chart_config to trainhub.json). Empty = none.").tag(config=True)
 
@@ -191,6 +201,9 @@ class JobsService(Application):
         self.storage = StorageConfig(parent=self)
         self.isolation = Isolation(parent=self)
         self.launcher = self.launcher_class(parent=self, data_dir=str(self.dd.root), isolation=self.isolation)
+        self.workdirs = WorkdirStore(Path(self.launcher.jobs_dir) / WORKDIRS_FOLDER,
+                                     Limits(self.max_workdir_bytes, self.max_workdir_files), self.workdir_keep)
+        self.launcher.workdir_store = self.workdirs
         self.syncer = OutputSyncer(self.storage, parent=self, as_user=self.launcher.as_user)
         self.groups = GroupDirectory(self.log)
         self._submitting: dict[str, int] = {}  # user -> submissions being written (check_queued counts them)
@@ -246,6 +259,7 @@ class JobsService(Application):
                 "ask for fewer workers or GPUs per worker"
             )
         self.quota.admit(demand)
+        self.launcher.check(spec)
         return profile, gpus
 
     async def check_queued(self, user: str, submit_key: str | None = None, own: int = 0) -> None:
@@ -281,6 +295,15 @@ class JobsService(Application):
     async def submit(self, caller, spec: JobSpec):
         """Check a spec against profiles, the pool, the caller's quota and queued-job cap, then queue it."""
         profile, gpus = self.check(caller, spec)
+        workdir = None
+        if spec.workdir:  # the caller's own upload (another user's archive is not found under their name)
+            info = await asyncio.to_thread(self.workdirs.info, caller.name, spec.workdir)
+            if info is None:
+                # 404: the resource the spec names is not there (send it, then submit again)
+                raise NotFound(f"no working directory {spec.workdir} is stored for {caller.name} (never sent, or "
+                               f"removed after {self.workdir_keep:.0f} s unused): PUT /workdirs/{spec.workdir} first")
+            await asyncio.to_thread(self.workdirs.touch, caller.name, spec.workdir)
+            workdir = {"sha256": info.sha256, "files": info.files, "bytes": info.bytes}
         # counted (check_queued) from before its count until its row is written: concurrent submissions cannot
         # all pass the cap, whether the count is read on the loop or on a thread
         self._submitting[caller.name] = self._submitting.get(caller.name, 0) + 1
@@ -295,7 +318,7 @@ class JobsService(Application):
                 script=spec.script, gpus=gpus, workers=spec.workers, env=spec.env, time_limit=spec.time_limit,
                 retries=spec.retries, profile=profile.slug if profile else None, priority=priority,
                 preemptible=spec.preemptible, submit_key=(f"{caller.name}:{spec.submit_key}" if spec.submit_key else None),
-                sweep_id=spec.sweep_id, params=spec.params, reason=SUBMITTED_REASON,
+                sweep_id=spec.sweep_id, params=spec.params, reason=SUBMITTED_REASON, workdir=workdir,
             )
         finally:
             left = self._submitting[caller.name] - 1

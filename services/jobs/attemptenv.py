@@ -13,6 +13,7 @@ import os
 import sys
 
 from trainhub.distenv import job_env
+from trainhub.boundary import userenv
 from trainhub.boundary.asuser import platform_tree, storage_tree
 from trainhub.jobarea import (CHECKPOINTS, JOB_URL_VAR, RESUME_STEP_VAR, RESUME_URL_VAR, CheckpointInfo, area_url,
                               checkpoints_named, latest_checkpoint)
@@ -46,6 +47,8 @@ class AttemptEnv:
         home = self.launcher.home_dir(job.user)
         if home:
             env["HOME"] = home
+            # the user's own packages (pip install [--user] in a terminal or a notebook): trainhub.boundary.userenv
+            env.update(userenv.job_env(os.path.realpath(home), env))
         if api_url:
             env["TRAINHUB_API_URL"] = api_url
         if self.storage.url:

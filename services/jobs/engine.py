@@ -29,6 +29,7 @@ devices of a job that has ended for longer than one pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections import defaultdict
@@ -39,7 +40,7 @@ from traitlets.config import LoggingConfigurable
 
 from trainhub.db import write_now
 from trainhub.exceptions import TrainhubError
-from trainhub.fmt import fmt_duration
+from trainhub.fmt import REQUEUED, fmt_duration, restart_causes
 from trainhub.jobarea import JOB_URL_VAR
 from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
@@ -226,7 +227,7 @@ class JobEngine(LoggingConfigurable):
         if self.on_platform_stop == "fail":
             await self._end_attempt(job, FAILED, f"platform {how}{when} {while_}", codes)
         else:
-            await self._end_attempt(job, QUEUED, f"platform {how}{when} {while_}; requeued", codes, requeue=True)
+            await self._end_attempt(job, QUEUED, f"platform {how}{when} {while_}{REQUEUED}", codes, requeue=True)
         return True
 
     # -- one pass ---------------------------------------------------------------
@@ -349,9 +350,9 @@ class JobEngine(LoggingConfigurable):
         elif state.get("timed_out"):
             await self._end_attempt(job, FAILED, f"exceeded its time limit of {fmt_duration(job.time_limit, 'units')}", codes, retry=True)
         elif state.get("preempting"):
-            await self._end_attempt(job, QUEUED, f"preempted: {state.get('preempt_reason', 'a higher-priority job needed its GPUs')}; requeued", codes, requeue=True)
+            await self._end_attempt(job, QUEUED, f"preempted: {state.get('preempt_reason', 'a higher-priority job needed its GPUs')}{REQUEUED}", codes, requeue=True)
         elif state.get("stalled"):
-            await self._end_attempt(job, QUEUED, f"{state['stalled']}; requeued", codes, requeue=True)
+            await self._end_attempt(job, QUEUED, f"{state['stalled']}{REQUEUED}", codes, requeue=True)
         elif all(c == 0 for c in codes):
             n = len(codes)
             await self._end_attempt(job, SUCCEEDED, f"{'all ' + str(n) + ' workers' if n > 1 else 'the worker'} exited with code 0", codes)
@@ -390,12 +391,14 @@ class JobEngine(LoggingConfigurable):
             await self.launcher.cleanup(v, job.launch_state or {})
         except Exception:
             self.log.exception("job %s: launcher cleanup failed", job.key)
-        if retry and job.attempt <= job.retries and not job.cancel_requested:
+        # attempts the platform restarted (stopped, preempted, stalled: requeued) spend none of the job's retries
+        restarts = len(restart_causes(await self.store.read(self.store.events, job.id))) if retry else 0
+        if retry and job.attempt - restarts <= job.retries and not job.cancel_requested:
             requeue = True
-            reason = f"{reason}; retrying (attempt {job.attempt + 1} of {job.retries + 1})"
+            reason = f"{reason}; retrying (attempt {job.attempt + 1} of {job.retries + 1 + restarts})"
             state = QUEUED
         elif retry and job.retries:
-            reason = f"{reason} (attempt {job.attempt} of {job.retries + 1}; no retries left)"
+            reason = f"{reason} (attempt {job.attempt} of {job.retries + 1 + restarts}; no retries left)"
         fields = dict(exit_codes=codes or [], cancel_requested=False if requeue else job.cancel_requested)
         if requeue:
             fields.update(state=QUEUED, reason=reason, devices=[], launch_state={})
@@ -585,6 +588,9 @@ class JobEngine(LoggingConfigurable):
         attempt = job.attempt + 1
         job.attempt = attempt
         v = view(job)
+        workdir = await self.store.lookup(self.store.workdir_of, job.id)  # a small read: on the loop with SQLite
+        if workdir:
+            v = dataclasses.replace(v, workdir=workdir)
         jdir = self.launcher.job_dir(v)
         outputs_url = self.syncer.target_url(job.user, job.key)
         env = self.attempt_env.base(v, job.retries or 0, self.api_url)

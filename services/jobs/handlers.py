@@ -8,9 +8,10 @@ from pathlib import Path
 
 from tornado import iostream, web
 
-from trainhub.exceptions import InvalidRequest, NotFound
+from trainhub.exceptions import InvalidRequest, NotFound, TooLarge
 from trainhub.httpapi import parse_id
 from trainhub.states import JOB_STATES, JOB_TERMINAL, QUEUED
+from trainhub.workdir import size_text
 
 from trainhub.services.api import APIHandler
 
@@ -51,8 +52,10 @@ class JobAccessMixin:
 class RootHandler(APIHandler):
     async def get(self):
         self.caller
+        limits = self.service.workdirs.limits
         self.write_json({"service": "trainhub", "version": self.service.version,
-                         "links": {"jobs": f"{self.service.api_prefix}jobs", "openapi": f"{self.service.api_prefix}openapi.json"}})
+                         "links": {"jobs": f"{self.service.api_prefix}jobs", "openapi": f"{self.service.api_prefix}openapi.json"},
+                         "limits": {"workdir_bytes": limits.max_bytes, "workdir_files": limits.max_files}})
 
 
 class OpenAPIHandler(APIHandler):
@@ -119,6 +122,71 @@ class JobMetricsHandler(JobAccessMixin, APIHandler):
     async def get(self, key):
         job = await self.load_job(key)
         self.write_json(await self.service.store.read(self.service.store.metrics, job.id))
+
+
+class WorkdirHandler(APIHandler):
+    """``/workdirs/{sha256}``: a working directory sent with jobs (trainhub.workdir), the caller's own.
+
+    GET: is it stored (what it holds), or 404. PUT: store it; the body (the ``.tar.gz``, ``application/octet-stream``) is streamed to a file
+    piece by piece as it arrives (services/jobs/workdirs.py), never held whole, and past the limits dropped and refused
+    (413); it must hash to its name and pass the unpacking's checks (400 naming what is wrong)."""
+
+    _upload = None
+    _too_big = False
+
+    async def prepare(self):
+        put = self.request.method == "PUT"
+        if put:  # a body up to an archive's bound is read (the JSON routes' bound is the service's)
+            self.request.connection.set_max_body_size(self.service.workdirs.limits.archive_bytes + (1 << 20))
+        await super().prepare()
+        if not put or self._refusal is not None:
+            return
+        try:
+            caller = self.caller
+            if not caller.may(WRITE, caller.name):
+                raise web.HTTPError(403, f"missing scope {WRITE} to send working directories with jobs")
+            length = self.request.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) > self.service.workdirs.limits.archive_bytes:
+                self._too_big = True  # read and dropped as it arrives; answered once it has
+                return
+            self._upload = await asyncio.to_thread(self.service.workdirs.receive, caller.name, self.path_kwargs["sha256"])
+        except Exception as e:
+            self._refusal = e
+
+    async def data_received(self, chunk: bytes):
+        if self._upload is not None:  # on a worker thread: each piece is a file write
+            await asyncio.to_thread(self._upload.write, chunk)
+
+    def on_finish(self):
+        if self._upload is not None:
+            self._upload.discard()  # whatever did not make it into place (a refusal, an interruption)
+
+    def on_connection_close(self):
+        super().on_connection_close()
+        self.on_finish()
+
+    async def get(self, sha256):
+        caller = self.caller
+        if not caller.may(READ, caller.name):
+            raise web.HTTPError(403, f"missing scope {READ}")
+        info = await asyncio.to_thread(self.service.workdirs.info, caller.name, sha256)
+        if info is None:
+            raise NotFound(f"no working directory {sha256} stored for {caller.name}: send it with PUT")
+        self.write_json(info.to_dict())
+
+    async def put(self, sha256):
+        caller = self.caller
+        store = self.service.workdirs
+        if self._too_big:
+            raise TooLarge(f"the working directory archive is {self.request.headers.get('Content-Length')} bytes; at most "
+                           f"{store.limits.archive_bytes:,} are taken (files up to {size_text(store.limits.max_bytes)}, "
+                           f"{store.limits.max_files:,} entries): leave out what the job does not need "
+                           "(.trainhubignore, --exclude)")
+        existed = await asyncio.to_thread(store.exists, caller.name, sha256)
+        info = await asyncio.to_thread(self._upload.finish)
+        keep = await self.service.store.read(self.service.store.workdirs_in_use, caller.name)
+        await asyncio.to_thread(store.prune, caller.name, keep | {sha256})
+        self.write_json(info.to_dict(), status=200 if existed else 201)
 
 
 def log_files(job_dir: str, worker: int | None) -> list[Path]:
@@ -284,4 +352,5 @@ def default_handlers(prefix: str, service) -> list:
         (api + rf"/jobs/{JOB_ID}/metrics", JobMetricsHandler, kw),
         (api + rf"/jobs/{JOB_ID}/events", JobEventsHandler, kw),
         (api + rf"/jobs/{JOB_ID}/why", JobWhyHandler, kw),
+        (api + r"/workdirs/(?P<sha256>[0-9a-f]{64})", WorkdirHandler, kw),
     ]

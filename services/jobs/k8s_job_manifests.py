@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Iterable, Mapping
 
-from trainhub import distenv
+from trainhub import distenv, workdir
 from trainhub.kube.names import COMPONENT_LABEL, JOB_USER_ANNOTATION, PROFILE_LABEL, SECRET_ENV_KEYS, k8s_name
 from trainhub.kube.pods import shm_parts
 
@@ -37,6 +38,11 @@ MANAGED_BY = "trainhub-jobs"
 COMPONENT = "training-job"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # also a pod label from Kubernetes 1.28
+
+# the pods unpack the job's working directory with trainhub.workdir itself (standard library only: the image need not
+# have trainhub), its source given in the environment
+WORKDIR_PY = Path(workdir.__file__).read_text()
+WORKDIR_ARCHIVE = "workdir.tar.gz"  # in the job's storage area
 
 CONTAINER = "worker"
 POD_ROOT = "/trainhub"  # emptyDir: script, metrics file, outputs
@@ -53,6 +59,12 @@ HOST_ONLY_ENV = ("PATH", "HOME", "TRAINHUB_INSTANCE")
 WORKER_SH = r"""
 set -u
 mkdir -p "$TRAINHUB_OUTPUTS_DIR"
+if [ -n "${TRAINHUB_WORKDIR_URL:-}" ]; then
+  # the working directory the job was sent with (trainhub.workdir, its source in $TRAINHUB_WORKDIR_PY): the command's cwd
+  "${TRAINHUB_PYTHON:-python3}" -c "$TRAINHUB_WORKDIR_PY" unpack "$TRAINHUB_WORKDIR_URL" "$TRAINHUB_JOB_DIR/workdir" \
+    $TRAINHUB_WORKDIR_LIMITS || { echo "trainhub: the job's working directory could not be unpacked (the image needs python3, with fsspec for object storage)"; exit 1; }
+  cd "$TRAINHUB_JOB_DIR/workdir" || exit 1
+fi
 : > "$TRAINHUB_METRICS_FILE"
 tail -n +1 -f "$TRAINHUB_METRICS_FILE" 2>/dev/null | while IFS= read -r line; do printf '%s%s\n' "$TRAINHUB_METRICS_MARK" "$line"; done &
 forwarder=$!
@@ -148,10 +160,12 @@ def _owner(job: Mapping) -> dict:
 def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[str, str], user_env: Mapping[str, str],
                command: str | None, script: str | None, outputs_url: str | None = None, gpus: int = 0,
                python: str = "python3", secret_name: str | None = None, cpu_limit: float | None = None,
-               secret_keys: Iterable[str] = SECRET_ENV_KEYS, secret_optional: bool = True) -> dict:
+               secret_keys: Iterable[str] = SECRET_ENV_KEYS, secret_optional: bool = True,
+               workdir_url: str | None = None, workdir_limits: workdir.Limits = workdir.Limits()) -> dict:
     """The environment of every pod of the attempt (RANK comes from the pod's completion index).
 
-    ``cpu_limit``: the pod's CPU limit (cores), which sizes OMP_NUM_THREADS; None leaves it unset.
+    ``cpu_limit``: the pod's CPU limit (cores), which sizes OMP_NUM_THREADS; None leaves it unset. ``workdir_url``:
+    the archive of the job's working directory, which the pod unpacks (within ``workdir_limits``) and runs in.
 
     Credentials in ``base_env`` (``AWS_*``) are replaced by references to ``secret_name`` when
     one is given, so no credential value appears in the Job; without one they stay plain values.
@@ -174,7 +188,9 @@ def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[s
     # what torchrun --nnodes W --nproc_per_node 1 --node_rank i would give it (trainhub.distenv)
     env.update(distenv.worker_env(rank=index, local_rank=0, group_rank=index, world_size=workers, local_world_size=1,
                                   group_world_size=workers, master_addr=f"{name}-0.{name}", master_port=master_port,
-                                  gpus_per_worker=gpus, cores=cpu_limit, error_file=f"{POD_ROOT}/error.json",
+                                  gpus_per_worker=gpus, error_file=f"{POD_ROOT}/error.json",
+                                  # a torchrun inside sets OMP_NUM_THREADS for its own processes (as on a machine)
+                                  cores=None if distenv.runs_torchrun(command) else cpu_limit,
                                   user_env=user_env))
     env.update({
         "NODE_RANK": index,
@@ -190,6 +206,9 @@ def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[s
         env["TRAINHUB_JOB_SCRIPT"] = script
     else:
         env["TRAINHUB_JOB_COMMAND"] = command or ""
+    if workdir_url:
+        env.update(TRAINHUB_WORKDIR_URL=workdir_url, TRAINHUB_WORKDIR_PY=WORKDIR_PY,
+                   TRAINHUB_WORKDIR_LIMITS=f"{workdir_limits.max_bytes} {workdir_limits.max_files}")
     if secret_name:
         env.update(secret_refs(secret_name, secret_keys, secret_optional))
     return env

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 from traitlets import Any, Dict, Enum, Float, Instance, Integer, List, Unicode, default
 
 from trainhub.backoff import Backoff, WaitTimeout, apoll, within
+from trainhub.boundary.asuser import storage_tree
 from trainhub.exceptions import TrainhubError
 from trainhub.fmt import fmt_duration
 from trainhub.kube.names import SECRET_ENV_KEYS
@@ -347,8 +348,36 @@ class KubernetesLauncher(Launcher):
             slug = k8s_name(user)
         return self.credentials_secret_template.format(username=slug)
 
-    def build_manifests(self, job: JobView, devices: list[list[int]], env: dict, outputs_url: str | None = None) -> tuple[dict, dict]:
-        """(Job, Service) for this attempt; the Service gets its owner reference once the Job exists."""
+    def _outputs_url(self, job: JobView, env: dict) -> str | None:
+        # the engine's OutputSyncer.target_url: <user storage URL>/jobs/<key>
+        return env.get("TRAINHUB_OUTPUTS_URL") or (
+            f"{env['TRAINHUB_STORAGE_URL'].rstrip('/')}/jobs/{job.key}" if env.get("TRAINHUB_STORAGE_URL") else None)
+
+    def stage_workdir(self, job: JobView, outputs_url: str | None) -> str:
+        """Copy the archive of the working directory ``job`` was sent with to its storage area
+        (``<outputs_url>/workdir.tar.gz``), where every pod fetches and unpacks it (WORKER_SH); returns that URL.
+        Blocking. A local-folder storage is written as the area's owner by descriptors (trainhub.boundary)."""
+        if not outputs_url:
+            raise TrainhubError(f"job {job.key} was sent with a working directory, but the jobs service has no storage "
+                                "to hand it to its pods (c.StorageConfig.url)")
+        archive = self.workdir_archive(job)
+        url = f"{outputs_url.rstrip('/')}/{jm.WORKDIR_ARCHIVE}"
+        fd = os.open(archive, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if self.storage.url and self.storage.is_local:
+                tree, rel = storage_tree(self.storage, None, self.storage.strip(outputs_url))
+                with tree:
+                    tree.copy_in(fd, f"{rel}/{jm.WORKDIR_ARCHIVE}" if rel else jm.WORKDIR_ARCHIVE)
+            else:
+                self.storage.filesystem(job.user).put_file(f"/proc/self/fd/{fd}", self.storage.strip(url))
+        finally:
+            os.close(fd)
+        return url
+
+    def build_manifests(self, job: JobView, devices: list[list[int]], env: dict, outputs_url: str | None = None,
+                        workdir_url: str | None = None) -> tuple[dict, dict]:
+        """(Job, Service) for this attempt; the Service gets its owner reference once the Job exists. ``workdir_url``:
+        where the pods fetch the job's working directory (:meth:`stage_workdir`)."""
         profile = self._profile(job)
         name = jm.job_name(job.key, job.attempt)
         gpus = len(devices[0]) if devices and devices[0] else job.gpus
@@ -357,9 +386,7 @@ class KubernetesLauncher(Launcher):
             raise TrainhubError("no image for the job's pods: set KubernetesLauncher.image or the profile's image")
         labels = jm.job_labels(job.id, job.key, job.attempt, name, job.profile)
         if not outputs_url:
-            # the engine's OutputSyncer.target_url: <user storage URL>/jobs/<key>
-            outputs_url = env.get("TRAINHUB_OUTPUTS_URL") or (
-                f"{env['TRAINHUB_STORAGE_URL'].rstrip('/')}/jobs/{job.key}" if env.get("TRAINHUB_STORAGE_URL") else None)
+            outputs_url = self._outputs_url(job, env)
         secret_name, secret_keys = self._secret_name(job.user), SECRET_ENV_KEYS
         if self.credentials == "managed":
             secret_keys = sorted(k for k in SECRET_ENV_KEYS if env.get(k))
@@ -368,7 +395,8 @@ class KubernetesLauncher(Launcher):
             name=name, workers=job.workers, master_port=self.master_port, base_env=env, user_env=job.env,
             command=job.command, script=job.script, outputs_url=outputs_url,
             gpus=gpus, python=self.python, secret_name=secret_name, secret_keys=secret_keys, secret_optional=False,
-            cpu_limit=profile.cpu_limit if profile else None,
+            cpu_limit=profile.cpu_limit if profile else None, workdir_url=workdir_url,
+            workdir_limits=self.workdir_store.limits,
         )
         node_selector = {**self.node_selector, **(profile.node_selector if profile else {})}
         tolerations = list(self.tolerations) + [dict(t) for t in (profile.tolerations if profile else ()) if dict(t) not in self.tolerations]
@@ -395,7 +423,10 @@ class KubernetesLauncher(Launcher):
         adir = jdir / f"attempt-{job.attempt}"
         await asyncio.to_thread(_prepare_dir, jdir, adir, job)
         env = self._storage_credentials(job, env)
-        manifest, service = self.build_manifests(job, devices, env)
+        workdir_url = None
+        if job.workdir:
+            workdir_url = await asyncio.to_thread(self.stage_workdir, job, self._outputs_url(job, env))
+        manifest, service = self.build_manifests(job, devices, env, workdir_url=workdir_url)
         if self.modify_job_hook is not None:
             out = self.modify_job_hook(self, job, manifest)
             manifest = (await out) if asyncio.iscoroutine(out) else (out or manifest)

@@ -18,6 +18,8 @@ from traitlets.config import LoggingConfigurable
 from trainhub.boundary.asuser import AsUser
 from trainhub.boundary.isolation import Isolation
 
+from .workdirs import FOLDER as WORKDIRS_FOLDER, WorkdirStore
+
 
 @dataclass(frozen=True)
 class JobView:
@@ -36,6 +38,7 @@ class JobView:
     time_limit: float | None
     params: dict = field(default_factory=dict)
     profile: str | None = None
+    workdir: str | None = None  # the SHA-256 of the working directory it was sent with (Launcher.workdir_archive)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,21 @@ class Launcher(LoggingConfigurable):
         service's account, unsandboxed. The Kubernetes launcher ignores it (pods are isolated by the cluster).""",
     )
 
+    workdir_store = Instance(
+        WorkdirStore, help="""Where the working directories sent with jobs are kept (services/jobs/workdirs.py), given by
+        the jobs service with its limits. Default: <jobs_dir>/.workdirs with trainhub.workdir's default limits.""",
+    )
+
+    @default("workdir_store")
+    def _workdir_store_default(self):
+        return WorkdirStore(Path(self.jobs_dir) / WORKDIRS_FOLDER)
+
+    def workdir_archive(self, job: JobView) -> Path | None:
+        """The archive of the working directory ``job`` was sent with (None: none). A launcher unpacks it as the
+        job's working directory before its workers start (trainhub.workdir.unpack): the local one into the job's
+        folder as its user, the Kubernetes one in each pod from the job's storage area."""
+        return self.workdir_store.path(job.user, job.workdir) if job.workdir else None
+
     @default("data_dir")
     def _data_dir_default(self):
         return os.environ.get("TRAINHUB_DATA_DIR", "")
@@ -75,6 +93,10 @@ class Launcher(LoggingConfigurable):
     @default("jobs_dir")
     def _jobs_dir_default(self):
         return os.path.join(self.data_dir or "/var/lib/trainhub", "jobs")
+
+    def check(self, spec) -> None:
+        """Refuse at submission (raise :class:`~trainhub.exceptions.InvalidRequest`, a 400 naming what to do instead) a
+        job spec (``services.jobs.spec.JobSpec``) this back end could not run as asked. Default: none."""
 
     async def launch(self, job: JobView, devices: list[list[int]], env: dict) -> dict:
         """Start all workers at once (gang); return the launch state to persist.

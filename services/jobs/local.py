@@ -10,6 +10,8 @@ Layout of a job's folder (``<jobs_dir>/<job key>/``)::
     outputs/                     $TRAINHUB_OUTPUTS_DIR, synced to storage
     work/                        $TRAINHUB_JOB_DIR of an isolated job (the user's; attempt-<n>-worker-<r>.error.json
                                  there); without isolation $TRAINHUB_JOB_DIR is the job folder itself
+    work/workdir/ (or workdir/)  the working directory the job was sent with, unpacked as the user: its cwd
+    workdir.unpacked             the platform's mark that the copy is whole (a retry runs in it again)
 
 and ``<jobs_dir>/.forkserver.sock`` / ``.forkserver.log``: the warm fork server of `script` jobs
 (see forkserver.py; ``warm_start``).
@@ -43,16 +45,19 @@ from traitlets import Bool, Float, Instance, Integer, TraitError, Unicode, defau
 
 from trainhub.boundary import envexec, procs
 from trainhub.boundary.accounts import Account, own_dir
+from trainhub.boundary.asuser import AsUser
 from trainhub.boundary.credentials import storage_credentials_broker
 from trainhub.boundary.network import GATE_SOCKET_VAR, UserNetworks
 from trainhub.backoff import WaitTimeout, apoll
-from trainhub.distenv import available_cores, worker_env
+from trainhub.distenv import available_cores, runs_torchrun, worker_env
+from trainhub.exceptions import InvalidRequest
 from trainhub.ledger import pid_alive, process_start_time
 from trainhub.boundary.procs import HOLDER_VAR, processes_with
 from trainhub.settings import DataDir
 from trainhub.storage import StorageConfig
+from trainhub.workdir import Below, unpack
 
-from . import warminside, worker
+from . import outputs, warminside, worker
 from .forkserver import SOCKET_NAME, ForkServer, ForkServerError, server_environment
 from .launcher import JobView, Launcher, WorkerStatus
 from .pooledstart import PooledStarts
@@ -60,6 +65,7 @@ from .pooledstart import PooledStarts
 WORKER_SCRIPT = os.path.abspath(worker.__file__)
 WARM_INSIDE_SCRIPT = os.path.abspath(warminside.__file__)
 WORK_DIR = "work"  # $TRAINHUB_JOB_DIR of an isolated job: the part of its folder that is the user's
+WORKDIR = outputs.WORKDIR  # the working directory a job was sent with, unpacked (in work/ when isolated)
 
 
 class _NotOnLoop(Exception):
@@ -148,6 +154,18 @@ class LocalLauncher(Launcher):
     def home_dir(self, user: str) -> str:
         return self.home_dir_template.format(username=user) if self.home_dir_template else ""
 
+    def check(self, spec) -> None:
+        """On one machine the W workers of a job are torchrun's W processes of one node (trainhub plays its agent):
+        a torchrun inside each would be another agent of that node. Refused, with the two ways that work."""
+        if spec.workers > 1 and runs_torchrun(spec.command):
+            w = spec.workers
+            raise InvalidRequest(
+                f"this job runs torchrun in each of its {w} workers: on one machine the {w} workers already are "
+                f"torchrun's {w} processes of one node (each gets RANK, LOCAL_RANK 0..{w - 1}, WORLD_SIZE, MASTER_ADDR... "
+                f"as under torchrun --nproc_per_node={w}), so a torchrun inside each would start another node on the same "
+                f"machine. Either run the script itself in {w} workers (--workers {w} -- python train.py ...), or let one "
+                f"worker run torchrun (--workers 1 -- torchrun --nproc_per_node={w} train.py ...)")
+
     @property
     def isolating(self) -> bool:
         """Workers run as their user's account or in a sandbox."""
@@ -210,14 +228,42 @@ class LocalLauncher(Launcher):
         return rw, ro, cwd
 
     async def launch(self, job, devices, env):
+        # the working directory it was sent with, unpacked as its user before anything of it starts (on a thread)
+        workdir = await asyncio.to_thread(self._workdir, job) if job.workdir else None
         try:
-            state = await self._launch_on_loop(job, devices, env) if self._starts_on_loop(job) else None
+            state = await self._launch_on_loop(job, devices, env, workdir) if self._starts_on_loop(job) else None
             if state is None:
-                state = await asyncio.to_thread(self._launch, job, devices, env)
+                state = await asyncio.to_thread(self._launch, job, devices, env, workdir=workdir)
         finally:
             self._pooled.refill_later()  # after the claim: the next entries do not slow this start
         self._watch(state)
         return state
+
+    def _workdir(self, job: JobView) -> str:
+        """Unpack the working directory ``job`` was sent with into its folder, as its user (trainhub.workdir through the
+        user's UserTree: by descriptors, never following a link, within the limits); returns the folder, the workers'
+        cwd. Isolated: ``work/workdir`` (the user's part of the job folder, bound into the sandbox); else ``workdir``.
+        Unpacked once per job: a retried attempt finds the copy its predecessors left (a ``snapshot.pt`` written
+        there resumes), marked whole by the platform's ``workdir.unpacked`` beside it."""
+        jdir = Path(self.job_dir(job))
+        jdir.mkdir(parents=True, exist_ok=True)
+        work, account = jdir, None
+        if self.isolating:
+            account = self.isolation.account(job.user)
+            work = own_dir(jdir / WORK_DIR, account, 0o700)
+        target = work / WORKDIR
+        marker = jdir / f"{WORKDIR}.unpacked"  # the platform's: the job cannot forge it
+        if marker.exists():
+            return str(target)
+        archive = self.workdir_archive(job)
+        with AsUser(job.user, account).tree(work) as tree, open(archive, "rb") as f:
+            if tree.exists(WORKDIR):  # an attempt that died while unpacking: start again
+                tree.rmtree(WORKDIR)
+            tree.makedirs(WORKDIR, 0o755)
+            got = unpack(f, Below(tree, WORKDIR), self.workdir_store.limits)
+        marker.write_text(f"{job.workdir}\n")
+        self.log.info("job %s: working directory %s unpacked (%d files, %d bytes)", job.key, target, got.files, got.bytes)
+        return str(target)
 
     def _starts_on_loop(self, job: JobView) -> bool:
         """Does ``job`` start on the event loop? A one-worker script job of a user whose account exists, with a pooled
@@ -231,18 +277,19 @@ class LocalLauncher(Launcher):
             return False  # minting a user's storage credentials may call STS: not on the loop
         return not self.isolation.use_accounts or self.isolation.accounts.lookup(job.user) is not None
 
-    async def _launch_on_loop(self, job: JobView, devices: list[list[int]], env: dict) -> dict | None:
+    async def _launch_on_loop(self, job: JobView, devices: list[list[int]], env: dict,
+                              workdir: str | None = None) -> dict | None:
         """:meth:`_launch` on the loop with the worker's claim awaited; None when it must start on a thread after all
         (nothing started: no entry ready any more, or one the job cannot take); a claim that fails starts it cold."""
         handed: list = []
         try:
-            state = self._launch(job, devices, env, handed=handed)
+            state = self._launch(job, devices, env, handed=handed, workdir=workdir)
         except _NotOnLoop:
             return None
         entry = handed[0]
         if not await self._pooled.answer(job, entry):
             self._children.pop(entry.pid, None)
-            return await asyncio.to_thread(self._launch, job, devices, env, pooled=False)
+            return await asyncio.to_thread(self._launch, job, devices, env, pooled=False, workdir=workdir)
         return state
 
     # -- exit events: a pidfd per wrapper, readable once the wrapper (which writes the exit file first) has ended ----
@@ -286,10 +333,11 @@ class LocalLauncher(Launcher):
                     os.close(fd)
 
     def _launch(self, job: JobView, devices: list[list[int]], env: dict, *, pooled: bool = True,
-                handed: list | None = None) -> dict:
+                handed: list | None = None, workdir: str | None = None) -> dict:
         """Start the job's workers. ``pooled=False``: isolated workers start cold. ``handed`` (on the loop, one worker):
         its pooled worker's claim is only handed over (the entry appended to ``handed``, the caller awaits its
-        answer), and _NotOnLoop is raised where it would start any other way."""
+        answer), and _NotOnLoop is raised where it would start any other way. ``workdir``: the unpacked working
+        directory (:meth:`_workdir`), the workers' cwd instead of the home."""
         jdir = Path(self.job_dir(job))
         adir = attempt_dir(jdir, job.attempt)
         adir.mkdir(parents=True, exist_ok=True)
@@ -308,6 +356,8 @@ class LocalLauncher(Launcher):
             account = self.isolation.account(job.user)
             rw, ro, cwd = self._prepare(job, jdir, adir, account)
             netns, netns_env = self._network(account)
+        if workdir:
+            cwd = workdir  # inside work/, which the sandbox binds read-write
         cred_env = self._credentials(job.user, account, ro)
         tag = uuid.uuid4().hex
         port = free_port()
@@ -319,7 +369,8 @@ class LocalLauncher(Launcher):
         if warm and self.isolating:
             warm = False
             pool = self._pooled.get() if pooled else None  # None: the workers (the rest of a gang) start cold
-        cores = available_cores()
+        # a torchrun inside sets OMP_NUM_THREADS for its processes as it does on a machine (1 each, unless set)
+        cores = None if runs_torchrun(job.command) else available_cores()
         try:
             for rank in range(job.workers):
                 visible = ",".join(str(d) for d in devices[rank]) if devices else ""

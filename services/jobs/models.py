@@ -61,6 +61,18 @@ class Job(Base):
         return job_key(self.id)
 
 
+class JobWorkdir(Base):
+    """The working directory a job was sent with (trainhub.workdir): its archive, by SHA-256, in the jobs service's
+    store (services/jobs/workdirs.py); unpacked as the job's working directory before its workers start."""
+
+    __tablename__ = "job_workdirs"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    files: Mapped[int] = mapped_column(Integer, default=0)
+    bytes: Mapped[int] = mapped_column(Integer, default=0)
+
+
 class JobEvent(Base):
     """What happened to a job and why: the audit trail behind `reason`."""
 

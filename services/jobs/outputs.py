@@ -27,6 +27,10 @@ from trainhub.storage import StorageConfig
 #: folders of a job's folder that are the job's own (outputs/; work/, $TRAINHUB_JOB_DIR of an isolated job): read with
 #: the user's rights, as anything in them may be a symbolic link
 USER_FOLDERS = ("outputs", "work")
+#: the working directory a job was sent with, unpacked (in the job's folder, or in its work/): its code, and whatever the
+#: job writes where it runs, stay on the machine; results go to outputs/ (a copy of a project in every job's area would
+#: cost the user's storage for nothing)
+WORKDIR = "workdir"
 
 
 class OutputSyncer(LoggingConfigurable):
@@ -69,7 +73,8 @@ class OutputSyncer(LoggingConfigurable):
         with _Target(self, user, key, me) as target:
             for top, tree in _job_trees(job_dir, me):
                 with tree:
-                    for page in tree.walk(skip=() if top else USER_FOLDERS):
+                    skip = (*USER_FOLDERS, WORKDIR) if not top else (WORKDIR,) if top == "work" else ()
+                    for page in tree.walk(skip=skip):
                         for e in page:
                             name = e.path.rsplit("/", 1)[-1]
                             rel = f"{top}/{e.path}" if top else e.path

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 
 from trainhub.exceptions import InvalidRequest
 from trainhub.jobspec import ENV_KEY, parse_duration
+from trainhub.workdir import SHA256
 
 FIELDS = {"name", "command", "script", "gpus", "workers", "env", "time_limit", "retries", "profile",
-          "priority", "preemptible", "submit_key", "sweep_id", "params"}
+          "priority", "preemptible", "submit_key", "sweep_id", "params", "workdir"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$")
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                 "MASTER_ADDR", "MASTER_PORT", "TRAINHUB_JOB_ID", "TRAINHUB_OUTPUTS_DIR", "TRAINHUB_METRICS_FILE"}
@@ -78,6 +79,7 @@ class JobSpec:
     submit_key: str | None = None
     sweep_id: int | None = None
     params: dict = field(default_factory=dict)
+    workdir: str | None = None  # the SHA-256 of an uploaded working directory (PUT /workdirs/{sha256})
 
 
 def validate_spec(spec) -> JobSpec:
@@ -145,7 +147,12 @@ def validate_spec(spec) -> JobSpec:
     if len(json.dumps(params).encode()) + len("TRAINHUB_PARAMS=") >= MAX_ARG_STRLEN:
         raise InvalidRequest(f"params are longer than the {MAX_ARG_STRLEN // 1024} KiB an environment variable "
                              "may be ($TRAINHUB_PARAMS): pass large values through storage")
+    workdir = spec.get("workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not SHA256.match(workdir)):
+        raise InvalidRequest("workdir must be the SHA-256 (64 lowercase hex digits) of a working directory uploaded "
+                             "with PUT /workdirs/{sha256}")
     return JobSpec(
+        workdir=workdir or None,
         name=name, command=command, script=script, gpus=gpus,
         workers=whole_number(spec, "workers", 1, 1, 64), env=clean_env,
         time_limit=parse_duration(spec.get("time_limit")), retries=whole_number(spec, "retries", 0, 0, 20),

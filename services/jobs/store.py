@@ -27,9 +27,10 @@ from sqlalchemy.orm import Session
 from trainhub.db import (SQLiteReader, get_engine, init_db, plain_in, plain_in_params, write_connection, write_now,
                          write_session)
 from trainhub.exceptions import NotFound
+from trainhub.fmt import fmt_size
 from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
-from .models import GPUSampleRow, Job, JobEvent, JobMetric, MetricOffset, job_key
+from .models import GPUSampleRow, Job, JobEvent, JobMetric, JobWorkdir, MetricOffset, job_key
 
 
 METRICS_CHUNK = 1 << 20  # bytes of a metrics file read per pass
@@ -136,6 +137,7 @@ _RECORD = select(*_JOBS.columns).where(_JOBS.c.id == bindparam("job_id"))
 _BY_SUBMIT_KEY = select(*_JOBS.columns).where(_JOBS.c.submit_key == bindparam("submit_key"))
 _CREATE = insert(_JOBS).returning(*_JOBS.columns)
 _EVENT = insert(JobEvent.__table__)
+_WORKDIR = insert(JobWorkdir.__table__)
 _in_states: dict[int, object] = {}
 
 
@@ -205,9 +207,10 @@ class JobStore:
         return Session(self.engine, expire_on_commit=False)
 
     # -- jobs --------------------------------------------------------------
-    def create(self, **fields) -> JobRecord:
+    def create(self, workdir: dict | None = None, **fields) -> JobRecord:
         """Queue a job (and its "submitted" event) in one write transaction; with a ``submit_key`` already used,
-        the job made then (an idempotent retry). Core inserts: a burst of submissions waits on this one writer."""
+        the job made then (an idempotent retry). Core inserts: a burst of submissions waits on this one writer.
+        ``workdir``: the working directory it was sent with (``sha256``, ``files``, ``bytes``), recorded with it."""
         with write_session(self.db_url) as s:
             c = s.connection()
             key = fields.get("submit_key")
@@ -217,8 +220,25 @@ class JobStore:
                     return JobRecord(row)  # an idempotent retry of the same submission
             row = c.execute(_CREATE, fields).first()
             c.execute(_EVENT, {"job_id": row.id, "kind": "submitted", "message": f"submitted by {row.user}"})
+            if workdir:
+                c.execute(_WORKDIR, {"job_id": row.id, **workdir})
+                c.execute(_EVENT, {"job_id": row.id, "kind": "workdir", "message": (
+                    f"working directory: {workdir['files']} files, {fmt_size(workdir['bytes'])} "
+                    f"(archive {workdir['sha256'][:12]})")})
             s.commit()
             return JobRecord(row)
+
+    def workdir_of(self, job_id: int) -> str | None:
+        """The SHA-256 of the working directory job ``job_id`` was sent with (None: none)."""
+        with self.engine.connect() as c:
+            return c.execute(select(JobWorkdir.sha256).where(JobWorkdir.job_id == job_id)).scalar()
+
+    def workdirs_in_use(self, user: str) -> set[str]:
+        """The working directories of ``user``'s jobs that may still start (queued or running)."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(JobWorkdir.sha256).join(Job, Job.id == JobWorkdir.job_id)
+                             .where(Job.user == user, Job.state.not_in(JOB_TERMINAL)))
+            return {r[0] for r in rows}
 
     def get(self, job_id: int) -> Job:
         with self.session() as s:

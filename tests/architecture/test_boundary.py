@@ -51,6 +51,8 @@ ALLOWED = {
     ("services/jobs/logwatch.py", "iterdir"): "a job's attempt folders: the platform's (the job cannot write there)",
     ("services/registry/files.py", "fs.copy"): "FsSource: S3 keys copied server-side (no links in object storage)",
     ("services/registry/registry.py", "fs.rm"): "retention on S3: a key prefix (local storage goes through UserTree)",
+    ("services/jobs/workdirs.py", "os.scandir"): "the store of working directories sent with jobs: the platform's "
+                                                 "folder (0700; uploads arrive over HTTP, no user writes there)",
 }
 
 

@@ -137,6 +137,26 @@ def test_a_namespace_reaches_the_platforms_ports_and_nothing_else_of_the_machine
     assert "Address already in use" in taker.stderr
 
 
+def test_a_namespace_removed_from_outside_is_the_same_one_under_its_name_when_next_asked(gate):
+    """An admin's `ip netns delete` of a user's namespace name while the user's processes run in it: the gate mounts
+    the one it holds again, so new processes of the user join the running ones and the gate's listeners, never a
+    dead path (nsenter: cannot open) or a namespace without the platform's ports."""
+    g, client, platform_port, other_port = gate
+    client.ensure("dave2")
+    port = 45124
+    dave = _in_ns(ns("dave2"), LISTENER, port, "dave")  # a process of the user's, running in it
+    try:
+        assert dave.stdout.readline().strip() == "listening"
+        subprocess.run(["ip", "netns", "delete", ns("dave2")], check=True)
+        assert not os.path.exists(netns_path(ns("dave2")))
+        client.ensure("dave2")
+        assert _probe(ns("dave2"), "127.0.0.1", port) == "answer pong from dave"  # the same namespace
+        assert _probe(ns("dave2"), "127.0.0.1", platform_port) == "answer pong from the machine"  # with the listeners
+    finally:
+        dave.kill()
+        dave.wait()
+
+
 EGRESS = r"""
 import socket, sys
 port, target = int(sys.argv[1]), sys.argv[2]
@@ -192,3 +212,24 @@ def test_the_egress_proxy_never_reaches_this_machine_by_a_public_address_either(
         srv.close()
     finally:
         subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], check=False)
+
+
+def test_a_gate_removes_only_its_own_platforms_namespaces():
+    """Several platforms on one machine (the tests' private ones, a lab's): a gate that starts removes the namespaces
+    its own platform's previous run left, never another platform's (it once removed every th- namespace of the
+    machine, and the other platform's next server or job failed: "nsenter: cannot open /run/netns/...")."""
+    from trainhub.boundary.network import make_netns
+
+    config = UserNetwork(forward_ports=[], egress=False)
+    other = platform_prefix(f"/elsewhere/{os.getpid()}") + "alice"
+    make_netns(config.ip, other)  # a user's namespace of another platform on this machine
+    make_netns(config.ip, ns("left-here"))  # this platform's previous run never stopped
+    folder = tempfile.mkdtemp(prefix="th-gate-")
+    g = Gate(config, os.path.join(folder, "gate.sock"), PREFIX)
+    try:
+        g.start_thread()
+        assert os.path.exists(netns_path(other)) and not os.path.exists(netns_path(ns("left-here")))
+    finally:
+        g.stop()
+        subprocess.run([config.ip, "netns", "delete", other], check=False)
+        shutil.rmtree(folder, ignore_errors=True)

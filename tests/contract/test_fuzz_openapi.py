@@ -66,14 +66,16 @@ def test_the_served_document_is_the_one_fuzzed(fuzzed):
 
 
 def test_every_check_passes_on_the_served_document(fuzzed, tmp_path):
-    """Schemathesis's own command line, every check (see schemathesis.toml for the two exceptions and why),
+    """Schemathesis's own command line, every check (see schemathesis.toml for the exceptions and why),
     all phases (examples, coverage, fuzzing, stateful) against the served document: what an outside
     fuzzer would run. Positive data must be accepted and negative data refused, so the document is exact."""
     p, token = fuzzed
     api = p.url + "/services/trainhub/api"
     cmd = [str(Path(sys.executable).with_name("st")), "--config-file", str(Path(__file__).with_name("schemathesis.toml")),
            "--no-color", "run", api + "/openapi.json", "--url", api, "-H", f"Authorization: token {token}",
-           "--checks", "all", "--max-examples", "8", "--seed", "1"]
+           # --checks all names every check on the command line, which wins over the file's
+           # use_after_free.enabled = false: excluded here too, for the reason schemathesis.toml gives
+           "--checks", "all", "--exclude-checks", "use_after_free", "--max-examples", "8", "--seed", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
 

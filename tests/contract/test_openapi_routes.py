@@ -93,7 +93,7 @@ def test_path_parameters_accept_what_the_routes_match(service):
     regexes = {template(r.matcher.regex.pattern, api): r.matcher.regex for r in app.wildcard_router.rules
                if r.matcher.regex.pattern.startswith(api)}
     samples = {"id": ["j-000042", "42", "s-000007", "7"], "name": ["resnet-50", "a", "x.y_z"],
-               "version": ["3", "v3", "latest", "production"]}
+               "version": ["3", "v3", "latest", "production"], "sha256": ["0" * 64, "9f" * 32]}
     for path, ops in doc["paths"].items():
         params = {p["name"]: p for op in ops.values() if isinstance(op, dict) for p in op.get("parameters", [])
                   if p["in"] == "path"}

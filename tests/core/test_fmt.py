@@ -81,3 +81,49 @@ def test_wait_reason_text():
     estimate = wait_reason_text(job, dict(why, reserved_start=None, estimated_start=1_000_120.0), now=1_000_000.0)
     assert "  expected:" in estimate and "(in 02:00)" in estimate and "starts by" not in estimate
     assert "no scheduling pass" in wait_reason_text(job, {}, now=0) and "is queued: waiting" in wait_reason_text(job, {})
+
+
+# -- counts: the one pluralisation ----------------------------------------------------------------
+@pytest.mark.parametrize("n, word, text", [
+    (1, "item", "1 item"), (0, "item", "0 items"), (2, "item", "2 items"), (1, "retry", "1 retry"),
+    (0, "retry", "0 retries"), (3, "process", "3 processes"), (1.0, "core", "1 core"), (1.5, "core", "1.5 cores"),
+    (2, "GPU", "2 GPUs"),
+])
+def test_plural(n, word, text):
+    from trainhub.fmt import plural
+
+    assert plural(n, word) == text
+
+
+def test_counted_texts_never_say_1_items():
+    from trainhub.fmt import fmt_devices, measurement_line, sweep_progress
+
+    assert fmt_devices({"gpus": 1, "workers": 1}) == "1 GPU x 1 worker"
+    assert fmt_devices({"gpus": 0, "workers": 2}) == "0 GPUs x 2 workers"
+    assert measurement_line({"rank": 0, "cpu_percent": 50, "cpu_cores": 1, "samples": 1}).endswith("CPU 50% of 1 core, 1 sample")
+    assert sweep_progress({"trials": 1, "progress": {"done": 0}}) == "0/1 trial done, 0 running"
+
+
+# -- attempts: retries and restarts by the platform -------------------------------------------------
+PLATFORM_STOP = {"kind": "queued", "message": "platform stopped at 2026-11-21 20:00:00Z while it ran; requeued"}
+PREEMPTED = {"kind": "queued", "message": "preempted: a higher-priority job needed its GPUs; requeued"}
+RETRIED = {"kind": "queued", "message": "worker 0 exited with code 1; retrying (attempt 2 of 2)"}
+
+
+@pytest.mark.parametrize("job, events, text", [
+    ({"attempt": 1, "retries": 0}, [], "1 of 1"),
+    ({"attempt": 2, "retries": 1}, [RETRIED], "2 of 2"),
+    # the report of issue 34: "attempt: 2 of 1" after a restart
+    ({"attempt": 2, "retries": 0}, [PLATFORM_STOP],
+     "2 of 2 (0 retries allowed; 1 restart after a platform stop, not counted against the retries)"),
+    ({"attempt": 3, "retries": 1}, [PREEMPTED, RETRIED],
+     "3 of 3 (1 retry allowed; 1 restart after a preemption, not counted against the retries)"),
+    ({"attempt": 4, "retries": 1}, [PLATFORM_STOP, PREEMPTED, PLATFORM_STOP],
+     "4 of 5 (1 retry allowed; 3 restarts (2 after a platform stop, 1 after a preemption), not counted against the retries)"),
+    ({"attempt": 2, "retries": 2}, None, "2 (2 retries allowed)"),  # the events could not be read: no "of"
+])
+def test_attempt_text_counts_the_retries_and_shows_restarts_apart(job, events, text):
+    from trainhub.fmt import attempt_text, format_job
+
+    assert attempt_text(job, events) == text
+    assert f"  attempt:  {text}" in format_job({"id": "j-000001", **job}, events).splitlines()

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import fsspec
 import pytest
 
-from storageserver import Backend, start_storage_server  # the storage tests' jupyter-server launcher
+from storageserver import TOKEN, Backend, start_storage_server  # the storage tests' jupyter-server launcher
 
 SERVER_TOKEN = "server-own-hub-token"
 
@@ -207,3 +207,29 @@ def test_unreachable_culler_is_a_json_502(tmp_path):
         assert r.status_code == 502 and "cannot reach the culler" in r.json()["message"]
     finally:
         _stop(s)
+
+
+def test_a_move_announced_reaches_every_open_page_at_once(server):
+    """The culler's POST trainhub/move (before it saves the kernels and restarts the server): every page subscribed to
+    jupyter-server's event bus (JupyterLab's serviceManager.events) gets the event; GET keeps it for a page that comes
+    later; a bad body is a JSON 400 and no event."""
+    import websocket
+
+    assert server.get("move").json() == {"move": None}
+    ws = websocket.create_connection(server.url.replace("http://", "ws://", 1) + "/api/events/subscribe",
+                                     header=[f"Authorization: token {TOKEN}"], timeout=30)
+    try:
+        bad = server.request("POST", "move", data=json.dumps({"action": "explode", "profile": "cpu"}).encode())
+        assert bad.status_code == 400 and "release" in bad.json()["message"], bad.text
+        body = {"action": "release", "profile": "cpu", "message": "trainhub is moving this server onto the CPU",
+                "variables": True}
+        r = server.request("POST", "move", data=json.dumps(body).encode())
+        assert r.status_code == 200, r.text
+        event = json.loads(ws.recv())
+        while event.get("schema_id") != "https://schema.trainhub.dev/events/server-move":
+            event = json.loads(ws.recv())  # (other events of the server, if any)
+        assert {k: event[k] for k in body} == body and event["at"] > 0, event
+    finally:
+        ws.close()
+    assert server.get("move").json()["move"]["profile"] == "cpu"
+    assert server.request("POST", "move", token=None, data=json.dumps(body).encode()).status_code in (401, 403)

@@ -29,6 +29,7 @@ class MovingHub(InProcessHubClient):
     def __init__(self, allocator):
         super().__init__(allocator)
         self.stopped_by_user = set()
+        self.announced = []
 
     def add_cpu(self, user, name=""):
         return self.add(user, name, gpus=0, profile="cpu")
@@ -43,6 +44,10 @@ class MovingHub(InProcessHubClient):
 
     async def server_model(self, user, name):
         return (await self.user_model(user))["servers"].get(name)
+
+    async def announce_move(self, server_url, move, timeout=5.0):
+        self.calls.append(("announce", server_url, move["action"], move["profile"]))
+        self.announced.append(move)
 
     async def snapshot(self, server_url, timeout):
         self.calls.append(("snapshot", server_url))
@@ -76,6 +81,7 @@ def mover(rig):  # noqa: F811
     rig.client = MovingHub(rig.allocator)
     rig.jobs_api_url = "http://jobs.invalid/api"  # the queue's grants come from the jobs service
     rig.regain_heartbeat = 0.01
+    rig.move_notice_grace = 0  # (the pages' time to save before a move: none here)
     return rig
 
 
@@ -119,8 +125,8 @@ async def test_waits_in_line_on_the_cpu_then_moves_with_a_snapshot(mover):
     [device] = grant(mover, holder, 1)
     await until(lambda: mover.regain_status("alice")["finished_at"], "the move")
     assert mover.regain_status("alice")["state"] == "done"
-    moves = [c for c in hub.calls if c[0] in ("snapshot", "stop", "start", "started")]
-    assert moves == [("snapshot", "/user/alice/"), ("stop", "alice", "", [holder]),
+    moves = [c for c in hub.calls if c[0] in ("announce", "snapshot", "stop", "start", "started")]
+    assert moves == [("announce", "/user/alice/", "regain", "gpu-1"), ("snapshot", "/user/alice/"), ("stop", "alice", "", [holder]),
                      ("start", "alice", "", "gpu-1", [device]), ("started", "alice", "")], moves
     assert [h.device for h in mover.allocator.holdings() if h.holder == holder] == [device]
     assert queue.get(holder) is None and holder not in mover._regain_tasks
@@ -197,3 +203,30 @@ async def test_a_granted_reservation_survives_the_hub_reconciler_while_looked_af
     queue.withdraw(holder)  # nobody looks after it any more: the reconciler frees it
     mover.allocator.reconcile(lambda h: server_alive(h) or h.holder in reserved_holders(mover.allocator))
     assert mover.allocator.holdings() == []
+
+
+async def test_the_pages_of_a_server_are_told_before_it_moves(mover):
+    """Give my GPU back (and the idle release, the same _act): the server's pages hear of the move first, so they show
+    its progress instead of JupyterLab's "Server unavailable" dialog; the message says what is kept."""
+    hub = mover.client
+    hub.add("bob", gpus=1, profile="gpu-1")
+    await mover.give_back("bob", "")
+    await until(lambda: any(c[0] == "start" for c in hub.calls), "the release")
+    moves = [c[:2] for c in hub.calls if c[0] in ("announce", "snapshot", "stop", "start")]
+    assert moves == [("announce", "/user/bob/"), ("snapshot", "/user/bob/"), ("stop", "bob"), ("start", "bob")], moves
+    [move] = hub.announced
+    assert move["action"] == "release" and move["profile"] == "cpu" and move["variables"] is True
+    assert "your variables are kept" in move["message"] and "reconnects by itself" in move["message"]
+
+
+async def test_a_move_goes_on_when_its_pages_cannot_be_told(mover):
+    hub = mover.client
+
+    async def unreachable(server_url, move, timeout=5.0):
+        raise ConnectionError("the server does not answer")
+
+    hub.announce_move = unreachable
+    hub.add("cid", gpus=1, profile="gpu-1")
+    await mover.give_back("cid", "")
+    await until(lambda: any(c[0] == "start" for c in hub.calls), "the release")
+    assert [c[0] for c in hub.calls if c[0] in ("snapshot", "stop", "start")] == ["snapshot", "stop", "start"]

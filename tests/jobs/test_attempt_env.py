@@ -30,7 +30,11 @@ def test_variables_of_an_attempt_without_storage(tmp_path):
     assert env["TRAINHUB_USER"] == "ann" and env["TRAINHUB_JOB_ATTEMPT"] == "2" and env["TRAINHUB_PROFILE"] == "gpu-1"
     assert json.loads(env["TRAINHUB_PARAMS"]) == {"lr": 0.1}
     assert env["HOME"] == "/home/ann" and env["TRAINHUB_API_URL"] == "http://hub/services/jobs/api"
-    assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    # the user's own environment first (trainhub.boundary.userenv: pip install [--user]), then the platform's commands
+    assert env["PATH"].split(os.pathsep)[:3] == ["/home/ann/.trainhub/venv/bin", "/home/ann/.local/bin",
+                                                 os.path.dirname(sys.executable)]
+    py = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    assert env["PYTHONPATH"] == f"/home/ann/.local/lib/{py}/site-packages:/home/ann/.trainhub/venv/lib/{py}/site-packages"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_MAX_RESTARTS"] == "3"
     # no storage: the area is the job's own folder, and no storage variable is set
     assert env["TRAINHUB_JOB_URL"] == str(tmp_path / "jobs" / "j-000007")
@@ -38,6 +42,7 @@ def test_variables_of_an_attempt_without_storage(tmp_path):
     bare = AttemptEnv(LocalLauncher(jobs_dir=str(tmp_path / "jobs")), StorageConfig(url="")).base(
         _job(profile=None, params={}), retries=0)
     assert "HOME" not in bare and "TRAINHUB_API_URL" not in bare and "TRAINHUB_PROFILE" not in bare
+    assert "PYTHONPATH" not in bare and bare["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert bare["TRAINHUB_PARAMS"] == "{}"
 
 

@@ -116,3 +116,56 @@ def test_help_on_every_command(capsys):
         assert e.value.code == 0
         out = capsys.readouterr().out
         assert "--url" in out and "--token" in out
+
+
+# -- a folder and a command with arguments (issue 34) ----------------------------------------------------------------
+@pytest.fixture
+def project(tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "datautils.py").write_text("def load(n):\n    return list(range(n))\n")
+    (folder / "train.py").write_text("import sys\nfrom datautils import load\nprint('args', sys.argv[1:], 'data', load(3))\n")
+    (folder / ".gitignore").write_text("runs/\n")
+    (folder / "runs").mkdir()
+    (folder / "runs" / "old.txt").write_text("x")
+    return folder
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["--", "python", "train.py", "--epochs", "3"], "python train.py --epochs 3"),
+    (["train.py", "--", "--epochs", "3"], "python train.py --epochs 3"),  # a first word ending in .py runs with python
+    (["--command", "python train.py --epochs 3"], "python train.py --epochs 3"),
+])
+def test_submit_a_folder_and_a_command_with_arguments(api_env, capsys, project, argv, command):
+    code, out, err = run(capsys, "jobs", "submit", "--workdir", str(project), "--wait", "--json", *argv)
+    assert code == 0, err
+    job = json.loads(out)
+    assert job["command"] == command
+    if "--command" not in argv:
+        assert job["name"] == "train"  # named after its script
+    logs = api_env.service.log_lines(job["id"])
+    assert any("args ['--epochs', '3'] data [0, 1, 2]" in ln for ln in logs), logs
+    assert f"working directory {project}: 3 files" in err  # runs/ left out by its .gitignore
+    assert api_env.service.workdir_puts == 1
+
+
+def test_a_folder_too_big_to_send_is_a_usage_error_naming_it(api_env, capsys, project):
+    with open(project / "weights.bin", "wb") as f:
+        f.truncate(51 << 20)  # sparse
+    code, _, err = run(capsys, "jobs", "submit", "--workdir", str(project), "--", "python", "train.py")
+    assert code == 2 and "is too big" in err and "weights.bin" in err and "--exclude" in err
+    assert api_env.service.posts == 0
+    code, _, err = run(capsys, "jobs", "submit", "--workdir", str(project), "--exclude", "*.bin", "--", "python", "train.py")
+    assert code == 0, err
+
+
+def test_exclude_without_a_workdir_is_a_usage_error(api_env, capsys):
+    code, _, err = run(capsys, "jobs", "submit", "--exclude", "data/", "--", "python", "train.py")
+    assert code == 2 and "give --workdir DIR too" in err and api_env.service.posts == 0
+
+
+def test_without_a_workdir_a_command_with_arguments_runs_as_before(api_env, capsys):
+    code, out, err = run(capsys, "jobs", "submit", "--json", "--", "bash", "-c", "echo hi $0", "there")
+    assert code == 0, err
+    assert json.loads(out)["command"] == "bash -c 'echo hi $0' there"
+    assert api_env.service.workdir_puts == 0

@@ -48,10 +48,17 @@ def test_local_layout_matches_torchrun_nproc_per_node(rank):
         "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_ERROR_FILE": "/j/attempt-2/worker.error.json",
         "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "OMP_NUM_THREADS": "4",  # 12 cores / 3 workers
-        "PET_NNODES": "3", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1",
+        # the same layout as torchrun's options: one node of 3 processes (never 3 nodes of one on one machine)
+        "PET_NNODES": "1", "PET_NPROC_PER_NODE": "3", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1",
         "PET_MASTER_PORT": "29500",
     }
     assert set(distenv.TORCHRUN_VARS) <= set(env) and set(distenv.PET_VARS) <= set(env)
+
+
+def test_a_one_worker_jobs_torchrun_starts_a_process_per_gpu():
+    env = distenv.worker_env(rank="0", local_rank=0, group_rank="0", world_size=1, local_world_size=1, group_world_size=1,
+                             master_addr="127.0.0.1", master_port=1, gpus_per_worker=4)
+    assert (env["PET_NNODES"], env["PET_NODE_RANK"], env["PET_NPROC_PER_NODE"]) == ("1", "0", "4")
 
 
 def test_kubernetes_layout_matches_torchrun_nnodes():
@@ -60,6 +67,7 @@ def test_kubernetes_layout_matches_torchrun_nnodes():
                              group_world_size=4, master_addr="j-0.j", master_port=29500, cores=8.5)
     assert env["RANK"] == env["GROUP_RANK"] == env["ROLE_RANK"] == env["PET_NODE_RANK"] == index
     assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"], env["WORLD_SIZE"]) == ("0", "1", "4", "4")
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("4", "1")  # 4 nodes (pods) of one process
     assert env["OMP_NUM_THREADS"] == "8"  # the pod's CPU limit, one worker per pod
     assert "OMP_NUM_THREADS" not in distenv.worker_env(rank="0", local_rank=0, group_rank="0", world_size=1,
                                                        local_world_size=1, group_world_size=1, master_addr="a",
@@ -105,7 +113,7 @@ def torchrun_envs(tmp_path) -> dict[int, dict]:
     return {rank: json.loads((out / f"env-{rank}.json").read_text()) for rank in (0, 1)}
 
 
-async def trainhub_envs(tmp_path, warm: bool, command: str | None = None) -> tuple[dict[int, dict], object]:
+async def trainhub_envs(tmp_path, warm: bool, command: str | None = None, workers: int = 2) -> tuple[dict[int, dict], object]:
     from trainhub.ledger import LocalGPUAllocator
     from trainhub.quotas import QuotaPolicy
     from trainhub.services.jobs.engine import JobEngine
@@ -127,7 +135,7 @@ async def trainhub_envs(tmp_path, warm: bool, command: str | None = None) -> tup
     engine = JobEngine(store, allocator, launcher, QuotaPolicy(), storage, OutputSyncer(storage), tick=0.1)
     try:
         how = {"command": command} if command else {"script": DUMP}
-        job = await store.write(store.create, user="ann", name="env", workers=2, gpus=0,
+        job = await store.write(store.create, user="ann", name="env", workers=workers, gpus=0,
                                 env={"DUMP_DIR": str(out), "DUMP_KEYS": json.dumps(KEYS)}, **how)
         async def step(job_id=job.id):
             await engine.run_once()
@@ -165,17 +173,49 @@ async def test_a_two_worker_job_gets_what_torchrun_gives(tmp_path, warm):
             assert o["OMP_NUM_THREADS"] == t["OMP_NUM_THREADS"] == "1"
 
 
-async def test_a_plain_torchrun_inside_a_job_joins_the_workers_into_one_group(tmp_path):
-    """A job whose command is a plain `torchrun train.py` (no options): torchrun reads PET_NNODES, PET_NODE_RANK,
-    PET_NPROC_PER_NODE and the master address from the environment, so the 2 workers become 2 nodes of one
-    2-process group (world size 2, both ranks see the same all-reduce), never 2 independent single-node runs.
-    (`--nproc-per-node=gpu` counts the worker's visible GPUs, which is PET_NPROC_PER_NODE; it needs CUDA.)"""
+async def test_torchrun_with_n_processes_as_a_one_worker_jobs_command_runs_as_on_the_machine(tmp_path):
+    """An unmodified ``torchrun --nproc_per_node 2 dump.py`` as the command of a one-worker job: torchrun itself is the
+    agent, so its 2 processes get what they get under torchrun on the machine (one node: local ranks 0 and 1, group
+    rank 0), OMP_NUM_THREADS included (trainhub leaves it to torchrun)."""
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, the CPU build)")
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    (tmp_path / "dump.py").write_text(DUMP)
-    ours, _ = await trainhub_envs(tmp_path, warm=False, command=f"{torchrun} {tmp_path / 'dump.py'}")
+    theirs = torchrun_envs(tmp_path)
+    ours, _ = await trainhub_envs(tmp_path, warm=False, workers=1,
+                                  command=f"{torchrun} --nproc_per_node 2 {tmp_path / 'dump.py'}")
     for rank in (0, 1):
-        env = ours[rank]
-        assert env["_sum"] == 3.0, env  # one group of 2: 1 + 2
-        assert (env["WORLD_SIZE"], env["RANK"], env["GROUP_RANK"], env["LOCAL_RANK"]) == ("2", str(rank), str(rank), "0")
-        assert env["GROUP_WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "1"
+        t, o = theirs[rank], ours[rank]
+        assert o["_sum"] == 3.0, o  # one group of 2: 1 + 2
+        assert (o["WORLD_SIZE"], o["RANK"], o["LOCAL_RANK"], o["GROUP_RANK"], o["LOCAL_WORLD_SIZE"]) == \
+            ("2", str(rank), str(rank), "0", "2")
+        differ = {k: (t.get(k), o.get(k)) for k in set(t) | set(o)
+                  if k not in ("_sum", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE") and t.get(k) != o.get(k)}
+        # what differs follows from the options the job's PET_* give torchrun (a master address, hence torchrun's
+        # run id "none" for a random one) and the PET_* themselves; the rest is torchrun's doing, as on the machine
+        assert set(differ) <= {"MASTER_ADDR", "TORCHELASTIC_RUN_ID", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES",
+                               "PET_NODE_RANK", "PET_NPROC_PER_NODE"}, differ
+        assert o["OMP_NUM_THREADS"] == t["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize("command, refused", [
+    ("torchrun --nproc_per_node=2 train.py", True),
+    ("cd code && OMP_NUM_THREADS=2 torchrun train.py", True),
+    ("python -m torch.distributed.run --nproc-per-node 2 train.py", True),
+    ("python train.py", False),
+    ("bash run.sh", False),  # what a script does is not seen
+])
+def test_a_local_job_of_several_workers_that_runs_torchrun_is_refused_with_the_ways_that_work(command, refused):
+    from trainhub.exceptions import InvalidRequest
+    from trainhub.services.jobs.launcher import Launcher
+    from trainhub.services.jobs.local import LocalLauncher
+    from trainhub.services.jobs.spec import validate_spec
+
+    assert distenv.runs_torchrun(command) is refused
+    launcher = LocalLauncher(data_dir="/nonexistent")
+    launcher.check(validate_spec({"command": command, "workers": 1}))  # one worker: torchrun is its agent
+    if refused:
+        with pytest.raises(InvalidRequest) as e:
+            launcher.check(validate_spec({"command": command, "workers": 2}))
+        assert "--workers 1 -- torchrun --nproc_per_node=2" in e.value.message and "LOCAL_RANK 0..1" in e.value.message
+    else:
+        launcher.check(validate_spec({"command": command, "workers": 2}))
+    Launcher.check(launcher, validate_spec({"command": command, "workers": 2}))  # Kubernetes: W pods are W nodes

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
+import io
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tarfile
 
 import pytest
 from waiting import await_for
@@ -186,6 +189,60 @@ async def test_launch_creates_indexed_job_and_headless_service(kube, make_launch
     # the launcher knows which pod holds which ledger device (for the DCGM metrics source)
     assert launcher.gpu_targets([0, 1, 7]) == {0: GPUTarget(NS, pods[0]["metadata"]["name"], 0),
                                                 1: GPUTarget(NS, pods[1]["metadata"]["name"], 0)}
+
+
+async def test_a_job_sent_with_a_working_directory_gets_it_in_every_pod(kube, make_launcher, tmp_path):
+    """The archive goes to the job's storage area; each pod's wrapper (run here for real with sh, with the env the API
+    server stored) unpacks it with trainhub.workdir's own source and runs the command in it: its modules import,
+    its arguments arrive. A refused archive stops the pod before the command runs."""
+    from trainhub import workdir as wd
+    from trainhub.services.jobs.workdirs import WorkdirStore
+    from trainhub.storage import StorageConfig
+
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "datautils.py").write_text("def load(n):\n    return list(range(n))\n")
+    (src / "train.py").write_text("import os, sys\nfrom datautils import load\n"
+                                  "print('args', sys.argv[1:], 'data', load(3), 'cwd', os.getcwd())\n")
+    snap = wd.snapshot(src)
+    store = WorkdirStore(tmp_path / "workdirs")
+    upload = store.receive("alice", snap.sha256)
+    upload.write(snap.archive.read())
+    upload.finish()
+    storage = StorageConfig(url=str(tmp_path / "storage"))
+    storage.ensure_layout(["alice"])
+    launcher = make_launcher(storage=storage, workdir_store=store)
+    view = make_view(workers=2, gpus=0, profile="cpu", command="python train.py --epochs 3", workdir=snap.sha256)
+    state = await launcher.launch(view, devices_for(view), {"TRAINHUB_STORAGE_URL": storage.user_url("alice")})
+    job = kube.get(JOBS, NS, state["name"])
+    validate({k: v for k, v in job.items() if k != "status"})
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    staged = f"{storage.user_url('alice')}/jobs/{view.key}/{jm.WORKDIR_ARCHIVE}"
+    assert env["TRAINHUB_WORKDIR_URL"] == staged and open(staged, "rb").read() == (snap.archive.seek(0) or snap.archive.read())
+    assert env["TRAINHUB_WORKDIR_LIMITS"] == f"{wd.DEFAULT_MAX_BYTES} {wd.DEFAULT_MAX_FILES}"
+
+    def play_pod(pod: str, archive_url: str):
+        (tmp_path / pod).mkdir()
+        penv = dict(env, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], RANK="0",
+                    TRAINHUB_PYTHON=sys.executable, TRAINHUB_JOB_DIR=str(tmp_path / pod), TRAINHUB_WORKDIR_URL=archive_url,
+                    TRAINHUB_OUTPUTS_DIR=str(tmp_path / pod / "outputs"), TRAINHUB_METRICS_FILE=str(tmp_path / pod / "m.jsonl"))
+        penv.pop("TRAINHUB_OUTPUTS_URL", None)
+        return subprocess.run(c["command"], env=penv, capture_output=True, text=True, timeout=60)
+
+    out = play_pod("pod", staged)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"args ['--epochs', '3'] data [0, 1, 2] cwd {tmp_path / 'pod' / 'workdir'}" in out.stdout
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("../../escaped.py")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    (tmp_path / "evil.tar.gz").write_bytes(gzip.compress(raw.getvalue()))
+    bad = play_pod("pod2", f"file://{tmp_path / 'evil.tar.gz'}")
+    assert bad.returncode == 1 and "leaves the folder" in bad.stderr and "args" not in bad.stdout
+    assert not (tmp_path / "escaped.py").exists()
 
 
 def kmock_services():

@@ -1,7 +1,7 @@
 """Fixtures for the %%train magic tests.
 
 - ``shell`` (from tests/conftest.py): a real in-process IPython shell with ``trainhub.kernels`` loaded.
-- ``magics``: its ``TrainMagics`` instance.
+- ``magics``: its ``TrainMagics`` instance, in a fresh notebook folder (the working directory %%train sends).
 - ``jobs_api`` (from tests/conftest.py): the jobs-API contract stand-in, tests/jobs_contract_server.py
   (jobs run as local subprocesses), reset per test; ``magics.client`` points at it via ``api_magics``.
 - ``api_magics``: ``magics`` whose client talks to ``jobs_api``.
@@ -13,7 +13,11 @@ import pytest
 
 
 @pytest.fixture
-def magics(shell):
+def magics(shell, tmp_path, monkeypatch):
+    # the kernel's working directory is the notebook's folder, which %%train sends along: a fresh one per test
+    notebook_folder = tmp_path / "notebook"
+    notebook_folder.mkdir()
+    monkeypatch.chdir(notebook_folder)
     m = shell.magics_manager.registry["TrainMagics"]
     m.client = None
     m.max_value_bytes = 1_000_000

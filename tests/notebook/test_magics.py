@@ -48,6 +48,24 @@ def test_help_is_not_an_error(shell, magics, capsys):
     assert result.success and "%train list" in out and "--gpus N" in out
 
 
+@pytest.mark.parametrize("cell", ["%%train --help", "%%train -h", "%%train --gpus 2 --help\n", "%%train --help\n\n",
+                                  "%%sweep --help", "%%sweep -h"])
+def test_help_prints_the_usage_whatever_the_body(shell, api_magics, jobs_api, capsys, cell):
+    """Issue 34: a lone `%%train --help` line failed with IPython's "cell body is empty"."""
+    result = run(shell, cell)
+    out, err = capsys.readouterr()
+    assert result.success, (result.error_before_exec, result.error_in_exec, err)
+    magic = cell.split()[0]
+    assert f"usage: {magic}" in out and "--gpus N" in out and "body is empty" not in err
+    assert jobs_api.service.posts == 0
+
+
+def test_an_empty_cell_without_help_is_still_refused(shell, magics, capsys):
+    result = run(shell, "%%train --gpus 1")
+    assert isinstance(result.error_in_exec or result.error_before_exec, UsageError)
+    assert "usage:" not in capsys.readouterr().out
+
+
 def test_cell_with_notebook_context_runs_as_a_job(shell, api_magics, jobs_api, capsys):
     assert run(shell, "import json\ndef helper(n):\n    return f'helper says {n}'\nSTEPS = 3\n").success
     assert run(shell, "%load_ext trainhub.kernels").success
@@ -239,3 +257,38 @@ def test_the_charts_kernel_config_loads_train_in_a_real_kernel_only_on_the_platf
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
+
+
+def test_without_gpus_a_cell_runs_on_this_servers_profile(shell, api_magics, jobs_api, monkeypatch, capsys):
+    """docs/notebooks.md: `--gpus N` (per worker; default: this server's profile's). Issue 34: on a 2-GPU server
+    %%train got 0 GPUs."""
+    monkeypatch.setenv("TRAINHUB_PROFILE", "gpu-2")
+    result = run(shell, "%%train --as j\nprint('on the server profile')\n")
+    assert result.success, result.error_in_exec
+    job = jobs_api.service.jobs[shell.user_ns["j"].id]
+    assert job["profile"] == "gpu-2" and job["gpus"] == 2
+    assert f"{job['id']}: 2 GPUs per worker, as this server's profile gpu-2 (--gpus N to choose)" in capsys.readouterr().out
+    for flags, profile, gpus in [("--gpus 0", None, 0), ("--gpus 1", None, 1), ("--profile gpu-1", "gpu-1", 1)]:
+        result = run(shell, f"%%train --as j {flags}\nprint('chosen')\n")
+        assert result.success, result.error_in_exec
+        job = jobs_api.service.jobs[shell.user_ns["j"].id]
+        assert (job["profile"], job["gpus"]) == (profile, gpus), flags
+        assert "this server's profile" not in capsys.readouterr().out
+    monkeypatch.delenv("TRAINHUB_PROFILE")  # outside a platform server: the service's default (0)
+    assert run(shell, "%%train --as j\nprint('anywhere')\n").success
+    job = jobs_api.service.jobs[shell.user_ns["j"].id]
+    assert (job["profile"], job["gpus"]) == (None, 0)
+
+
+def test_a_refusal_of_the_servers_profile_says_how_to_choose(shell, api_magics, jobs_api, monkeypatch, capsys):
+    monkeypatch.setenv("TRAINHUB_PROFILE", "gpu-2")
+    jobs_api.service.quota_gpus = 1
+    try:
+        result = run(shell, "%%train\nprint('too big')\n")
+    finally:
+        jobs_api.service.quota_gpus = 4
+    assert isinstance(result.error_in_exec, UsageError)
+    message = str(result.error_in_exec)
+    assert message.startswith("the job was not submitted: ") and \
+        "(without --gpus as this server's profile gpu-2; pass --gpus N, e.g. --gpus 0, to choose)" in message
+    assert jobs_api.service.jobs == {}

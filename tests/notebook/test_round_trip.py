@@ -25,9 +25,10 @@ def _server():
 
 
 @pytest.fixture
-def magics(shell, _server, monkeypatch):
+def magics(shell, _server, monkeypatch, tmp_path):
     _server.service.reset()
     monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.chdir(tmp_path)  # the notebook's folder, which %%train sends along
     m = shell.magics_manager.registry["TrainMagics"]
     m.client = TrainhubClient(_server.url, _server.token, retries=1, backoff=0.01)
     m.poll_interval = 0.05
@@ -49,7 +50,9 @@ def test_return_with_wait_sets_the_values_in_the_notebook(shell, magics, capsys)
     magics.train("--wait --return acc,model", "acc = 0.25 * 4\nmodel = make(3)\nunrelated = 1\n")
     assert shell.user_ns["acc"] == 1.0 and shell.user_ns["model"] == {"w": [0, 1, 2]}
     assert "unrelated" not in shell.user_ns
-    assert "%train: set acc, model from j-" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    # information, not an error: stdout (a notebook shows stderr as a red box)
+    assert "%train: set acc, model from j-" in out and "%train" not in err
 
 
 def test_result_waits_and_survives_a_kernel_restart(shell, magics, capsys):
@@ -62,6 +65,9 @@ def test_result_waits_and_survives_a_kernel_restart(shell, magics, capsys):
     assert shell.user_ns["loss"] == [0.5, 0.25]
     magics.train(f"result {job_id} --as out")
     assert shell.user_ns["out"] == {"loss": [0.5, 0.25]}
+    out, err = capsys.readouterr()
+    assert f"%train: set loss from {job_id}" in out and f"%train: out = the values {job_id} sent back (loss)" in out
+    assert "%train" not in err
 
 
 def test_return_of_a_name_the_cell_never_assigns_submits_nothing(shell, magics):

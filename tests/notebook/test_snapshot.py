@@ -1,5 +1,5 @@
 """The kernel side of "release keeps the variables" (trainhub.kernels.snapshot): save a namespace,
-load it back, and say what could not be kept. A real IPython shell, then a real ipykernel."""
+load it back, and say what could not be kept. A real IPython shell, then a real ipykernel moved five times."""
 
 from __future__ import annotations
 
@@ -156,3 +156,116 @@ def test_the_note_names_tensors_on_the_cpu_only_in_a_kernel_with_gpus():
     for visible in ("", "-1", "void", " "):
         assert not snapshot.has_gpus({"CUDA_VISIBLE_DEVICES": visible})
     assert not snapshot.has_gpus({})
+
+
+# -- a real kernel, started as a server starts it, moved again and again --------------------------------------
+
+MOVE_VALUES = """
+import numpy as np
+import torch
+n = 42
+s = "text"
+f = 2.5
+items = [1, [2, 3], "x"]
+d = {"a": 1, "b": [1, 2]}
+arr = np.arange(6).reshape(2, 3)
+t = torch.arange(4.0)
+class Point:
+    def __init__(self, x):
+        self.x = x
+    def double(self):
+        return self.x * 2
+p = Point(21)
+def twice(x):
+    return 2 * x
+sq = lambda x: x * x
+"""
+MOVE_CHECK = ("print('check', n, s, f, items, d, arr.sum(), float(t.sum()), p.double(), type(p).__name__, "
+              "twice(4), sq(5))")
+MOVE_EXPECTED = "check 42 text 2.5 [1, [2, 3], 'x'] {'a': 1, 'b': [1, 2]} 15 6.0 42 Point 8 25"
+WHO = ["Point", "arr", "d", "f", "items", "n", "np", "p", "s", "sq", "t", "torch", "twice"]
+
+
+class _Kernel:
+    """An ipykernel started as a notebook server starts a notebook's kernel (the platform's startup file in its
+    IPython directory, the snapshot folder and the notebook's session name in its environment)."""
+
+    def __init__(self, env):
+        from jupyter_client.manager import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def run(self, code: str, silent=False, user_expressions=None, timeout=120) -> tuple[str, dict]:
+        msg_id = self.kc.execute(code, silent=silent, store_history=not silent, user_expressions=user_expressions or {})
+        out = []
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                out.append("\n".join(msg["content"]["traceback"]))
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        reply = self.kc.get_shell_msg(timeout=timeout)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+        return "".join(out), reply["content"]
+
+    def who(self) -> tuple[list[str], str]:
+        """The names ``%who`` lists (``%who_ls``: the same list, as a value), and the cell's whole output."""
+        out, _ = self.run("print('WHO', *get_ipython().run_line_magic('who_ls', ''))")
+        return next(line.split()[1:] for line in out.splitlines() if line.startswith("WHO")), out
+
+    def snapshot(self) -> dict:
+        """What the server extension does before a move (trainhub.extensions.storage.snapshot)."""
+        import ast
+
+        from trainhub.extensions.storage.snapshot import SAVE_EXPRESSION
+
+        _, reply = self.run("", silent=True, user_expressions={"snapshot": SAVE_EXPRESSION})
+        result = reply["user_expressions"]["snapshot"]
+        assert result["status"] == "ok", result
+        return json.loads(ast.literal_eval(result["data"]["text/plain"]))
+
+    def stop(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def test_variables_survive_five_moves_in_a_real_kernel(tmp_path):
+    """A move is: the kernel saves its variables, the server stops, a new kernel starts for the notebook and
+    restores them. Every kind of picklable value survives five moves, and `%who` lists them after each, also
+    when the next move comes before any cell ran (IPython hides whatever the start-up files define)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    from trainhub.kernels.startup import install_ipython_startup
+
+    home = tmp_path / "home"
+    home.mkdir()
+    install_ipython_startup(home)  # writes <home>/.ipython/profile_default/startup/00-trainhub.py
+    env = dict(os.environ, HOME=str(home), IPYTHONDIR=str(home / ".ipython"), **env_for(tmp_path / "snaps"))
+    env.pop("TRAINHUB_API_URL", None)
+    kernel = _Kernel(env)
+    try:
+        kernel.run(MOVE_VALUES)
+        assert kernel.who()[0] == WHO
+        for move in range(1, 6):
+            manifest = kernel.snapshot()
+            assert sorted(manifest["kept"]) == WHO and manifest["not_kept"] == {}, (move, manifest)
+            kernel.stop()
+            kernel = _Kernel(env)
+            if move == 2:  # the next move before any cell ran in this kernel
+                continue
+            names, first = kernel.who()
+            assert names == WHO, (move, first)
+            assert "your variables were restored" in first, first  # the note, on the first cell run
+            out, _ = kernel.run(MOVE_CHECK)
+            assert MOVE_EXPECTED in out, (move, out)
+    finally:
+        kernel.stop()

@@ -197,7 +197,7 @@ def test_tabs_fit_and_icons_are_svg(platform, seeded, browser, tmp_path):
         panel.locator('.th-tab[data-section="storage"]').click()
         panel.locator('.th-tab[data-section="usage"]').click()
         expect(panel.locator(".th-usage-total")).to_be_visible(timeout=30_000)
-        expect(panel.locator(".th-status")).to_have_text(re.compile(r"day\(s\) with GPU use|no GPU use"))
+        expect(panel.locator(".th-status")).to_have_text(re.compile(r"^1 day with GPU use$|^\d+ days with GPU use$|no GPU use"))
         expect(panel.locator(".th-entry")).to_have_count(0)
 
         # a narrow window with a larger UI font: the tabs wrap into rows, still labelled and whole
@@ -294,7 +294,7 @@ def test_jobs_table_sorts_filters_and_opens_logs_metrics_register(platform, seed
         view.locator("select.th-state-filter").select_option("failed")
         expect(view.locator(".th-jobs-table tbody tr")).to_have_count(len(failed))
         assert sorted(rows_in_order(page)) == sorted(j["id"] for j in failed)
-        expect(view.locator(".th-status")).to_contain_text("1 failed job(s) shown")
+        expect(view.locator(".th-status")).to_contain_text("1 failed job shown")
         # a failed job's outputs cannot be registered: the button says why
         reg = view.locator(f'tr[data-id="{jobs["views-broken"]}"] .th-register')
         expect(reg).to_be_disabled()
@@ -333,7 +333,7 @@ def test_jobs_table_sorts_filters_and_opens_logs_metrics_register(platform, seed
             # drawn where they say: a higher value is higher up (smaller cy)
             by_value = sorted(points, key=lambda p: p[1])
             assert all(a[2] > b[2] for a, b in zip(by_value, by_value[1:]) if a[1] < b[1])
-        expect(mview.locator(".th-status")).to_contain_text("2 metric(s) from 5 report(s)")
+        expect(mview.locator(".th-status")).to_contain_text("2 metrics from 5 reports")
         shots.take("metrics")
 
         # register a model: a JupyterLab input dialog, not prompt()
@@ -468,4 +468,51 @@ def test_usage_chart_shows_the_api_figures_and_admins_switch_user(platform, seed
         expect(view).to_have_attribute("data-user", USER)
         assert_chart_is(page, usage)
         shots.take("admin-picks-user")
+    assert not page.native_dialogs and not page.errors, (page.native_dialogs, page.errors)
+
+
+def test_empty_registries_say_how_to_register(platform, seeded, browser, tmp_path):
+    """Issue 34: the Datasets and Models tabs of an empty registry say how to fill it, with the exact command, notebook
+    call and panel action (the registries answer empty through a Playwright route: the shared platform's have entries).
+    The commands shown parse with the real `trainhub` CLI."""
+    from playwright.sync_api import expect
+
+    from trainhub.cli import build_parser
+
+    page = new_page(browser, DEFAULT)
+    empty = json.dumps({"items": [], "total": 0})
+    page.route(re.compile(r".*/trainhub/api/(datasets|models)(\?[^/]*)?$"),
+               lambda route: route.fulfill(status=200, content_type="application/json", body=empty))
+    shots = Screenshots(page, "panel-empty-registries", tmp_path)
+    with shots.on_failure():
+        log_in_to_lab(page, platform.url, USER, PASSWORD, reset=True)
+        panel = open_side_panel(page)
+        panel.locator('.th-tab[data-section="datasets"]').click()
+        hint = panel.locator(".th-empty-hint")
+        expect(hint).to_contain_text("No datasets registered yet")
+        codes = hint.locator(".th-code")
+        expect(codes.nth(0)).to_have_text(f"trainhub datasets register mnist users/{USER}/data/mnist --format images")
+        expect(codes.nth(1)).to_contain_text(f'TrainhubClient().register_dataset("mnist", "users/{USER}/data/mnist", format="images")')
+        expect(panel.locator(".th-status")).to_have_text("0 datasets")
+        shots.take("datasets")
+        cli = codes.nth(0).inner_text().split()[1:]
+        panel.locator('.th-tab[data-section="models"]').click()
+        hint = panel.locator(".th-empty-hint")
+        expect(hint).to_contain_text("No models registered yet")
+        expect(hint).to_contain_text("the Register button of a succeeded job")
+        expect(hint).to_contain_text('job.register_model("resnet")')
+        expect(hint.locator(".th-code").nth(1)).to_have_text("trainhub models register resnet --job j-000042")
+        shots.take("models")
+        models_cli = hint.locator(".th-code").nth(1).inner_text().split()[1:]
+        # a search that finds nothing is not an empty registry
+        box = panel.locator(".th-search")
+        box.fill("no-such-model")
+        box.press("Enter")
+        expect(panel.locator(".th-empty")).to_have_text('No model matches "no-such-model".')
+        expect(panel.locator(".th-empty-hint")).to_have_count(0)
+    parser = build_parser()
+    args = parser.parse_args(cli)
+    assert (args.name, args.path, args.format) == ("mnist", f"users/{USER}/data/mnist", "images")
+    args = parser.parse_args(models_cli)
+    assert (args.name, args.job) == ("resnet", "j-000042")
     assert not page.native_dialogs and not page.errors, (page.native_dialogs, page.errors)

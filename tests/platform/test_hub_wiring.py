@@ -76,3 +76,76 @@ def test_a_start_that_fails_on_the_platforms_side_says_why(hub_config):
     assert e.value.status_code == 500
     assert "could not start: [Errno 13] Permission denied: '/root/checkout/kernels/__init__.py'" in e.value.jupyterhub_message
     assert s.devices == [] and not [h for h in s.allocator.holdings() if h.user == "dora"]
+
+
+# -- time in line is not start time -------------------------------------------------------------------------
+
+class _LineThenStart(LocalGPUSpawner):
+    """A spawner whose start waits in line for ``line`` seconds (as _wait_in_line marks it), then takes ``work``
+    seconds more; ``queue_when_full`` and an api_url make it a spawn that may wait."""
+
+    line = 0.0
+    work = 0.0
+
+    async def _start(self):
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        self._in_line_since = loop.time()
+        try:
+            await asyncio.sleep(self.line)
+        finally:
+            self._in_line_seconds += loop.time() - self._in_line_since
+            self._in_line_since = None
+        await asyncio.sleep(self.work)
+        return ("127.0.0.1", 1)
+
+
+async def _as_the_hub_starts(spawner):
+    """What JupyterHub's User.spawn does: call start(), read start_timeout, wait that long at most."""
+    import asyncio
+
+    from jupyterhub.utils import maybe_future
+
+    f = maybe_future(spawner.start())
+    await asyncio.wait_for(f, timeout=spawner.start_timeout)
+    return f.result()
+
+
+def _line_spawner(config, name, **kw):
+    s = _LineThenStart(config=config, user=SimpleNamespace(name=name, groups=[], admin=False, url=f"/user/{name}/"),
+                       api_url="http://127.0.0.1:1/api", queue_when_full=True, **kw)
+    return s
+
+
+def test_time_in_line_does_not_count_against_start_timeout(hub_config):
+    """Under `trainhub up` a queued spawn failed after start_timeout (120 s, from the hub's configuration) with
+    JupyterHub's empty "Spawn failed: ": the line's time counted. Now only the start itself does; the line has
+    max_queue_wait."""
+    import asyncio
+
+    s = _line_spawner(hub_config, "liam", start_timeout=1, max_queue_wait=30)
+    s.line, s.work = 2.5, 0.2  # longer in line than start_timeout: still started
+    assert asyncio.run(_as_the_hub_starts(s)) == ("127.0.0.1", 1)
+    assert s.start_timeout == 1  # the configured value is back once the start ends
+
+
+def test_a_start_that_takes_too_long_outside_the_line_says_why(hub_config):
+    """The spawner's own limit comes before JupyterHub's (which would fail with no reason), and names the time."""
+    import asyncio
+
+    from jupyterhub.spawner import SpawnException
+
+    s = _line_spawner(hub_config, "mona", start_timeout=1, max_queue_wait=30)
+    s.line, s.work = 0.1, 60  # the start hangs (after a short wait in line)
+    with pytest.raises(SpawnException) as e:
+        asyncio.run(_as_the_hub_starts(s))
+    assert e.value.jupyterhub_message == ("The server of mona did not start within 1s (time waiting in line for GPUs "
+                                          "not counted); see the hub's log.")
+    assert s.start_timeout == 1
+
+
+def test_the_hub_config_leaves_start_timeout_to_the_spawner(hub_config):
+    s = spawner(hub_config, "nia")
+    assert "start_timeout" not in hub_config.Spawner
+    assert s.start_timeout == s.listen_timeout + 60

@@ -281,3 +281,25 @@ def test_start_up_variables_that_a_started_interpreter_cannot_take_on_mean_cold(
     why = warmpool.refusal(dict(launched, PYTHONHASHSEED="0", LD_PRELOAD="/x.so", LC_ALL="C"), launched)
     assert "LC_ALL" in why and "LD_PRELOAD" in why and "PYTHONHASHSEED" in why
     assert "LANG" in warmpool.refusal(dict(launched, LANG="de_DE.UTF-8"), launched)
+
+
+def test_a_warm_interpreter_whose_hub_is_gone_exits_quietly(tmp_path):
+    """A hub that stops (Ctrl-C) while a warm interpreter still imports: its "ready" meets a closed socket. It exits 0
+    with nothing on its output; it printed a BrokenPipeError traceback into the terminal of `make up`."""
+    import socket
+    import subprocess
+    import sys
+
+    ours, theirs = socket.socketpair()
+    code = ("import socket, sys\n"
+            "from trainhub.boundary.warmsandbox import serve_claim\n"
+            "sock = socket.socket(fileno=int(sys.argv[1]))\n"
+            "sys.stdin.read()  # 'imports' until the hub is gone\n"
+            "serve_claim(sock, lambda spec, fds: None)\n"
+            "print('claimed')\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    theirs.close()
+    ours.close()  # the hub's end of the socket, closed as the hub exits
+    out, _ = proc.communicate(b"", timeout=60)
+    assert proc.returncode == 0 and out == b"", out

@@ -387,3 +387,29 @@ async def test_a_launch_that_fails_after_the_claim_fails_the_job_and_frees_its_g
     row = await engine.store.read(engine.store.get, job.id)
     assert row.state == "failed" and "could not start its workers: no space left on device" in row.reason
     assert engine.allocator.holdings() == []
+
+
+async def test_a_restart_by_the_platform_spends_no_retry(make_engine):
+    """Attempt 1 is preempted (requeued by the platform), attempt 2 fails: its one retry is still there, and the
+    messages count the restart in the attempts ("of 3"); attempt 3 fails: no retries left."""
+    from trainhub.fmt import REQUEUED
+
+    engine = make_engine(schedule_interval=600)
+    job = await submit(engine, user="ann", retries=1)
+    await engine.run_once(schedule=None)
+    assert await state_of(engine, job) == RUNNING
+    running = await engine.store.read(engine.store.get, job.id)
+    await engine._end_attempt(running, QUEUED, f"preempted: a higher-priority job needed its GPUs{REQUEUED}", requeue=True)
+    await engine.run_once(schedule=None)
+    assert (await engine.store.read(engine.store.get, job.id)).attempt == 2
+    engine.launcher.finish(job.key, 1, attempt=2)
+    await engine.run_once(schedule=None)  # sees the end: a retry, not the end of the job
+    await engine.run_once(schedule=None)
+    again = await engine.store.read(engine.store.get, job.id)
+    assert again.state == RUNNING and again.attempt == 3, again.reason
+    events = [e["message"] for e in await engine.store.read(engine.store.events, job.id)]
+    assert "worker 0 exited with code 1; retrying (attempt 3 of 3)" in events, events
+    engine.launcher.finish(job.key, 1, attempt=3)
+    await engine.run_once(schedule=None)
+    done = await engine.store.read(engine.store.get, job.id)
+    assert done.state == "failed" and done.reason == "worker 0 exited with code 1 (attempt 3 of 3; no retries left)"

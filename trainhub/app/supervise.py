@@ -34,8 +34,33 @@ RESTART_WINDOW = 600.0  # seconds
 SERVICE_NAMES = ("trainhub", "trainhub-culler")
 
 
-def _pump(stream, sinks):
+#: what JupyterHub logs once its proxy routes to it and its services run (INFO): `trainhub up` waits for this line
+#: instead of asking the proxy's API for its routes several times a second (each request one line in the log)
+RUNNING_LINE = b"JupyterHub is now running at"
+
+
+#: how JupyterHub's INFO lines start (its default log format): a hub that logs them will say RUNNING_LINE too
+INFO_PREFIX = b"[I "
+
+
+class HubOutput:
+    """What `trainhub up` learns from one hub process's output."""
+
+    def __init__(self):
+        self.running = threading.Event()  # it said RUNNING_LINE
+        self.logs_info = threading.Event()  # it logs at INFO (so RUNNING_LINE will come)
+
+    def see(self, line: bytes) -> None:
+        if not self.logs_info.is_set() and line.startswith(INFO_PREFIX):
+            self.logs_info.set()
+        if not self.running.is_set() and RUNNING_LINE in line:
+            self.running.set()
+
+
+def _pump(stream, sinks, seen: HubOutput | None = None):
     for line in iter(stream.readline, b""):
+        if seen is not None:
+            seen.see(line)
         for sink in sinks:
             try:
                 sink.write(line)
@@ -52,10 +77,17 @@ class SupervisedHub:
         self.proc: subprocess.Popen | None = None
         self.pumps: list[threading.Thread] = []
         self.restarts: list[float] = []
+        self.output = HubOutput()  # the current hub's
 
     def start(self) -> subprocess.Popen:
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.cwd)
-        pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.sinks), daemon=True)
+        """A new hub process, in a session of its own: a Ctrl-C in the terminal reaches `trainhub up` alone, which
+        asks the hub to stop once (SIGTERM). In the terminal's process group the hub also got the SIGINT itself and
+        ran JupyterHub's shutdown twice at once (servers stopped twice: "Failed to stop user: ''", a KeyError, tasks
+        destroyed while pending)."""
+        self.output = HubOutput()
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.cwd,
+                                     start_new_session=True)
+        pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.sinks, self.output), daemon=True)
         pump.start()
         self.pumps.append(pump)
         return self.proc
@@ -92,7 +124,7 @@ class SupervisedHub:
                 return code
             proc = self.start()
             try:
-                wait_up(proc)
+                wait_up(proc, self.output)
             except Exception as e:  # it did not come up: the next round counts it as one more exit
                 print(f"trainhub: JupyterHub did not come back: {e}", file=self.out, flush=True)
                 self.signal(signal.SIGTERM)

@@ -34,10 +34,11 @@ import requests
 
 from trainhub import gpus as gpu_inventory
 from trainhub.backoff import WaitTimeout, poll
+from trainhub.fmt import noun, plural
 from trainhub.boundary.procs import INSTANCE_VAR, become_subreaper, descendants, processes_with, terminate_tagged
 from trainhub.settings import DataDir, Runtime, StopRecord, read_or_create_secret
 
-from .supervise import SupervisedHub
+from .supervise import HubOutput, SupervisedHub
 
 #: the packages whose folders hold trainhub's code (read-only in every sandbox)
 CODE_PACKAGES = ("trainhub", "trainhub.hub_config", "trainhub.spawner", "trainhub.services", "trainhub.extensions",
@@ -132,7 +133,7 @@ def end_leftovers(dd: DataDir, out=sys.stderr) -> None:
     if processes_with(INSTANCE_VAR, old.instance):
         began = time.time()
         ended = terminate_tagged(INSTANCE_VAR, old.instance, grace=STOP_GRACE)
-        print(f"trainhub: ended {ended} process(es) left by the previous run, which did not stop", file=out, flush=True)
+        print(f"trainhub: ended {plural(ended, 'process')} left by the previous run, which did not stop", file=out, flush=True)
         StopRecord(old.instance, began, "did not stop cleanly").save(dd)
     elif record is None or record.instance != old.instance:
         StopRecord(old.instance, time.time(), "did not stop cleanly").save(dd)
@@ -261,7 +262,7 @@ def _enable_available_services(runtime: Runtime) -> None:
         names = {n.strip() for n in wanted.split(",") if n.strip() and n.strip() != "none"}
         unknown = names - set(modules)
         if unknown:
-            raise UpError(f"TRAINHUB_SERVICES names unknown service(s) {sorted(unknown)}; known: {sorted(modules)}")
+            raise UpError(f"TRAINHUB_SERVICES names unknown {noun(len(unknown), 'service')} {sorted(unknown)}; known: {sorted(modules)}")
         for name in set(modules) - names:
             runtime.service_ports.pop(name, None)
     for name, module in modules.items():
@@ -307,18 +308,61 @@ def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float, exite
         raise UpError(f"{what} did not answer at {url} within {timeout:.0f} s") from None
 
 
-def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, timeout: float = 90) -> None:
+#: seconds between two looks at the proxy's routes while waiting for a hub that does not log at INFO (it will not say
+#: it runs): each look is a line in the proxy's log
+ROUTES_POLL = 5.0
+
+
+def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, output: HubOutput | None = None, timeout: float = 90) -> None:
     """The hub answers on its own port, the proxy routes to it, then the public URL answers.
 
-    Asking the public URL before the hub's route exists makes the proxy log a red 404 per attempt.
+    Asking the public URL before the hub's route exists makes the proxy log a red 404 per attempt, and asking the
+    proxy's API for its routes logs a line per request (it was five a second): a hub that logs at INFO says when
+    it runs (``output``, from the output pump), and only a hub that does not is looked at through the proxy's
+    routes, every ``ROUTES_POLL`` seconds.
     """
     hint = f"; see {Path(runtime.data_dir) / 'logs' / 'jupyterhub.log'}"
     wait_http(f"http://127.0.0.1:{runtime.hub_port}/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
     token = read_or_create_secret(DataDir(runtime.data_dir).proxy_token_file)[0]
-    wait_http(f"http://127.0.0.1:{runtime.proxy_api_port}/api/routes", proc, "the proxy's route to JupyterHub", timeout,
-              exited_hint=hint, headers={"Authorization": f"token {token}"},
-              ready=lambda r: r.status_code == 200 and "/" in r.json())
+    routes = f"http://127.0.0.1:{runtime.proxy_api_port}/api/routes"
+    output = output or HubOutput()
+    deadline = time.monotonic() + timeout
+    while not output.running.wait(min(ROUTES_POLL, max(0.0, deadline - time.monotonic()))):
+        if proc.poll() is not None:
+            raise UpError(f"JupyterHub exited with code {proc.returncode} while starting{hint}")
+        if time.monotonic() >= deadline:
+            raise UpError(f"the proxy's route to JupyterHub did not appear at {routes} within {timeout:.0f} s{hint}")
+        if output.logs_info.is_set():
+            continue  # it will say so
+        try:
+            r = requests.get(routes, timeout=2, headers={"Authorization": f"token {token}"})
+            if r.status_code == 200 and "/" in r.json():
+                break
+        except (requests.RequestException, ValueError):
+            pass
     wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
+
+
+def cli_command(data_dir, args: str, *, env=None, which=shutil.which, script: str | None = None) -> str:
+    """``trainhub ARGS`` as it must be typed in a shell to reach this platform, for the banner: ``trainhub`` when that
+    name on PATH is this environment's script, else the script's absolute path (``make up`` runs
+    ``.venv/bin/trainhub``, which is not on PATH); with ``--data-dir DIR`` after the command unless the CLI's default
+    (``$TRAINHUB_DATA_DIR``, else ``./.trainhub`` from here) is this platform's data dir. ``script``: this
+    environment's ``trainhub`` (default: beside its Python)."""
+    import shlex
+
+    env = os.environ if env is None else env
+    script = script or os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "trainhub")
+    found = which("trainhub", path=env.get("PATH"))
+    try:
+        same = bool(found) and os.path.samefile(found, script)
+    except OSError:
+        same = False
+    command = f"{'trainhub' if same else shlex.quote(script)} {args}"
+    default = Path(env.get("TRAINHUB_DATA_DIR") or ".trainhub").expanduser().resolve()
+    if default != Path(data_dir).expanduser().resolve():
+        command += f" --data-dir {shlex.quote(str(Path(data_dir).expanduser().resolve()))}"
+    return command
 
 
 def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -> str:
@@ -329,7 +373,7 @@ def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -
     lines = ["", f"trainhub is running at {runtime.public_url}"]
     n = len(runtime.devices)
     kind = "simulated " if runtime.simulated else ""
-    lines.append(f"  GPU pool: {n} {kind}device{'s' if n != 1 else ''}" + (" (no NVIDIA driver found; --gpus N simulates N devices)" if n == 0 else ""))
+    lines.append(f"  GPU pool: {plural(n, kind + 'device')}" + (" (no NVIDIA driver found; --gpus N simulates N devices)" if n == 0 else ""))
     lines.append(f"  Storage:  {runtime.storage}")
     isolation = Isolation(config=load_platform_config(dd.root))
     lines += isolation.describe([GPUDevice(**d) for d in runtime.devices], run_as=_whoami())
@@ -346,7 +390,8 @@ def banner(runtime: Runtime, new_password: str | None, dd: DataDir, gate=None) -
         lines.append(f"  (shown once; it is also saved, readable only by you, in {dd.admin_password_file})")
     else:
         lines.append(f"  Log in as '{runtime.admin_user}'; the password is in {dd.admin_password_file}")
-    lines.append("  Add users: trainhub users add NAME   |   API token: trainhub token NAME   |   GPU pool: trainhub status")
+    lines.append(f"  Add users: {cli_command(dd.root, 'users add NAME')}   |   API token: {cli_command(dd.root, 'token NAME')}"
+                 f"   |   GPU pool: {cli_command(dd.root, 'status')}")
     lines.append("  Press Ctrl-C to stop everything.")
     return "\n".join(lines) + "\n"
 
@@ -401,30 +446,35 @@ def run(args, out=sys.stdout) -> int:
     log_file = open(log_path, "ab")
     sinks = [log_file] + ([] if args.quiet else [sys.stdout.buffer])
     hub = SupervisedHub(cmd, env, str(dd.root), sinks)
-    hub.start()
-
     stopping = threading.Event()
 
     def on_signal(signum, _frame):
         if stopping.is_set():
+            print(f"\ntrainhub: already stopping ({signal.Signals(signum).name} ignored): servers, kernels and jobs are "
+                  "being ended", file=sys.stderr, flush=True)
             return
         stopping.set()
         print(f"\ntrainhub: {signal.Signals(signum).name} received, stopping...", file=sys.stderr, flush=True)
         hub.signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # the hub runs in a session of its own (SupervisedHub.start): these signals reach it only from here, once (a
+    # closed terminal's SIGHUP too: the hub no longer gets it from the terminal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    hub.start()
+    if stopping.is_set():  # a signal before the hub started
+        hub.signal(signal.SIGTERM)
     code = 1
     try:
         try:
-            wait_for_hub(runtime, hub.proc)
+            wait_for_hub(runtime, hub.proc, hub.output)
         except UpError:
             stopping.set()
             raise
         print(banner(runtime, new_password, dd, gate), file=out, flush=True)
         # until the hub exits for a stop (Ctrl-C or SIGTERM above ask it to); a hub that dies otherwise is started
         # again, with the servers and jobs it left running (docs/isolation.md, "What survives what")
-        code = hub.supervise(stopping, lambda proc: wait_for_hub(runtime, proc), instance)
+        code = hub.supervise(stopping, lambda proc, output: wait_for_hub(runtime, proc, output), instance)
     finally:
         # first the record (the jobs service must not take the stop's SIGTERMs for its jobs' own failures)
         StopRecord(instance, time.time(), "stopped").save(dd)

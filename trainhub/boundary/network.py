@@ -192,6 +192,18 @@ class Namespace:
 
         return self.pool.submit(make).result()
 
+    def remount(self) -> None:
+        """Mount this namespace at its path again (blocking): its name was removed from outside (``ip netns delete``:
+        an admin's ``ip netns delete``) while the namespace lives on, its
+        listeners and the user's processes in it. A fork of this namespace's thread is in it, so its ``mount``
+        binds it, the same namespace, not a new one."""
+        def remount():
+            os.makedirs(NETNS_DIR, exist_ok=True)
+            os.close(os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444))
+            _run(["mount", "--bind", "/proc/self/ns/net", self.path])
+
+        self.pool.submit(remount).result()
+
     def close(self) -> None:
         for srv in self.servers:
             srv.close()
@@ -307,12 +319,11 @@ class Gate:
             raise GateError(f"{name!r} is not a user namespace of this platform")
         async with self._lock:
             ns = self.namespaces.get(name)
-            if ns is not None and os.path.exists(ns.path):
+            if ns is not None:
+                if not os.path.exists(ns.path):  # removed from outside: the same namespace, under its name again
+                    log.warning("network namespace %s was removed from outside; mounting it again", name)
+                    await asyncio.to_thread(ns.remount)
                 return ns.path
-            if ns is not None:  # removed behind the gate's back (an admin's `ip netns delete`): made anew
-                log.warning("network namespace %s disappeared; making it again", name)
-                ns.close()
-                del self.namespaces[name]
             await asyncio.to_thread(make_netns, self.config.ip, name)
             ns = Namespace(name)
             try:

@@ -149,9 +149,10 @@ def receive_claim(sock: socket.socket) -> tuple[dict, list[int]]:
 def serve_claim(sock: socket.socket, apply):
     """The inside of a warm process, once: say ``ready``, take one claim, ``apply(spec, fds)`` it and answer ``ok``
     (with the pid and uid it now runs as), returning what ``apply`` returned. End of file before a claim (let go)
-    exits 0; a failed claim answers the error and exits 1, before anything of the claimer's ran."""
-    sock.sendall(b"ready\n")
+    exits 0, as does a claimer gone before ``ready`` (a hub that stopped while this process still imported); a failed
+    claim answers the error and exits 1, before anything of the claimer's ran."""
     try:
+        sock.sendall(b"ready\n")
         spec, fds = receive_claim(sock)
     except (EOFError, ConnectionError):
         os._exit(0)

@@ -74,19 +74,23 @@ class ClientBase:
 
     # -- plumbing -----------------------------------------------------------------------------
     def request(self, method: str, path: str, *, params=None, json=None, stream: bool = False,
-                timeout=None) -> requests.Response:
+                timeout=None, data=None, headers=None) -> requests.Response:
         """One API call; returns the response (2xx) or raises :class:`TrainhubAPIError`.
 
         Connection failures are retried ``retries`` times with backoff; a POST only when the
-        connection could not be opened, so a job is never submitted twice."""
+        connection could not be opened, so a job is never submitted twice. ``data``: a body other than JSON (a file
+        object is sent from its current position, and from there again on a retry)."""
+        start = data.tell() if hasattr(data, "seek") else None
         url = self.url + path
         idempotent = method.upper() in ("GET", "HEAD", "DELETE", "PUT")
         pause = Backoff(f"{method} {path}", start=self.backoff, factor=2.0, cap=5.0)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
+            if start is not None:
+                data.seek(start)
             try:
                 r = self.session.request(method, url, params=params, json=json, stream=stream,
-                                         timeout=timeout or self.timeout)
+                                         timeout=timeout or self.timeout, data=data, headers=headers)
             except requests.ConnectionError as e:
                 # a POST may be retried only if nothing reached the server
                 if last or not (idempotent or _not_connected(e)):

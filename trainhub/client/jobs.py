@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
+from trainhub import workdir
 from trainhub.states import job_is_terminal
+from trainhub.workdir import Limits
 
-from .base import ClientBase, check_ref, page_params
+from .base import ClientBase, TrainhubAPIError, check_ref, page_params
 
 
 def _job(job_id) -> str:
@@ -17,6 +19,39 @@ class JobsAPI(ClientBase):
     def submit(self, spec: dict) -> dict:
         """POST /jobs: submit a job spec (exactly one of ``command``/``script``); returns the job."""
         return self._json("POST", "/jobs", json={k: v for k, v in spec.items() if v is not None})
+
+    def send_workdir(self, folder, *, exclude=(), limits: Limits | None = None) -> dict:
+        """Pack ``folder`` as a job's working directory (trainhub.workdir: its ignore rules and limits) and make sure
+        the service has it (PUT /workdirs/{sha256}, skipped when it has it already). Returns what it holds, as the
+        service says (``sha256``, ``files``, ``bytes``, ``entries``) with ``skipped`` (what was left out and why) and
+        ``folder``; put ``sha256`` in a job spec's ``workdir``. :class:`~trainhub.workdir.WorkdirError` for a folder
+        that cannot be sent (too big: its message names what weighs most)."""
+        try:
+            snap = workdir.snapshot(folder, exclude=exclude, limits=limits or workdir.Limits())
+        except workdir.WorkdirTooBig:
+            if limits is not None:
+                raise
+            served = self.workdir_limits()  # the service may take more than the defaults
+            if served is None or (served.max_bytes <= workdir.DEFAULT_MAX_BYTES and served.max_files <= workdir.DEFAULT_MAX_FILES):
+                raise
+            snap = workdir.snapshot(folder, exclude=exclude, limits=served)
+        with snap.archive:
+            path = f"/workdirs/{snap.sha256}"
+            try:
+                info = self._json("GET", path)
+            except TrainhubAPIError as e:
+                if e.status != 404:
+                    raise
+                info = self._json("PUT", path, data=snap.archive, headers={"Content-Type": "application/octet-stream"},
+                                  timeout=max(self.timeout, 300))
+        return {**info, "skipped": snap.skipped, "folder": snap.root}
+
+    def workdir_limits(self) -> Limits | None:
+        """The service's limits on a working directory (GET /: ``limits``), None from a service that does not say."""
+        limits = (self._json("GET", "/") or {}).get("limits") or {}
+        if "workdir_bytes" not in limits:
+            return None
+        return workdir.Limits(int(limits["workdir_bytes"]), int(limits["workdir_files"]))
 
     def list(self, state=None, *, user: str | None = None, limit: int = 50, offset: int = 0) -> dict:
         """GET /jobs: ``{"items": [...], "total", "limit", "offset"}``, newest first.

@@ -12,7 +12,7 @@ import json
 import sys
 
 from trainhub.cli import CommandError
-from trainhub.fmt import clip, fmt_size, text_table
+from trainhub.fmt import clip, fmt_size, plural, text_table
 from trainhub.states import FAILED, PENDING, READY
 
 
@@ -76,7 +76,7 @@ def _api(call, *a, **kw):
 
 
 def version_line(v: dict) -> str:
-    state = v["status"] if v["status"] != READY else f"{v['file_count']} files, {fmt_size(v['size'])}"
+    state = v["status"] if v["status"] != READY else f"{plural(v['file_count'], 'file')}, {fmt_size(v['size'])}"
     dep = f"  DEPRECATED: {v.get('deprecation_message') or ''}" if v.get("deprecated") else ""
     return f"v{v['version']}  {state}  {v.get('format') or '-'}  {v['url']}  {v['created'][:19]}  {v['created_by']}{dep}"
 
@@ -126,7 +126,7 @@ def run_register(args):
 
     def progress(v):
         p = v.get("progress") or {}
-        print(f"\rscanning: {p.get('files', 0)} files, {fmt_size(p.get('bytes', 0))}", end="", file=sys.stderr, flush=True)
+        print(f"\rscanning: {plural(p.get('files', 0), 'file')}, {fmt_size(p.get('bytes', 0))}", end="", file=sys.stderr, flush=True)
 
     v = _api(c.register_dataset, args.name, args.path, format=args.format, description=args.description, metadata=meta,
              wait=not args.no_wait, callback=progress)

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from trainhub.cli import CommandError
 from trainhub.fmt import (clip, state_text, elapsed_seconds, fmt_duration, fmt_number, format_diagnosis, format_events, format_job, last_log_line,
                           metrics_rows,
                           parse_time, text_table, wait_reason_text)
-from trainhub.jobspec import add_spec_options, parse_states, spec_from_args
+from trainhub.jobspec import add_spec_options, add_workdir_options, parse_states, spec_from_args, workdir_summary
 from trainhub.states import JOB_STATES, QUEUED, RUNNING, SUCCEEDED
 
 
@@ -31,6 +32,7 @@ def add_parser(sub):
         "as is ($TRAINHUB_API_URL and $JUPYTERHUB_API_TOKEN are set there); elsewhere pass --url and --token "
         "(a token from `trainhub token NAME`).",
         epilog="Examples:\n  trainhub jobs submit train.py --gpus 1 --wait\n"
+        "  trainhub jobs submit --workdir . --workers 2 -- python train.py --epochs 3\n"
         "  trainhub jobs submit --command 'python -m mypkg.train --lr 0.1' --workers 2\n"
         "  trainhub jobs list --state running\n  trainhub jobs logs j-000042 --follow",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -39,13 +41,19 @@ def add_parser(sub):
     jobs = p.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND", parser_class=type(p))
 
     s = jobs.add_parser(
-        "submit", allow_abbrev=False, help="submit a Python script or a shell command as a job",
-        description="Submit SCRIPT (a .py file, sent as the job's source and run as `python script.py`) or "
-        "--command (a shell command run in your home directory). Prints the job id; with --wait, follows the "
-        "job until it ends and exits non-zero if it did not succeed.",
+        "submit", allow_abbrev=False, help="submit a program with its folder, a Python script or a shell command as a job",
+        description="Submit a program with its arguments after -- (`-- python train.py --epochs 3`; a first word "
+        "ending in .py runs with python), run in a copy of the folder --workdir sends along (its code and small files: "
+        "imports and relative paths work as they do here; .gitignore and .trainhubignore are respected, at most "
+        "50 MB), or, without --workdir, in your home directory. The older forms still work: SCRIPT alone (one .py "
+        "file, sent as the job's source and run as `python script.py` in your home directory) and --command (a shell "
+        "command). Prints the job id; with --wait, follows the job until it ends and exits non-zero if it did not "
+        "succeed.",
     )
-    s.add_argument("script", nargs="?", metavar="SCRIPT", help="a Python file to run as the job")
-    s.add_argument("--command", "-c", dest="shell_command", metavar="CMD", help="a shell command to run instead of SCRIPT")
+    s.add_argument("program", nargs="*", metavar="SCRIPT | -- CMD [ARG ...]",
+                   help="a Python file to run as the job, or after -- a command and its arguments")
+    s.add_argument("--command", "-c", dest="shell_command", metavar="CMD", help="a shell command to run instead")
+    add_workdir_options(s)
     add_spec_options(s)
     s.add_argument("--wait", action="store_true", help="follow the job until it ends (a live status line)")
     s.add_argument("--json", action="store_true", help="print the created job as JSON")
@@ -93,7 +101,7 @@ def add_parser(sub):
 
     c = jobs.add_parser("cancel", help="cancel a job", description="Cancel a job: its workers get SIGTERM, then "
                         "SIGKILL after the grace period. Cancelling a finished job changes nothing.")
-    c.add_argument("id", metavar="ID", nargs="+", help="job id(s)")
+    c.add_argument("id", metavar="ID", nargs="+", help="one or more job ids")
     _conn(c)
     c.set_defaults(func=cmd_cancel)
 
@@ -110,7 +118,7 @@ def add_parser(sub):
                          "in the job) into one folder, one run per job, and run TensorBoard on it until Ctrl-C, copying "
                          "new event files every --refresh seconds. In a platform terminal its address is under your "
                          "server (jupyter-server-proxy); the side panel's TensorBoard button does the same from the browser.")
-    tb.add_argument("id", metavar="ID", nargs="+", help="job id(s)")
+    tb.add_argument("id", metavar="ID", nargs="+", help="one or more job ids")
     tb.add_argument("--port", type=int, default=0, metavar="N", help="TensorBoard's port on 127.0.0.1 (default: a free one)")
     tb.add_argument("--logdir", metavar="DIR", help="where to gather the event files (default: ~/.cache/trainhub/tensorboard/...)")
     tb.add_argument("--refresh", type=float, default=30.0, metavar="S", help="seconds between copies of new event files")
@@ -147,21 +155,36 @@ def _api(call, *a, **kw):
 
 # -- commands ---------------------------------------------------------------------------------
 def cmd_submit(args):
-    if bool(args.script) == bool(args.shell_command):
-        raise CommandError("give either SCRIPT (a .py file) or --command 'CMD', not both or neither", 2)
-    script = None
-    if args.script:
-        path = Path(args.script)
+    program = list(args.program)
+    if bool(program) == bool(args.shell_command):
+        raise CommandError("give either SCRIPT (a .py file), -- CMD [ARG ...] or --command 'CMD', not both or neither", 2)
+    if args.exclude and not args.workdir:
+        raise CommandError("--exclude leaves things out of the folder --workdir sends: give --workdir DIR too", 2)
+    script = command = None
+    named = None  # the file whose name names the job
+    if args.shell_command:
+        command = args.shell_command
+    elif len(program) == 1 and not args.workdir:  # the older form: one file, sent as the job's source
+        named = path = Path(program[0])
         if path.suffix != ".py":
-            raise CommandError(f"{path} is not a .py file: for other programs use --command '...'", 2)
+            raise CommandError(f"{path} is not a .py file: for other programs use -- {path} [ARG ...] or --command '...'", 2)
         try:
             script = path.read_text()
         except OSError as e:
             raise CommandError(f"cannot read {path}: {e.strerror}", 2) from None
-    spec = spec_from_args(args, command=args.shell_command, script=script)
-    if args.script and "name" not in spec:
-        spec["name"] = re.sub(r"[^A-Za-z0-9._ -]", "-", path.stem)[:128] or "script"
+    else:
+        if program[0].endswith(".py"):
+            program.insert(0, "python")
+        named = next((Path(a) for a in program[1:2] if a.endswith(".py")), None)
+        command = shlex.join(program)
+    spec = spec_from_args(args, command=command, script=script)
+    if named is not None and "name" not in spec:
+        spec["name"] = re.sub(r"[^A-Za-z0-9._ -]", "-", named.stem)[:128] or "script"
     client = client_from_args(args)
+    if args.workdir:
+        sent = _api(client.send_workdir, args.workdir, exclude=args.exclude)  # a folder that cannot be sent: exit 2
+        spec["workdir"] = sent["sha256"]
+        print(f"working directory {sent['folder']}: {workdir_summary(sent)}", file=sys.stderr)
     job = _api(client.submit, spec)
     if args.json and not args.wait:
         print(json.dumps(job, indent=2))
@@ -255,11 +278,11 @@ def cmd_show(args):
     if args.json:
         print(json.dumps(job, indent=2))
         return 0
-    print(format_job(job))
     try:
         events = client.events(job["id"])
-    except Exception:  # an older service without the events route: the job alone
-        events = []
+    except Exception:  # an older service without the events route: the job alone (its attempt without restarts)
+        events = None
+    print(format_job(job, events))
     if events:
         print("  events:")
         print(format_events(events, indent="    "))

@@ -11,7 +11,7 @@ import argparse
 import json
 
 from trainhub.commands.datasets import _api, _client, _connection
-from trainhub.fmt import clip, fmt_size, text_table
+from trainhub.fmt import clip, fmt_size, plural, text_table
 
 STAGES = ("none", "staging", "production", "archived")
 
@@ -77,7 +77,7 @@ def version_line(v: dict) -> str:
     if lin.get("sweep") is not None:
         src += f" (sweep {lin['sweep']})"
     ds = ", ".join(f"{d['name']}:{d['version']}" for d in lin.get("datasets", []))
-    return (f"v{v['version']}  {v['stage']:<10}  {v['status']}  {len(v.get('files', []))} files {fmt_size(v.get('size', 0))}"
+    return (f"v{v['version']}  {v['stage']:<10}  {v['status']}  {plural(len(v.get('files', [])), 'file')} {fmt_size(v.get('size', 0))}"
             f"  {src}{'  data ' + ds if ds else ''}  {_metrics(v)}")
 
 

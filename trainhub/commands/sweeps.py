@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainhub.cli import CommandError
 from trainhub.commands.jobs import _api, _conn, cancel_each, client_from_args
-from trainhub.fmt import clip, fmt_number, parse_time, sweep_progress, text_table
+from trainhub.fmt import clip, fmt_number, parse_time, plural, sweep_progress, text_table
 from trainhub.jobspec import add_spec_options, add_sweep_options, parse_states, sweep_spec
 from trainhub.states import COMPLETED, SWEEP_STATES
 
@@ -109,7 +109,7 @@ def cmd_create(args):
     if args.json and not args.wait:
         print(json.dumps(sweep, indent=2))
         return 0
-    print(f"started sweep {sweep['id']}: {sweep['trials']} trials, {sweep['parallel']} at a time, "
+    print(f"started sweep {sweep['id']}: {plural(sweep['trials'], 'trial')}, {sweep['parallel']} at a time, "
           f"{sweep['mode']}imising {sweep['metric']}", file=sys.stderr if args.json else sys.stdout)
     if not args.wait:
         print(f"follow it with: trainhub sweeps show {sweep['id']}")

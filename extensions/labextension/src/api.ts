@@ -6,6 +6,8 @@
 import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { plural } from './dom';
+
 export type Stage = 'none' | 'staging' | 'production' | 'archived';
 export const STAGES: Stage[] = ['none', 'staging', 'production', 'archived'];
 
@@ -120,12 +122,46 @@ export interface IJob {
   reason: string;
   gpus: number;
   workers: number;
+  devices?: number[][];
+  attempt?: number;
   profile?: string | null;
   created: string | null;
   started?: string | null;
   finished: string | null;
   outputs_url: string;
   sweep_id: number | null;
+}
+
+export const SWEEP_STATES = ['running', 'completed', 'failed', 'cancelled'] as const;
+export type SweepState = (typeof SWEEP_STATES)[number];
+
+/** `GET {api}/sweeps/{id}` (docs/sweeps.md). */
+export interface ISweep {
+  id: string;
+  name: string;
+  user: string;
+  state: SweepState;
+  reason: string;
+  trials: number;
+  parallel: number;
+  metric: string;
+  mode: 'min' | 'max';
+  sampler?: string | null;
+  pruner?: string | null;
+  progress: Record<string, number>;
+  best: { number: number; value: number; params: Record<string, unknown>; job_id: string | null } | null;
+  created?: string | null;
+  finished?: string | null;
+}
+
+/** One trial of `GET {api}/sweeps/{id}/trials`. */
+export interface ITrial {
+  number: number;
+  state: string;
+  value: number | null;
+  params: Record<string, unknown>;
+  job_id: string | null;
+  reason?: string;
 }
 
 /** `GET {api}/jobs/{id}/metrics`: scalars from trainhub.log_metrics and GPU samples. */
@@ -289,13 +325,31 @@ export class TrainhubAPI {
     return URLExt.join(this.settings.baseUrl, 'trainhub/api/models', encodeURIComponent(name), 'versions', String(version), 'export');
   }
 
-  /** Newest first; `state` filters (comma-separated states), `limit` at most 500. */
-  jobs(query: { limit?: number; state?: string; user?: string } = {}): Promise<IPage<IJob>> {
+  /** Newest first; `state` filters (comma-separated states), `sweep` (a sweep's number) its trials, `limit` at most 500. */
+  jobs(query: { limit?: number; state?: string; user?: string; sweep?: number | null } = {}): Promise<IPage<IJob>> {
     return request(this.settings, 'trainhub/api/jobs', {}, { limit: 50, ...query });
   }
 
   job(id: string): Promise<IJob> {
     return request(this.settings, `trainhub/api/jobs/${encodeURIComponent(id)}`);
+  }
+
+  /** Cancel a job (`DELETE {api}/jobs/{id}`): the job as the service answers (202). */
+  cancelJob(id: string): Promise<IJob> {
+    return request(this.settings, `trainhub/api/jobs/${encodeURIComponent(id)}`, { method: 'DELETE' });
+  }
+
+  sweep(id: string): Promise<ISweep> {
+    return request(this.settings, `trainhub/api/sweeps/${encodeURIComponent(id)}`);
+  }
+
+  sweepTrials(id: string): Promise<{ items: ITrial[] }> {
+    return request(this.settings, `trainhub/api/sweeps/${encodeURIComponent(id)}/trials`);
+  }
+
+  /** Cancel a sweep (`DELETE {api}/sweeps/{id}`): no new trials, the unfinished ones cancelled. */
+  cancelSweep(id: string): Promise<ISweep> {
+    return request(this.settings, `trainhub/api/sweeps/${encodeURIComponent(id)}`, { method: 'DELETE' });
   }
 
   jobMetrics(id: string): Promise<IMetrics> {
@@ -323,7 +377,7 @@ export class TrainhubAPI {
 /** Python code that loads a dataset version, for "insert loading code". */
 export function loadingSnippet(v: IDatasetVersion): string {
   const lines = [
-    `# dataset ${v.name} v${v.version}${v.format ? ` (${v.format})` : ''}: ${v.file_count} file${v.file_count === 1 ? '' : 's'}, ${humanSize(v.size)}`,
+    `# dataset ${v.name} v${v.version}${v.format ? ` (${v.format})` : ''}: ${plural(v.file_count, 'file')}, ${humanSize(v.size)}`,
     'from trainhub.client import TrainhubClient',
     `ds = TrainhubClient().dataset(${JSON.stringify(v.name)}, ${v.version})`
   ];

@@ -9,7 +9,8 @@
  * `trainhub:give-gpu-back` does the same from the command palette, and `trainhub:get-gpu-again` ("Get a GPU
  * again", next to it in the palette) moves a CPU server back onto GPUs: the request waits in the platform's queue
  * (a notification shows its place in line, with Cancel) while the server runs on, then the server restarts on the
- * GPU profile and each notebook gets its variables back.
+ * GPU profile and each notebook gets its variables back. The move itself (either way) is followed by
+ * `trainhub:server-move` (move.ts): one notice with its progress, and the page reconnects by itself.
  * `docmanager:save-all` runs once automatically when a warning first appears. The notification
  * is dismissed when the user keeps the GPU or when the warning disappears from the culler.
  *
@@ -24,6 +25,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { Poll } from '@lumino/polling';
 
 import { pollSetting, request } from './api';
+import { IServerMove } from './move';
 
 /** Default milliseconds between two warnings requests. */
 export const POLL_INTERVAL_MS = 30_000;
@@ -104,7 +106,8 @@ export class CullerWatcher {
   constructor(
     private app: JupyterFrontEnd,
     private settings: ServerConnection.ISettings,
-    private serverName: string
+    private serverName: string,
+    private moves: IServerMove | null = null
   ) {}
 
   /** `warned_at` of the warning shown now, and its notification id. */
@@ -178,12 +181,18 @@ export class CullerWatcher {
   async giveBack(): Promise<void> {
     await this.saveAll();
     try {
-      const r = await request<{ message: string }>(this.settings, 'trainhub/culler/release', {
+      const r = await request<{ message: string; profile: string }>(this.settings, 'trainhub/culler/release', {
         method: 'POST',
         body: JSON.stringify({ server: this.serverName })
       });
       this.dismiss();
-      Notification.info(r?.message || 'Giving your GPUs back: the server restarts on the CPU profile.', { autoClose: false });
+      if (this.moves) {
+        // one notice with the move's progress; the page reconnects by itself (the server's own announcement of the
+        // same move may come first: begin() takes a move once)
+        this.moves.begin({ action: 'release', profile: r?.profile || 'cpu', message: r?.message, variables: true });
+      } else {
+        Notification.info(r?.message || 'Giving your GPUs back: the server restarts on the CPU profile.', { autoClose: false });
+      }
     } catch (error) {
       Notification.error(`Could not give the GPU back: ${(error as Error).message}`, { autoClose: false });
     }
@@ -226,14 +235,17 @@ export class CullerWatcher {
         method: 'POST',
         body: JSON.stringify({ profile: profile.slug })
       });
-      this.followRegain(r?.message || `In line for ${profile.display_name}.`);
+      this.followRegain(r?.message || `In line for ${profile.display_name}.`, profile.slug);
     } catch (error) {
       Notification.error(`Could not ask for a GPU: ${(error as Error).message}`, { autoClose: false });
     }
   }
 
-  /** Show the request's place in line until the server restarts (the page then loses this server). */
-  private followRegain(first: string): void {
+  /**
+   * Show the request's place in line; once the GPUs are granted, the same notice becomes the move's (its progress,
+   * then the page reconnects by itself to the server on the GPU profile).
+   */
+  private followRegain(first: string, profile: string): void {
     const id = Notification.info(first, {
       autoClose: false,
       actions: [
@@ -248,15 +260,29 @@ export class CullerWatcher {
         }
       ]
     });
+    this.moves?.offerNotice(id); // the server's announcement of the move turns this notice into the move's
+    const stop = () => {
+      window.clearInterval(timer);
+      this.moves?.offerNotice(null);
+    };
     const timer = window.setInterval(async () => {
+      if (this.moves?.active) {
+        stop(); // the move is under way: its notice (this one) follows it
+        return;
+      }
       let q: IRegainRequest | null = null;
       try {
         q = (await request<IRegainInfo>(this.settings, 'trainhub/culler/regain'))?.request ?? null;
       } catch {
-        return; // the server is restarting: nothing to show until the page is reloaded
+        return; // the server is restarting: the move's notice says so
+      }
+      if (q && this.moves && (q.state === 'granted' || q.state === 'restarting')) {
+        stop();
+        this.moves.begin({ action: 'regain', profile: q.profile || profile, variables: true }, id);
+        return;
       }
       if (!q || q.state === 'done' || q.state === 'cancelled' || q.state === 'failed') {
-        window.clearInterval(timer);
+        stop();
         Notification.dismiss(id);
         if (q?.state === 'failed') {
           Notification.error(q.message, { autoClose: false });
@@ -289,9 +315,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'trainhub:culler-notification',
   description: 'Warns before the idle-GPU culler releases this server, with a "Keep my GPU" button.',
   autoStart: true,
-  optional: [ICommandPalette],
-  activate: (app: JupyterFrontEnd, palette: ICommandPalette | null) => {
-    const watcher = new CullerWatcher(app, app.serviceManager.serverSettings, PageConfig.getOption('hubServerName') || '');
+  optional: [ICommandPalette, IServerMove],
+  activate: (app: JupyterFrontEnd, palette: ICommandPalette | null, moves: IServerMove | null) => {
+    const watcher = new CullerWatcher(app, app.serviceManager.serverSettings, PageConfig.getOption('hubServerName') || '', moves);
     app.commands.addCommand('trainhub:give-gpu-back', {
       label: 'Give my GPU back (restart on CPU, keep variables)',
       execute: () => watcher.giveBack()

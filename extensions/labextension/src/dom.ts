@@ -97,6 +97,22 @@ export async function confirmDialog(title: string, body: string, okLabel: string
   return result.button.accept;
 }
 
+/** Plurals that are not the word plus "s" (as trainhub.fmt.IRREGULAR_PLURALS). */
+const IRREGULAR: Record<string, string> = { retry: 'retries', process: 'processes', entry: 'entries', child: 'children' };
+
+/** The noun alone, singular for exactly one: `noun(3, 'job')` is "jobs". */
+export function noun(n: number, word: string, many?: string): string {
+  return n === 1 ? word : (many ?? IRREGULAR[word] ?? `${word}s`);
+}
+
+/**
+ * "1 job", "2 jobs", "0 retries": a count and its noun, the one pluralisation of the panel (trainhub.fmt.plural
+ * in Python); never "(s)" or "1 items".
+ */
+export function plural(n: number, word: string, many?: string): string {
+  return `${n} ${noun(n, word, many)}`;
+}
+
 /** "3 min", "1 h 20 min" for a duration in seconds. */
 export function humanDuration(seconds: number): string {
   if (!Number.isFinite(seconds) || seconds < 0) {

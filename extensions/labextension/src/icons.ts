@@ -12,6 +12,7 @@ import {
   LabIcon,
   launchIcon,
   refreshIcon,
+  stopIcon,
   textEditorIcon
 } from '@jupyterlab/ui-components';
 
@@ -71,5 +72,6 @@ export {
   folderIcon,
   launchIcon,
   refreshIcon,
+  stopIcon,
   textEditorIcon as logsIcon
 };

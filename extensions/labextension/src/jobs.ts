@@ -9,7 +9,7 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { IJob, JOB_STATES, TrainhubAPI } from './api';
-import { button, el, humanDuration, shortTime, StatusLine } from './dom';
+import { button, el, humanDuration, noun, plural, shortTime, StatusLine } from './dom';
 import { logsIcon, metricsIcon, refreshIcon, registerIcon, tensorboardIcon } from './icons';
 import { ITensorBoardStatus, tensorboardStatus } from './tensorboard';
 
@@ -114,11 +114,13 @@ export class JobsTable extends Widget {
     this.search = el('input', { type: 'search', class: 'th-job-search', placeholder: 'Filter by id or name', 'aria-label': 'Filter by id or name' });
     this.search.addEventListener('input', () => this.render());
     this.compare = el('span', { class: 'th-compare' });
+    this.sweepChip = el('span', { class: 'th-sweep-filter' });
     const toolbar = el(
       'div',
       { class: 'th-toolbar' },
       el('label', { class: 'th-field' }, 'State ', this.stateFilter),
       this.search,
+      this.sweepChip,
       this.compare,
       button({ title: 'Reload the jobs', icon: refreshIcon, label: 'Refresh', className: 'th-refresh' }, () => void this.refresh())
     );
@@ -138,6 +140,9 @@ export class JobsTable extends Widget {
 
   private stateFilter: HTMLSelectElement;
   private search: HTMLInputElement;
+  private sweepChip: HTMLElement;
+  /** Only this sweep's trials (its id, "s-000003"), or every job. */
+  private sweep: string | null = null;
   private compare: HTMLElement;
   readonly status = new StatusLine();
   private table: HTMLTableElement;
@@ -149,6 +154,7 @@ export class JobsTable extends Widget {
   private sortKey: SortKey = 'created';
   private sortDir: SortDir = 'descending';
   private loading: Promise<void> | null = null;
+  private stale = false;
 
   dispose(): void {
     this.poll.dispose();
@@ -159,21 +165,65 @@ export class JobsTable extends Widget {
     void this.refresh();
   }
 
+  /**
+   * Show one job (the search box set to its id) or one sweep's trials (`sweep`; "" for every job again): what a
+   * `%%train`/`%%sweep` output's "Jobs table" button and a `lab?trainhub-job=ID` link open.
+   */
+  focus(f: { job?: string; sweep?: string }): void {
+    if (f.sweep !== undefined) {
+      this.sweep = f.sweep || null;
+      this.search.value = '';
+    }
+    if (f.job) {
+      this.sweep = null;
+      this.search.value = f.job;
+    }
+    this.drawSweepChip();
+    void this.reload();
+  }
+
+  private drawSweepChip(): void {
+    if (!this.sweep) {
+      this.sweepChip.replaceChildren();
+      return;
+    }
+    const sweep = this.sweep;
+    this.sweepChip.replaceChildren(
+      `trials of ${sweep} `,
+      button({ title: 'Show every job again', label: 'show all jobs', className: 'th-sweep-clear' }, () => this.focus({ sweep: '' }))
+    );
+  }
+
   /** Load the jobs (with the state filter) and TensorBoard's availability, then redraw. */
   async refresh(): Promise<void> {
     if (this.loading) {
       return this.loading;
     }
-    this.loading = this.load().finally(() => {
+    this.loading = (async () => {
+      do {
+        this.stale = false;
+        await this.load();
+      } while (this.stale);
+    })().finally(() => {
       this.loading = null;
     });
     return this.loading;
   }
 
+  /** Load again with the filters as they are now, also when a load with the old ones is under way. */
+  private reload(): Promise<void> {
+    this.stale = true;
+    return this.refresh();
+  }
+
   private async load(): Promise<void> {
     this.status.set('Loading…');
     try {
-      const [page, tb] = await Promise.all([this.api.jobs({ limit: 500, state: this.stateFilter.value }), tensorboardStatus(this.api)]);
+      const sweep = this.sweep ? parseInt(this.sweep.replace(/\D/g, ''), 10) : null;
+      const [page, tb] = await Promise.all([
+        this.api.jobs({ limit: 500, state: this.stateFilter.value, sweep: Number.isFinite(sweep) ? sweep : null }),
+        tensorboardStatus(this.api)
+      ]);
       this.jobs = page.items;
       this.total = page.total;
       this.tb = tb;
@@ -237,9 +287,9 @@ export class JobsTable extends Widget {
     }
     this.table.replaceChildren(el('thead', {}, head), body);
     this.renderCompare();
-    const filter = this.stateFilter.value ? ` ${this.stateFilter.value}` : '';
+    const filter = (this.stateFilter.value ? ` ${this.stateFilter.value}` : '') + (this.sweep ? ` ${this.sweep}` : '');
     const more = this.total > this.jobs.length ? ` (the newest ${this.jobs.length} of ${this.total} loaded)` : '';
-    this.status.set(`${rows.length}${filter} job(s) shown${more}`);
+    this.status.set(`${rows.length}${filter} ${noun(rows.length, 'job')} shown${more}`);
   }
 
   private row(j: IJob): HTMLTableRowElement {
@@ -297,7 +347,7 @@ export class JobsTable extends Widget {
     inner.classList.add('th-compare-btn');
     if (this.tb?.available) {
       inner.disabled = n === 0;
-      inner.title = n ? `Open one TensorBoard with the ${n} selected job(s) side by side` : 'Select jobs to compare them in one TensorBoard';
+      inner.title = n ? `Open one TensorBoard with the ${plural(n, 'selected job')} side by side` : 'Select jobs to compare them in one TensorBoard';
       b.title = inner.title;
     }
     this.compare.replaceChildren(b);

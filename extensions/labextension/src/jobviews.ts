@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IJob, IMetrics, TrainhubAPI } from './api';
 import { fmt, ISeries, legend, lineChart } from './chart';
-import { button, el, StatusLine } from './dom';
+import { button, el, plural, StatusLine } from './dom';
 import { refreshIcon } from './icons';
 
 const ACTIVE = new Set(['queued', 'running']);
@@ -89,7 +89,7 @@ export class LogView extends JobView {
       this.content.scrollTop = this.content.scrollHeight;
     }
     const lines = text ? text.replace(/\n$/, '').split('\n').length : 0;
-    this.status.set(`${this.stateText()}: ${lines} line(s)`);
+    this.status.set(`${this.stateText()}: ${plural(lines, 'line')}`);
   }
 }
 
@@ -165,7 +165,7 @@ export class MetricsView extends JobView {
     const points = m.metrics.length;
     this.status.set(
       points || m.gpu.length
-        ? `${this.stateText()}: ${series.size} metric(s) from ${points} report(s)${m.gpu.length ? `, ${m.gpu.length} GPU sample(s)` : ''}`
+        ? `${this.stateText()}: ${plural(series.size, 'metric')} from ${plural(points, 'report')}${m.gpu.length ? `, ${plural(m.gpu.length, 'GPU sample')}` : ''}`
         : `${this.stateText()}: no metrics yet (report them with trainhub.log_metrics(step=..., loss=...))`
     );
   }

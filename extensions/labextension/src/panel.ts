@@ -10,7 +10,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { humanSize, IArea, IDataset, IDatasetVersion, IEntry, IModelVersion, loadingSnippet, Stage, STAGES, TrainhubAPI } from './api';
-import { button, confirmDialog, el, iconNode, StatusLine } from './dom';
+import { button, confirmDialog, el, iconNode, noun, plural, StatusLine } from './dom';
 import {
   copyIcon,
   datasetsIcon,
@@ -52,6 +52,17 @@ export interface IPanelOptions {
 class Stale extends Error {}
 
 const refreshButton = (onClick: () => void) => button({ title: 'Reload', icon: refreshIcon, className: 'th-refresh' }, onClick);
+
+/** What an empty registry tab shows: what it is for, and each way to fill it as text to copy. */
+function emptyHint(lead: string, ways: [string, string, 'text'?][], after: string): HTMLElement {
+  const box = el('div', { class: 'th-empty th-empty-hint' }, el('p', {}, lead));
+  const list = el('dl', { class: 'th-ways' });
+  for (const [where, what, text] of ways) {
+    list.append(el('dt', {}, where), el('dd', {}, text ? el('span', {}, what) : el('pre', { class: 'th-code' }, what)));
+  }
+  box.append(list, el('p', {}, after));
+  return box;
+}
 
 export class TrainhubPanel extends Widget {
   constructor(private options: IPanelOptions) {
@@ -208,7 +219,7 @@ export class TrainhubPanel extends Widget {
       );
       list.append(more);
     }
-    this.setStatus(shown ? `${shown}${page.next_after ? '+' : ''} items in ${page.url}` : `empty: ${page.url}`);
+    this.setStatus(shown ? `${shown}${page.next_after ? '+' : ''} ${noun(shown, 'item')} in ${page.url}` : `empty: ${page.url}`);
   }
 
   private entryRow(e: IEntry, preview: HTMLElement, writable: boolean): HTMLElement {
@@ -266,7 +277,7 @@ export class TrainhubPanel extends Widget {
         await this.api.upload(this.area, this.path ? `${this.path}/${f.name}` : f.name, f);
       }
       await this.show_('storage');
-      this.setStatus(`uploaded ${files.length} file(s)`);
+      this.setStatus(`uploaded ${plural(files.length, 'file')}`);
     } catch (error) {
       this.fail(error);
     }
@@ -305,12 +316,43 @@ export class TrainhubPanel extends Widget {
     for (const d of page.items) {
       list.append(this.datasetRow(d));
     }
-    this.setStatus(`${page.total} dataset(s)`);
+    if (!page.items.length) {
+      this.body.append(q ? el('div', { class: 'th-empty' }, `No dataset matches "${q}".`) : this.emptyDatasets());
+    }
+    this.setStatus(plural(page.total, 'dataset'));
+  }
+
+  /** An empty registry says how to fill it: the exact command, the Python call and where the data may live. */
+  private emptyDatasets(): HTMLElement {
+    const user = PageConfig.getOption('hubUser') || '<you>';
+    return emptyHint(
+      'No datasets registered yet. A dataset version names a folder of storage (yours or the shared datasets/) ' +
+        'so others find it, load it by name and see which models used it. Register one:',
+      [
+        ['in a terminal', `trainhub datasets register mnist users/${user}/data/mnist --format images`],
+        ['in a notebook', `from trainhub.client import TrainhubClient
+TrainhubClient().register_dataset("mnist", "users/${user}/data/mnist", format="images")`]
+      ],
+      'Paths are in the Storage tab ("copy path"); datasets/... is the shared, read-only area. Then "Insert code" here loads it.'
+    );
+  }
+
+  /** The same for models: they come from a succeeded job's outputs. */
+  private emptyModels(): HTMLElement {
+    return emptyHint(
+      "No models registered yet. A model version is a copy of a succeeded job's outputs, with its metrics and lineage. Register one:",
+      [
+        ['from the jobs', 'the Register button of a succeeded job (Jobs tab, or the jobs table)', 'text'],
+        ['in a notebook', 'job.register_model("resnet")   # job: the handle of %%train --as job'],
+        ['in a terminal', 'trainhub models register resnet --job j-000042']
+      ],
+      'Versions get stages (staging, production) and export from here.'
+    );
   }
 
   private datasetRow(d: IDataset): HTMLElement {
     const row = el('li', { class: 'th-item th-dataset', 'data-name': d.name });
-    const head = el('div', { class: 'th-item-head' }, el('strong', {}, d.name), ` · ${d.versions.length} version(s) · ${d.owner}`);
+    const head = el('div', { class: 'th-item-head' }, el('strong', {}, d.name), ` · ${plural(d.versions.length, 'version')} · ${d.owner}`);
     if (d.deprecated) {
       head.append(el('span', { class: 'th-badge th-deprecated' }, 'deprecated'));
     }
@@ -338,8 +380,8 @@ export class TrainhubPanel extends Widget {
   private datasetVersionRow(v: IDatasetVersion): HTMLElement {
     const text =
       v.status === 'pending'
-        ? `v${v.version} · scanning (${v.progress?.files ?? 0} files so far)`
-        : `v${v.version} · ${v.file_count} files · ${humanSize(v.size)}${v.format ? ' · ' + v.format : ''}`;
+        ? `v${v.version} · scanning (${plural(v.progress?.files ?? 0, 'file')} so far)`
+        : `v${v.version} · ${plural(v.file_count, 'file')} · ${humanSize(v.size)}${v.format ? ' · ' + v.format : ''}`;
     const row = el('div', { class: 'th-version', 'data-version': String(v.version) }, el('span', { title: v.url }, text));
     if (v.deprecated) {
       row.append(el('span', { class: 'th-badge th-deprecated', title: v.deprecation_message ?? '' }, 'deprecated'));
@@ -370,13 +412,16 @@ export class TrainhubPanel extends Widget {
       const stages = Object.entries(m.stages)
         .map(([s, vs]) => `${s}: v${vs.join(', v')}`)
         .join(' · ');
-      const head = el('div', { class: 'th-item-head' }, el('strong', {}, m.name), ` · ${m.versions.length} version(s)${stages ? ' · ' + stages : ''}`);
+      const head = el('div', { class: 'th-item-head' }, el('strong', {}, m.name), ` · ${plural(m.versions.length, 'version')}${stages ? ' · ' + stages : ''}`);
       const details = el('div', { class: 'th-details' });
       head.addEventListener('click', () => void this.expandModel(m.name, details));
       row.append(head, details);
       list.append(row);
     }
-    this.setStatus(`${page.total} model(s)`);
+    if (!page.items.length) {
+      this.body.append(q ? el('div', { class: 'th-empty' }, `No model matches "${q}".`) : this.emptyModels());
+    }
+    this.setStatus(plural(page.total, 'model'));
   }
 
   private async expandModel(name: string, details: HTMLElement): Promise<void> {
@@ -455,7 +500,7 @@ export class TrainhubPanel extends Widget {
     for (const j of page.items) {
       const row = el('li', { class: `th-item th-job th-state-${j.state}`, 'data-id': j.id });
       row.append(
-        el('div', {}, el('strong', {}, j.id), ` ${j.name} · `, el('span', { class: 'th-state' }, j.state), ` · ${j.gpus * j.workers} GPU(s)`),
+        el('div', {}, el('strong', {}, j.id), ` ${j.name} · `, el('span', { class: 'th-state' }, j.state), ` · ${plural(j.gpus * j.workers, 'GPU')}`),
         el('div', { class: 'th-desc' }, j.reason || '')
       );
       const links = el('div', { class: 'th-row th-job-actions' });
@@ -472,7 +517,7 @@ export class TrainhubPanel extends Widget {
       row.append(links);
       list.append(row);
     }
-    this.setStatus(`${page.total} job(s)`);
+    this.setStatus(plural(page.total, 'job'));
   }
 
   private async registerFromJob(job: string): Promise<void> {
@@ -495,6 +540,6 @@ export class TrainhubPanel extends Widget {
     );
     const u = this.current(gen, await this.api.usage({ by: 'day', user: PageConfig.getOption('hubUser') || null }));
     this.body.replaceChildren(bar, ...usageFigure(u, true));
-    this.setStatus(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
+    this.setStatus(u.items.length ? `${plural(u.items.length, 'day')} with GPU use` : 'no GPU use in this period');
   }
 }

@@ -9,7 +9,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IUsage, TrainhubAPI } from './api';
 import { barChart, legend } from './chart';
-import { button, el, StatusLine } from './dom';
+import { button, el, plural, StatusLine } from './dom';
 import { refreshIcon } from './icons';
 
 export const PERIODS = [7, 30, 90];
@@ -82,7 +82,7 @@ export class UsageView extends Widget {
     this.me = PageConfig.getOption('hubUser') || '';
     this.period = el('select', { class: 'th-period', 'aria-label': 'Period' });
     for (const d of PERIODS) {
-      const o = el('option', { value: String(d) }, `last ${d} days`);
+      const o = el('option', { value: String(d) }, `last ${plural(d, 'day')}`);
       o.selected = d === 30;
       this.period.append(o);
     }
@@ -156,7 +156,7 @@ export class UsageView extends Widget {
       this.usage = u;
       this.node.dataset.user = u.user ?? EVERYONE;
       this.content.replaceChildren(...usageFigure(u));
-      this.status.set(u.items.length ? `${u.items.length} day(s) with GPU use` : 'no GPU use in this period');
+      this.status.set(u.items.length ? `${plural(u.items.length, 'day')} with GPU use` : 'no GPU use in this period');
     } catch (error) {
       this.status.fail(error);
     }

@@ -74,8 +74,13 @@ export class Views implements IJobActions {
     }
   }
 
-  jobsTable(): MainAreaWidget {
-    return this.show('trainhub-jobs', 'Jobs', jobsIcon, () => new JobsTable(this.api, this), { view: 'jobs' });
+  /** The jobs table; `focus`: on one job, or on one sweep's trials (see JobsTable.focus). */
+  jobsTable(focus?: { job?: string; sweep?: string }): MainAreaWidget {
+    const w = this.show('trainhub-jobs', 'Jobs', jobsIcon, () => new JobsTable(this.api, this), { view: 'jobs' });
+    if (focus) {
+      (w.content as JobsTable).focus(focus);
+    }
+    return w;
   }
 
   usage(): MainAreaWidget {
