@@ -14,7 +14,7 @@ PROXY  := $(NODE_PREFIX)/node_modules/.bin/configurable-http-proxy
 UP_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test-deps platform-deps system-deps controlplane up test test-unit test-e2e test-kube-real lint-imports bench images clean
+.PHONY: install test-deps platform-deps system-deps controlplane kube-node-images up test test-unit test-e2e test-kube-real test-kube-node lint-imports bench images clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "trainhub needs Python >= 3.11"'
@@ -81,9 +81,10 @@ test-deps: system-deps $(VENV)/.installed-test install
 up: platform-deps install
 	$(VENV)/bin/trainhub up $(UP_ARGS)
 
-# the real Kubernetes control plane the tests run against: kube-apiserver, controller-manager and
-# scheduler v1.20.2 built from Debian's source package (about 14 min the first time, then cached in
-# ~/.cache/trainhub/kube-1.20.2) plus Debian's etcd; as root it installs the apt packages it needs.
+# the real Kubernetes pieces the tests run: kube-apiserver, controller-manager and scheduler v1.20.2 built from
+# Debian's source package, and for the real node the kubelet, a device plugin of simulated GPUs and the pause binary
+# (cold about 14 + 5 min, then cached in ~/.cache/trainhub/kube-1.20.2 by recipe) plus Debian's etcd, containerd,
+# runc and CNI plugins; as root it installs the apt packages it needs.
 # TRAINHUB_SKIP_CONTROLPLANE=1 skips it and the tests that need it (on purpose only).
 controlplane:
 	@if [ "$${TRAINHUB_SKIP_CONTROLPLANE:-}" = 1 ]; then \
@@ -92,14 +93,33 @@ controlplane:
 	    bash tests/kubernetes/controlplane/build.sh; \
 	fi
 
+# the real node's images (hub, notebook, trainhub, proxy) from debootstrap and the lists in helm/images/, no
+# registry or container engine; layers cached in ~/.cache/trainhub/images by recipe (cold about 5 min, warm seconds)
+kube-node-images: test-deps
+	$(PY) tests/kubernetes/node/images.py build
+
+# the Helm chart on a real one-node cluster (tests/kubernetes/node; root): the real control plane, kubelet, containerd,
+# runc, the chart's default values. TRAINHUB_SKIP_KUBE_NODE=1 (or TRAINHUB_SKIP_CONTROLPLANE=1) skips it on purpose.
+test-kube-node: test-deps controlplane
+	@if [ "$${TRAINHUB_SKIP_KUBE_NODE:-}" = 1 ] || [ "$${TRAINHUB_SKIP_CONTROLPLANE:-}" = 1 ]; then \
+	    echo "TRAINHUB_SKIP_KUBE_NODE/TRAINHUB_SKIP_CONTROLPLANE: the real node's tests are skipped"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	    echo "the real node needs root (containerd, mounts, cgroups, a bridge): its tests are skipped (not run) here"; \
+	else \
+	    $(PY) tests/kubernetes/node/images.py build && \
+	    $(PY) -m pytest -q tests/kubernetes/node --kube-node $(PYTEST_ARGS); \
+	fi
+
 # every test; then tests/kubernetes again against the real control plane (--kube=real; the tests
-# marked controlplane use it in the first run already)
+# marked controlplane use it in the first run already); then the chart on a real node (test-kube-node)
 test: test-deps controlplane
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	@if [ "$${TRAINHUB_SKIP_CONTROLPLANE:-}" != 1 ]; then \
 	    echo "== tests/kubernetes against the real v1.20 control plane"; \
 	    $(PY) -m pytest -q tests/kubernetes --kube=real -m "not controlplane" $(PYTEST_ARGS); \
 	fi
+	@echo "== the Helm chart on a real node"
+	@$(MAKE) --no-print-directory test-kube-node
 
 test-kube-real: test-deps controlplane
 	$(PY) -m pytest -q tests/kubernetes --kube=real $(PYTEST_ARGS)

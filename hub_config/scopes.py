@@ -64,6 +64,31 @@ ADMIN_EXTRA_SCOPES = [
 # The jobs service: resolve who a token belongs to and their groups.
 JOBS_SERVICE_SCOPES = ["read:users", "list:users", "read:groups", "list:groups"]
 
+# Role names of the services' own roles (the Helm chart's hub config defines them with the services).
+SERVICE_ROLE_NAMES = {"trainhub": "trainhub-jobs-service", "trainhub-culler": "trainhub-culler-service"}
+_SERVICE_ROLE_DESCRIPTIONS = {
+    "trainhub": "The jobs service resolves who a token belongs to and their groups.",
+    "trainhub-culler": "The culler reads activity and stops or restarts idle GPU servers.",
+}
+
+
+def service_role(name: str) -> dict | None:
+    """The least-privilege role of trainhub's hub service ``name``, or None for a service that needs no hub scopes.
+
+    Defined only together with the service: JupyterHub refuses to start when a role names a service it does not
+    have ("Found undefined service ... in role ..."), so a service that is off must not have its role loaded.
+    """
+    if name == "trainhub":
+        role_scopes = list(JOBS_SERVICE_SCOPES)
+    elif name == "trainhub-culler":
+        from trainhub.services.culler import HUB_SCOPES
+
+        role_scopes = list(HUB_SCOPES)
+    else:
+        return None
+    return {"name": SERVICE_ROLE_NAMES[name], "description": _SERVICE_ROLE_DESCRIPTIONS[name], "services": [name],
+            "scopes": role_scopes}
+
 
 def roles(admin_users=()) -> list[dict]:
     return [

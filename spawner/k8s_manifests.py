@@ -52,6 +52,10 @@ def profile_overrides(profile: Profile) -> dict:
         out["cpu_limit"] = float(profile.cpu_limit)
     if profile.mem_limit:
         out["mem_limit"] = profile.mem_limit
+    if profile.cpu_guarantee is not None:
+        out["cpu_guarantee"] = float(profile.cpu_guarantee)
+    if profile.mem_guarantee:
+        out["mem_guarantee"] = profile.mem_guarantee
     return out
 
 
@@ -78,7 +82,7 @@ def merge_overrides(base: Mapping, overrides: Mapping) -> dict:
 # ---------------------------------------------------------------------------------------------
 # GPU accounting from cached objects
 
-_QTY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([kMGTPE]i?|m)?$")
+_QTY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE]|m)?$")
 _QTY_FACTOR = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
                "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
@@ -203,6 +207,68 @@ def gpu_availability(
         "largest_free": max((n["free"] for n in per_node.values()), default=0),
         "per_node": dict(sorted(per_node.items())),
     }
+
+
+def server_requests(traits: Mapping, gpu_resource: str = DEFAULT_GPU_RESOURCE) -> dict[str, float]:
+    """What a notebook pod with these KubeSpawner trait values asks the scheduler for: ``cpu`` (cores) and ``memory``
+    (bytes) from the guarantees, else the limits (Kubernetes defaults a request to its limit), plus the extended
+    resources (GPUs). Resources it does not ask for are left out."""
+    out: dict[str, float] = {}
+    cpu = traits.get("cpu_guarantee") or traits.get("cpu_limit")
+    if cpu:
+        out["cpu"] = float(cpu)
+    memory = traits.get("mem_guarantee") or traits.get("mem_limit")
+    if memory:
+        out["memory"] = float(byte_spec(memory))
+    for resource, value in {**(traits.get("extra_resource_limits") or {}),
+                            **(traits.get("extra_resource_guarantees") or {})}.items():
+        if parse_quantity(value):
+            out[resource] = parse_quantity(value)
+    return out
+
+
+def byte_spec(value) -> int:
+    """JupyterHub's byte specification ("16G", powers of 1024, as KubeSpawner's mem_limit reads it) or a number."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = re.match(r"^([0-9]+(?:\.[0-9]+)?)([KMGT]?)$", str(value).strip())
+    if not m:
+        return int(parse_quantity(value))
+    return int(float(m[1]) * 1024 ** " KMGT".index(m[2] or " "))
+
+
+def largest_fit(nodes: Iterable[Mapping], requests: Mapping[str, float], node_selector: Mapping | None = None,
+                tolerations: Iterable[Mapping] = ()) -> dict:
+    """Whether any ready, schedulable node a pod may land on (selector, tolerations) could ever hold ``requests``: its
+    allocatable, not what is free now (a full node frees up; a small one never grows). ``{"fits", "nodes", "largest"}``
+    where ``largest`` is the most any such node offers of each requested resource."""
+    tolerations = list(tolerations or ())
+    largest: dict[str, float] = {r: 0.0 for r in requests}
+    fits, count = False, 0
+    for node in nodes:
+        if not node_is_ready(node) or not node_accepts(node, node_selector, tolerations):
+            continue
+        count += 1
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        offered = {r: parse_quantity(alloc.get(r)) for r in requests}
+        for r, v in offered.items():
+            largest[r] = max(largest[r], v)
+        if all(offered[r] >= want for r, want in requests.items()):
+            fits = True
+    return {"fits": fits, "nodes": count, "largest": largest}
+
+
+def describe_resources(amounts: Mapping[str, float]) -> str:
+    """"2 CPUs, 23.6 GiB of memory and 1 nvidia.com/gpu" for a requests or allocatable mapping."""
+    parts = []
+    for r, v in amounts.items():
+        if r == "cpu":
+            parts.append(f"{v:g} CPU{'s' if v != 1 else ''}")
+        elif r == "memory":
+            parts.append(f"{v / 2**30:.3g} GiB of memory")
+        else:
+            parts.append(f"{v:g} {r}")
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def can_place(availability: Mapping, count: int) -> bool:
@@ -388,7 +454,7 @@ def _rclone_mount(remote: str, path: str, *, read_only: bool, uid: int | None, g
 def fuse_sidecar_pod_storage(
     *, image: str, home_url: str, datasets_url: str, mount_root: str, secret_name: str | None,
     endpoint_url: str | None = None, uid: int | None = 1000, gid: int | None = 100,
-    resources: Mapping | None = None,
+    resources: Mapping | None = None, native: bool = True,
 ) -> dict:
     """Native sidecars (init containers with restartPolicy Always) running ``rclone mount``.
 
@@ -396,6 +462,12 @@ def fuse_sidecar_pod_storage(
     Bidirectional propagation (this needs a privileged container and /dev/fuse); the notebook
     sees them through HostToContainer propagation. A startup probe holds the notebook back
     until the mount is there. Credentials come from the Secret by ``envFrom``.
+
+    ``native=False``, for API servers without native sidecars (before 1.28, which drop
+    ``restartPolicy`` from init containers and then refuse their probes): the same containers as
+    ordinary containers of the pod (``extra_containers``), the pattern before native sidecars.
+    Nothing then holds the notebook back until the mount is there (it appears in the notebook
+    within seconds of its start) and nothing orders their stop.
     """
     mounts = []
     for which, url, read_only in (("home", home_url, False), ("datasets", datasets_url, True)):
@@ -407,7 +479,7 @@ def fuse_sidecar_pod_storage(
         container = {
             "name": f"trainhub-storage-{which}",
             "image": image,
-            "restartPolicy": "Always",
+            **({"restartPolicy": "Always"} if native else {}),
             "command": ["sh", "-c", script],
             "securityContext": {"privileged": True},
             "volumeMounts": [{"name": "trainhub-storage", "mountPath": mount_root, "mountPropagation": "Bidirectional"}],
@@ -425,7 +497,7 @@ def fuse_sidecar_pod_storage(
     return {
         "volumes": [{"name": "trainhub-storage", "emptyDir": {}}],
         "volume_mounts": [{"name": "trainhub-storage", "mountPath": mount_root, "mountPropagation": "HostToContainer"}],
-        "init_containers": mounts,
+        ("init_containers" if native else "extra_containers"): mounts,
     }
 
 

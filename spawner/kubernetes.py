@@ -27,7 +27,7 @@ from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, Enum, Instance, Integer, List, Unicode, default
 
 from trainhub.backoff import within
-from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
+from trainhub.exceptions import InvalidRequest, NoFreeGPUs, ProfileDoesNotFit, TrainhubError
 from trainhub.kube import kueue
 from trainhub.kube.pods import shm_parts
 from trainhub.kube.reflector import GPUPodReflector, NodeReflector
@@ -40,8 +40,8 @@ from trainhub.storage import StorageConfig
 # trait names a profile or the storage mount may set; their configured values are the base
 _OVERRIDDEN = (
     "extra_resource_limits", "extra_resource_guarantees", "node_selector", "tolerations", "environment",
-    "extra_labels", "extra_annotations", "image", "cpu_limit", "mem_limit", "volumes", "volume_mounts",
-    "init_containers",
+    "extra_labels", "extra_annotations", "image", "cpu_limit", "mem_limit", "cpu_guarantee", "mem_guarantee",
+    "volumes", "volume_mounts", "init_containers", "extra_containers",
 )
 
 
@@ -79,6 +79,15 @@ class GPUKubeSpawner(KubeSpawner):
         help="""Refuse a spawn (409) when no ready node has the profile's GPUs free, judged from the
         node and pod caches. Set False where a cluster autoscaler or Kueue should hold the pod
         Pending until capacity appears instead.""",
+    ).tag(config=True)
+
+    check_node_fit = Bool(
+        True,
+        help="""Refuse a spawn at once (400) when no ready node the profile may use could ever hold its pod: its
+        CPU and memory guarantees (or limits, which Kubernetes takes as requests when no guarantee is set) and GPUs
+        against each node's allocatable, not what is free now. Such a pod would stay Pending forever ("Insufficient
+        cpu") with nothing telling the user why; the spawn page shows the profile as unavailable with the reason.
+        Set False where a cluster autoscaler adds bigger nodes on demand.""",
     ).tag(config=True)
 
     gpu_watch_all_namespaces = Bool(
@@ -176,6 +185,16 @@ class GPUKubeSpawner(KubeSpawner):
         store (the volumes are Retain and point at the user's prefix). The shared datasets volume is never removed.""",
     ).tag(config=True)
 
+    storage_sidecars = Enum(
+        ["auto", "native", "containers"],
+        "auto",
+        help="""How the storage_mount="fuse-sidecar" containers join the notebook pod. "native": native sidecars (init
+        containers with restartPolicy Always, Kubernetes 1.28+), started and mounted before the notebook, stopped after it.
+        "containers": ordinary containers beside the notebook (any Kubernetes; the mount appears in the notebook seconds
+        after it starts). "auto" (default): native from 1.28 on, containers before (an older server would drop
+        restartPolicy and refuse the sidecars' probes).""",
+    ).tag(config=True)
+
     storage_capacity = Unicode("1Ti", help="Nominal capacity of the storage PersistentVolumes (object stores ignore it).").tag(config=True)
 
     storage_sidecar_image = Unicode("rclone/rclone:1.68", help="Image of the fuse-sidecar containers; needs sh, rclone and fusermount.").tag(config=True)
@@ -267,12 +286,40 @@ class GPUKubeSpawner(KubeSpawner):
         _, pods = await self._ensure_gpu_caches()
         return m.gpu_holdings(self._cached_pods(pods.pods), self.quota_resources())
 
+    def node_fit(self, nodes: dict, profile: Profile) -> dict:
+        """Whether some node the profile may use could ever hold its pod (``largest_fit``), with its ``requests``."""
+        base = self._base()
+        traits = {**base, **m.merge_overrides(base, m.profile_overrides(profile))}
+        requests = m.server_requests(traits, profile.gpu_resource)
+        fit = m.largest_fit(list(nodes.values()), requests, traits.get("node_selector"), traits.get("tolerations") or [])
+        return {**fit, "requests": requests}
+
+    @staticmethod
+    def fit_problem(profile: Profile, fit: dict) -> ProfileDoesNotFit | None:
+        """The refusal for a profile no node can ever hold (None when one can)."""
+        if fit["fits"]:
+            return None
+        wants = m.describe_resources(fit["requests"]) if fit["requests"] else "its pod"
+        if not fit["nodes"]:
+            where = "there is no ready node this profile may use"
+        else:
+            where = f"the most any node it may use offers is {m.describe_resources(fit['largest'])}"
+        return ProfileDoesNotFit(
+            f"Profile {profile.display_name!r} needs {wants} for each server, and no node can hold that: {where}. "
+            "Pick another profile, or ask an admin to change this one or to add a bigger node.",
+            profile=profile.slug, requests=fit["requests"], largest=fit["largest"])
+
     async def check_capacity(self, profile: Profile) -> None:
-        """Quota and availability checks for ``profile``; raises SpawnException 403 / 409.
+        """Node fit, quota and availability checks for ``profile``; raises SpawnException 400 / 403 / 409.
 
         Passing reserves the GPUs in this process until the pod shows up in the cache, so two
         spawns started together cannot both take the last GPUs.
         """
+        if self.check_node_fit:
+            nodes, _ = await self._ensure_gpu_caches()
+            problem = self.fit_problem(profile, self.node_fit(nodes.nodes, profile))
+            if problem:
+                raise spawn_refusal(problem)
         if not profile.gpus:
             return
         nodes, pod_cache = await self._ensure_gpu_caches()
@@ -497,6 +544,8 @@ class GPUKubeSpawner(KubeSpawner):
         """
         profile = self.resolve_profile(self.user_options)
         await self.check_capacity(profile)
+        if self.storage_mount == "fuse-sidecar" and self.storage_enabled:
+            self._native_sidecars = await self.native_sidecars()
         self.apply_profile(profile)
         self.log.info("trainhub: %s starts with profile %s (%d x %s)", self.user.name, profile.slug, profile.gpus, profile.gpu_resource)
         await self.ensure_storage_objects()
@@ -520,6 +569,9 @@ class GPUKubeSpawner(KubeSpawner):
         default = self.catalog.default().slug
         current = (self.user_options or {}).get("profile") or default
         rows = []
+        nodes = None
+        if self.check_node_fit:
+            nodes, _ = await self._ensure_gpu_caches()
         for p in profiles:
             if p.gpus:
                 avail = await self.gpu_availability(p)
@@ -530,6 +582,10 @@ class GPUKubeSpawner(KubeSpawner):
                 gpu_text = f"{p.gpus} × {p.gpu_resource} · {free}{note}"
             else:
                 ok, within, gpu_text = True, True, "no GPU"
+            problem = self.fit_problem(p, self.node_fit(nodes.nodes, p)) if nodes is not None else None
+            if problem:
+                ok = False
+                gpu_text += f" — cannot start: {problem.message}"
             disabled = "" if (ok and within) else " disabled"
             checked = " checked" if p.slug == current and not disabled else ""
             rows.append(
@@ -566,6 +622,22 @@ class GPUKubeSpawner(KubeSpawner):
             "datasets_pvc": "trainhub-datasets",
         }
 
+    # the API server's (major, minor) per API URL, read once per process
+    _server_versions: dict = {}
+
+    async def native_sidecars(self) -> bool:
+        """Whether the fuse-sidecar containers go in as native sidecars (storage_sidecars; "auto": the server is 1.28+)."""
+        if self.storage_sidecars != "auto":
+            return self.storage_sidecars == "native"
+        from kubernetes_asyncio.client import VersionApi
+
+        host = self.api.api_client.configuration.host
+        if host not in GPUKubeSpawner._server_versions:
+            info = await self._k8s_request("read the API server's version", VersionApi(self.api.api_client).get_code)
+            GPUKubeSpawner._server_versions[host] = tuple(int("".join(ch for ch in str(v) if ch.isdigit()) or 0)
+                                                          for v in (info.major, info.minor))
+        return GPUKubeSpawner._server_versions[host] >= (1, 28)
+
     def storage_pod_fragments(self) -> dict:
         """volumes / volume_mounts / init_containers for the configured storage mount."""
         if self.storage_mount == "none" or not self.storage_enabled:
@@ -584,6 +656,7 @@ class GPUKubeSpawner(KubeSpawner):
                 endpoint_url=self.storage.endpoint_url or None,
                 uid=self.storage_uid, gid=self.storage_gid,
                 resources=self.storage_sidecar_resources,
+                native=getattr(self, "_native_sidecars", self.storage_sidecars != "containers"),
             )
         return frag
 

@@ -466,6 +466,10 @@ def pytest_addoption(parser):
         "--kube", choices=("standin", "real"), default=None,
         help="where tests/kubernetes talk: the API stand-in (default) or the real v1.20 control plane "
              "built by tests/kubernetes/controlplane/build.sh (same as TRAINHUB_TEST_KUBE=real)")
+    parser.addoption(
+        "--kube-node", action="store_true", default=False,
+        help="run tests/kubernetes/node: the Helm chart on a real one-node cluster (kubelet, containerd, runc; root; "
+             "`make test-kube-node`, same as TRAINHUB_TEST_KUBE_NODE=1)")
 
 
 def pytest_configure(config):

@@ -58,6 +58,14 @@ class NoFreeGPUs(TrainhubError):
     reason = "capacity"
 
 
+class ProfileDoesNotFit(TrainhubError):
+    """A profile asks for more (CPUs, memory, GPUs) than any node it may use offers in all: it could never start, so
+    it is refused at once instead of waiting Pending."""
+
+    status_code = 400
+    reason = "capacity"
+
+
 class Conflict(TrainhubError):
     status_code = 409
     reason = "conflict"

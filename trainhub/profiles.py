@@ -28,6 +28,10 @@ class Profile:
     gpu_resource: str = "nvidia.com/gpu"  # Kubernetes resource name (MIG: nvidia.com/mig-1g.10gb)
     cpu_limit: float | None = None
     mem_limit: str | None = None  # "16G"
+    # what a server or job worker is sure to get (Kubernetes: the pod's requests; None = the limit, as Kubernetes
+    # defaults a request to its limit); the local back end does not reserve CPU or memory
+    cpu_guarantee: float | None = None
+    mem_guarantee: str | None = None  # "4G"
     image: str | None = None  # Kubernetes only
     allowed_groups: tuple[str, ...] = ()  # empty = everyone
     node_selector: dict = field(default_factory=dict)
@@ -78,7 +82,8 @@ class ProfileCatalog(LoggingConfigurable):
         Fields: slug (required, e.g. "gpu-1"), display_name, description, gpus (per server),
         gpu_model (substring of the device name such as "A100"; omitted = any), gpu_resource
         (Kubernetes resource name, e.g. "nvidia.com/mig-1g.10gb"), cpu_limit (cores),
-        mem_limit ("16G"), image (Kubernetes), allowed_groups (empty = everyone),
+        mem_limit ("16G"), cpu_guarantee and mem_guarantee (Kubernetes: the pod's requests, what the
+        scheduler must find free on one node; omitted = the limits), image (Kubernetes), allowed_groups (empty = everyone),
         node_selector, tolerations, idle_timeout (seconds, for the culler).
         Default: cpu, gpu-1, gpu-2.
         """,

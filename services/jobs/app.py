@@ -134,7 +134,15 @@ class JobsService(Application):
     description = "The trainhub jobs API, run by JupyterHub as a managed service."
     version = __version__
 
-    port = Integer(0, help="Port to listen on (127.0.0.1). Default: from $JUPYTERHUB_SERVICE_URL.").tag(config=True)
+    port = Integer(0, help="Port to listen on. Default: from $JUPYTERHUB_SERVICE_URL.").tag(config=True)
+    ip = Unicode(help="""Address to listen on. Default: the host of $JUPYTERHUB_SERVICE_URL (`trainhub up`: 127.0.0.1; the
+        Helm chart: 0.0.0.0, so its Service reaches the pod), else 127.0.0.1.""").tag(config=True)
+
+    @default("ip")
+    def _ip_default(self):
+        from urllib.parse import urlsplit
+
+        return urlsplit(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
     data_dir = Unicode(help="Platform data dir. Default: $TRAINHUB_DATA_DIR.").tag(config=True)
     db_url = Unicode(help="Platform database URL. Default: the ledger's (LocalGPUAllocator.db_url).").tag(config=True)
     allocator_class = Type(LocalGPUAllocator, klass=GPUAllocator, help="GPU ledger implementation.").tag(config=True)
@@ -186,7 +194,10 @@ class JobsService(Application):
         if not self.data_dir:
             raise SystemExit("trainhub service: set TRAINHUB_DATA_DIR or --data-dir")
         self.dd = DataDir(Path(self.data_dir))
-        self.update_config(load_platform_config(self.dd.root))
+        # what `trainhub up` recorded in the data dir; a service the Helm chart runs has no `trainhub up` (its data dir
+        # is only its state): its --config file is its whole configuration
+        if not self.config_file or self.dd.runtime_file.exists():
+            self.update_config(load_platform_config(self.dd.root))
         if self.config_file:  # the Helm chart's values (profiles, quotas, the Kubernetes launcher, DCGM metrics)
             path = Path(self.config_file)
             if not path.is_file():
@@ -356,10 +367,10 @@ class JobsService(Application):
         for mod in self.plugins:
             await mod.start(self)
         port = self.port or int(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:0").rsplit(":", 1)[1].split("/")[0])
-        self.http = self.make_app().listen(port, "127.0.0.1", max_body_size=MAX_SERVER_BODY_BYTES)
+        self.http = self.make_app().listen(port, self.ip, max_body_size=MAX_SERVER_BODY_BYTES)
         self.groups.start()
         self.settle_heap()
-        self.log.info("trainhub jobs API listening on 127.0.0.1:%d%s", port, self.api_prefix)
+        self.log.info("trainhub jobs API listening on %s:%d%s", self.ip, port, self.api_prefix)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,6 +13,13 @@ A job attempt on Kubernetes::
       pod <name>-<i>-xxxxx hostname <name>-<i>, subdomain <name>, RANK from the completion index
     Service <name>         headless (clusterIP None, publishNotReadyAddresses): MASTER_ADDR is
                            <name>-0.<name>; owned by the Job, so deleting the Job removes it
+
+On an API server without Indexed Jobs or pod failure policies (before 1.21 / 1.26) the same gang runs
+in the per-worker form (``per_worker_jobs``): one plain Job ``<name>-w<i>`` per worker, whose pod
+template is the Indexed Job's with the completion index written in (the annotation RANK is read from,
+the hostname), so pods, environment, logs and statuses look the same; ``combine_worker_jobs`` folds
+the worker Jobs back into the one Job that ``worker_statuses`` reads. The Service is owned by every
+worker Job and goes with the last.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ MANAGED_BY = "trainhub-jobs"
 COMPONENT = "training-job"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # also a pod label from Kubernetes 1.28
+WORKER_LABEL = "trainhub.io/worker"  # the rank of a per-worker Job and its pod
 
 # the pods unpack the job's working directory with trainhub.workdir itself (standard library only: the image need not
 # have trainhub), its source given in the environment
@@ -142,12 +150,14 @@ def credentials_secret_name(job_name: str) -> str:
 
 
 def make_credentials_secret(*, name: str, namespace: str, labels: Mapping[str, str], values: Mapping[str, str],
-                            owner: Mapping) -> dict:
+                            owner: Mapping, owners: Iterable[Mapping] = ()) -> dict:
     """The attempt's own copy of the user's storage credentials, in the job namespace, owned by the Job (it
-    goes when the Job goes): job pods never depend on a Secret the hub may not have written there."""
+    goes when the Job goes; with ``owners``, the per-worker form's Jobs, when the last goes): job pods never
+    depend on a Secret the hub may not have written there."""
+    refs = [_owner(o) for o in [owner, *owners] if o]
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [_owner(owner)]},
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": refs},
         "stringData": dict(values),
     }
 
@@ -217,6 +227,7 @@ def worker_env(*, name: str, workers: int, master_port: int, base_env: Mapping[s
 def make_job(
     *, name: str, namespace: str, labels: Mapping[str, str], user: str, workers: int, image: str, env: Mapping,
     gpus: int = 0, gpu_resource: str = "nvidia.com/gpu", cpu_limit: float | None = None, mem_limit: str | None = None,
+    cpu_request: float | None = None, mem_request: str | None = None,
     node_selector: Mapping | None = None, tolerations: Iterable[Mapping] = (), time_limit: float | None = None,
     deadline_margin: float = 0, backoff_limit: int = 0, grace: int = 30, service_account: str = "",
     queue_name: str = "", ttl_after_finished: int | None = None, image_pull_secrets: Iterable[str] = (),
@@ -238,9 +249,17 @@ def make_job(
         limits["cpu"] = _cpu(cpu_limit)
     if mem_limit:
         limits["memory"] = str(mem_limit)
-    resources: dict = {"limits": limits} if limits else {}
+    requests: dict = {}
     if gpus:
-        resources["requests"] = {gpu_resource: str(gpus)}
+        requests[gpu_resource] = str(gpus)
+    # the profile's guarantees are the requests (without them Kubernetes requests the limits)
+    if cpu_request is not None:
+        requests["cpu"] = _cpu(cpu_request)
+    if mem_request:
+        requests["memory"] = str(mem_request)
+    resources: dict = {"limits": limits} if limits else {}
+    if requests:
+        resources["requests"] = requests
     container = {
         "name": CONTAINER,
         "image": image,
@@ -310,15 +329,72 @@ def make_job(
     }
 
 
+def worker_job_name(name: str, rank: int) -> str:
+    """The Job of worker ``rank`` in the per-worker form ("trainhub-j-000042-a1-w0")."""
+    return f"{name}-w{rank}"
+
+
+def per_worker_jobs(job: Mapping) -> list[dict]:
+    """``make_job``'s Indexed Job as one plain Job per worker (completions = parallelism = 1), for API servers that
+    lack Indexed Jobs (1.21) or pod failure policies (1.26) and would silently drop those fields.
+
+    Each pod template is the Indexed one with the worker's index written in: the completion-index annotation
+    (``RANK``, ``NODE_RANK`` and ``GROUP_RANK`` read it through the downward API, ``pod_index`` too) and the
+    hostname ``<name>-<rank>`` the Job controller gives Indexed pods, so ``MASTER_ADDR`` and the logs are the same.
+    What is lost with ``podFailurePolicy``: a pod evicted or preempted fails its worker (``backoffLimit`` counts it)
+    instead of being replaced; the engine then stops the gang and retries the job as for any failure. The engine,
+    not the Job controller, stops the other workers when one fails. ``suspend`` (Kueue) has no per-worker form.
+    """
+    import copy
+
+    name = job["metadata"]["name"]
+    workers = int(job["spec"]["completions"])
+    out = []
+    for rank in range(workers):
+        j = copy.deepcopy(dict(job))
+        j["metadata"]["name"] = worker_job_name(name, rank)
+        j["metadata"]["labels"][WORKER_LABEL] = str(rank)
+        spec = j["spec"]
+        for key in ("completionMode", "podFailurePolicy", "suspend"):
+            spec.pop(key, None)
+        spec["completions"] = spec["parallelism"] = 1
+        template = spec["template"]
+        template["metadata"].setdefault("annotations", {})[INDEX_ANNOTATION] = str(rank)
+        template["metadata"]["labels"][WORKER_LABEL] = str(rank)
+        template["spec"]["hostname"] = f"{name}-{rank}"
+        out.append(j)
+    return out
+
+
+def combine_worker_jobs(jobs: Mapping[int, Mapping | None], workers: int) -> dict | None:
+    """The worker Jobs of the per-worker form ({rank: Job or None}) as the one Job ``worker_statuses`` reads: None
+    when none exists; ``Failed`` once any worker's Job failed, ``Complete`` once every worker's completed;
+    ``completedIndexes`` the ranks whose Job completed."""
+    present = {r: j for r, j in jobs.items() if j is not None}
+    if not present:
+        return None
+    done = sorted(r for r, j in present.items() if job_finished(j) == "Complete")
+    failed = [j for j in present.values() if job_finished(j) == "Failed"]
+    conditions = []
+    if failed:
+        conditions.append(dict(_conditions(failed[0])["Failed"]))
+    elif len(done) == workers:
+        conditions.append({"type": "Complete", "status": "True"})
+    return {"metadata": {"name": "+".join(j["metadata"]["name"] for j in present.values())},
+            "status": {"conditions": conditions, "completedIndexes": ",".join(map(str, done))}}
+
+
 def make_headless_service(*, name: str, namespace: str, labels: Mapping[str, str], port: int,
-                          owner: Mapping | None = None) -> dict:
+                          owner: Mapping | None = None, owners: Iterable[Mapping] = ()) -> dict:
     """The headless Service giving each pod the DNS name ``<hostname>.<name>`` (rank 0 = MASTER_ADDR).
 
-    ``owner``: the created Job (``metadata.name``/``uid``); the Service then goes with it.
+    ``owner``: the created Job (``metadata.name``/``uid``); the Service then goes with it. ``owners``: the worker
+    Jobs of the per-worker form; the Service goes with the last of them.
     """
     meta: dict = {"name": name, "namespace": namespace, "labels": dict(labels)}
-    if owner:
-        meta["ownerReferences"] = [_owner(owner)]
+    refs = [_owner(o) for o in ([owner] if owner else []) + list(owners)]
+    if refs:
+        meta["ownerReferences"] = refs
     return {
         "apiVersion": "v1",
         "kind": "Service",

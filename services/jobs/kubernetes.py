@@ -27,6 +27,11 @@ Select it with ``c.TrainhubService.launcher_class = "trainhub.services.jobs.kube
 Outputs: each pod copies ``$TRAINHUB_OUTPUTS_DIR`` to ``<outputs_url>/outputs/`` with fsspec when
 its command ends (see ``WORKER_SH``); logs and metrics reach storage through the engine's usual
 output sync of the local job folder.
+
+Older API servers: before 1.26 (pod failure policies; Indexed Jobs: 1.21) the server would accept the
+Indexed Job and silently drop those fields. ``job_form = "auto"`` (the default) then runs each attempt in
+the per-worker form instead (``k8s_job_manifests.per_worker_jobs``: one plain Job per worker, the same
+pods); ``"indexed"`` refuses such a server with the reason.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ class _Run:
     unplaced_since: float | None = None  # monotonic time since which some pod of the gang has been unschedulable
 
 
-MIN_SERVER_VERSION = (1, 26)  # completionMode Indexed (1.21) and podFailurePolicy (beta, on by default: 1.26)
+MIN_SERVER_VERSION = (1, 26)  # the Indexed form: completionMode Indexed (1.21), podFailurePolicy (beta, on by default: 1.26)
 
 
 class KubernetesLauncher(Launcher):
@@ -184,6 +189,14 @@ class KubernetesLauncher(Launcher):
         requeued with the scheduler's message, not counted against its retries. With Kueue (kueue_queue) Kueue
         admits gangs whole and this is not used. 0 = never.""",
     ).tag(config=True)
+    job_form = Enum(
+        ["auto", "indexed", "per-worker"],
+        "auto",
+        help="""How an attempt's gang is made. "indexed": one Indexed Job with a pod failure policy (Kubernetes 1.26+;
+        an older server is refused with the reason, as it would drop those fields silently). "per-worker": one plain
+        Job per worker with the same pods (any Kubernetes; an evicted pod fails its worker instead of being replaced,
+        and Kueue cannot admit it). "auto" (default): indexed on 1.26 and newer, per-worker before.""",
+    ).tag(config=True)
     request_timeout = Float(10.0, help="Seconds one API request may take.").tag(config=True)
     retry_timeout = Float(30.0, help="Seconds a failing request (5xx, 429, timeout) is retried, with capped exponential backoff.").tag(config=True)
     log_interval = Float(2.0, help="Seconds between reads of a running pod's log (a pod's final log is read as soon as it ends).").tag(config=True)
@@ -220,6 +233,8 @@ class KubernetesLauncher(Launcher):
         self._runs: dict[str, _Run] = {}
         self._devices: dict[int, tuple[str, int, int]] = {}  # ledger device -> (job name, rank, slot)
         self._lock = asyncio.Lock()
+        self.form = "indexed"  # the form new attempts get, decided from the server's version at connect
+        self.server_version = ""
 
     # -- API plumbing -------------------------------------------------------------------------
 
@@ -272,12 +287,23 @@ class KubernetesLauncher(Launcher):
         info = await self._request("read the server's version", version_api.get_code)
         major = int(re.sub(r"\D.*", "", str(info.major)) or 0)
         minor = int(re.sub(r"\D.*", "", str(info.minor)) or 0)
-        if (major, minor) < MIN_SERVER_VERSION:
-            need = ".".join(map(str, MIN_SERVER_VERSION))
+        self.server_version = info.git_version
+        if (major, minor) >= MIN_SERVER_VERSION:
+            self.form = "per-worker" if self.job_form == "per-worker" else "indexed"
+            return
+        need = ".".join(map(str, MIN_SERVER_VERSION))
+        if self.job_form == "indexed":
             raise TrainhubError(
-                f"the Kubernetes API server is {info.git_version}; trainhub's jobs need Kubernetes {need} or newer "
-                "(Indexed Jobs: 1.21, pod failure policy: 1.26). Upgrade the cluster, or run jobs with the local "
-                "launcher (JobsService.launcher_class)")
+                f"the Kubernetes API server is {info.git_version}; trainhub's Indexed Jobs need Kubernetes {need} or newer "
+                "(Indexed Jobs: 1.21, pod failure policy: 1.26). Upgrade the cluster, set "
+                'KubernetesLauncher.job_form = "auto" (one Job per worker), or run jobs with the local launcher '
+                "(JobsService.launcher_class)")
+        if self.kueue_queue:
+            raise TrainhubError(
+                f"the Kubernetes API server is {info.git_version}: Kueue admits a gang as one suspended Indexed Job, which "
+                f"needs Kubernetes {need} or newer. Upgrade the cluster or turn Kueue off (KubernetesLauncher.kueue_queue)")
+        self.form = "per-worker"
+        self.log.info("kubernetes: the API server is %s (before %s): attempts run as one Job per worker", info.git_version, need)
 
     async def close(self) -> None:
         """Stop the watch caches and close the HTTP session (call when the service stops)."""
@@ -404,6 +430,7 @@ class KubernetesLauncher(Launcher):
             name=name, namespace=self.namespace, labels=labels, user=job.user, workers=job.workers, image=image,
             env=wenv, gpus=gpus, gpu_resource=profile.gpu_resource if profile else "nvidia.com/gpu",
             cpu_limit=profile.cpu_limit if profile else None, mem_limit=profile.mem_limit if profile else None,
+            cpu_request=profile.cpu_guarantee if profile else None, mem_request=profile.mem_guarantee if profile else None,
             node_selector=node_selector, tolerations=tolerations, time_limit=job.time_limit,
             deadline_margin=self.deadline_margin, backoff_limit=self.backoff_limit, grace=self.termination_grace,
             service_account=self.service_account, queue_name=self.kueue_queue,
@@ -431,41 +458,62 @@ class KubernetesLauncher(Launcher):
             out = self.modify_job_hook(self, job, manifest)
             manifest = (await out) if asyncio.iscoroutine(out) else (out or manifest)
         name = manifest["metadata"]["name"]
+        form = self.form
+        manifests = [manifest] if form == "indexed" else jm.per_worker_jobs(manifest)
+        created_jobs = []
         try:
-            # Strict: a field this server does not know is an error, never silently dropped
-            created = await self._request(f"create job {name}", self._batch.create_namespaced_job, self.namespace, manifest,
-                                          field_validation="Strict")
-            created = self._api_client.sanitize_for_serialization(created)
-        except ApiException as e:
-            if e.status != 409:
-                self.log.exception("kubernetes: creating job %s failed", name)
-                raise
-            # a launch interrupted by a restart left it behind: it is this attempt's Job
-            self.log.info("kubernetes: job %s exists already; adopting it", name)
-            created = await self._read_job(name)
-            if created is None:
-                raise
-        await self._create_credentials(name, env, service["metadata"]["labels"], created)
+            for m in manifests:
+                created_jobs.append(await self._create_job(m))
+        except BaseException:
+            for made in created_jobs:  # gang: all or nothing
+                await self._delete_job(made["metadata"]["name"], "Background", None)
+            raise
+        owner, owners = (created_jobs[0], []) if form == "indexed" else (None, created_jobs)
+        await self._create_credentials(name, env, service["metadata"]["labels"], owner, owners, form)
         service = jm.make_headless_service(name=name, namespace=self.namespace, labels=service["metadata"]["labels"],
-                                           port=self.master_port, owner=created)
+                                           port=self.master_port, owner=owner, owners=owners)
         try:
             await self._request(f"create service {name}", self._core.create_namespaced_service, self.namespace, service)
         except ApiException as e:
             if e.status != 409:
                 self.log.exception("kubernetes: creating service %s failed; deleting job %s", name, name)
-                await self._delete_job(name, "Background", None)  # gang: all or nothing
+                await self._delete_jobs(name, form, job.workers, "Background", None)  # gang: all or nothing
                 raise
         self._runs[name] = _Run()
         self._remember_devices(name, devices)
-        self.log.info("kubernetes: job %s: Job %s/%s created (%d worker(s)%s)", job.key, self.namespace, name, job.workers,
+        self.log.info("kubernetes: job %s: %s %s/%s created (%d worker(s)%s)", job.key,
+                      "Job" if form == "indexed" else "one Job per worker,", self.namespace, name, job.workers,
                       f", queued in Kueue queue {self.kueue_queue}" if self.kueue_queue else "")
         return {
-            "kind": "kubernetes", "name": name, "namespace": self.namespace, "uid": created["metadata"].get("uid"),
+            "kind": "kubernetes", "name": name, "namespace": self.namespace, "form": form,
+            "uid": created_jobs[0]["metadata"].get("uid"),
             "attempt": job.attempt, "dir": str(adir), "kueue_queue": self.kueue_queue or None,
             "workers": [{"rank": r, "devices": list(devices[r]) if devices else []} for r in range(job.workers)],
         }
 
-    async def _create_credentials(self, name: str, env: dict, labels: dict, created: dict) -> None:
+    async def _create_job(self, manifest: dict) -> dict:
+        """Create one Job; one that exists already (a launch interrupted by a restart) is this attempt's and is adopted."""
+        from kubernetes_asyncio.client.rest import ApiException
+
+        name = manifest["metadata"]["name"]
+        try:
+            # Strict: a field this server does not know is an error, never silently dropped (1.27+; older servers
+            # ignore it, which is why the form is chosen from the server's version)
+            created = await self._request(f"create job {name}", self._batch.create_namespaced_job, self.namespace, manifest,
+                                          field_validation="Strict")
+            return self._api_client.sanitize_for_serialization(created)
+        except ApiException as e:
+            if e.status != 409:
+                self.log.exception("kubernetes: creating job %s failed", name)
+                raise
+            self.log.info("kubernetes: job %s exists already; adopting it", name)
+            created = await self._read_job(name)
+            if created is None:
+                raise
+            return created
+
+    async def _create_credentials(self, name: str, env: dict, labels: dict, created: dict | None, owners: list,
+                                  form: str) -> None:
         """The attempt's credentials Secret, right after its Job (owned by it, so it goes with it; pods that
         start first wait for it, as kubelet retries a missing Secret). Refused: the Job goes too (a job must
         never run without the credentials it was given)."""
@@ -475,7 +523,7 @@ class KubernetesLauncher(Launcher):
         if self.credentials != "managed" or not values:
             return
         secret = jm.make_credentials_secret(name=jm.credentials_secret_name(name), namespace=self.namespace,
-                                            labels=labels, values=values, owner=created)
+                                            labels=labels, values=values, owner=created, owners=owners)
         try:
             await self._request(f"create secret {secret['metadata']['name']}", self._core.create_namespaced_secret,
                                 self.namespace, secret)
@@ -484,7 +532,7 @@ class KubernetesLauncher(Launcher):
                 return
             self.log.error("kubernetes: creating the credentials Secret of job %s failed (%s %s); deleting the job",
                            name, e.status, e.reason)
-            await self._delete_job(name, "Background", None)
+            await self._delete_jobs(name, form, len(owners) or 1, "Background", None)
             raise TrainhubError(f"could not give job {name} its storage credentials: the jobs service may not create "
                                 f"Secrets in namespace {self.namespace} ({e.status} {e.reason}); see the launcher Role "
                                 "or set KubernetesLauncher.credentials") from None
@@ -496,17 +544,24 @@ class KubernetesLauncher(Launcher):
         return [p for p in self._pods_cache.resources.values()
                 if ((p.get("metadata") or {}).get("labels") or {}).get(jm.JOB_NAME_LABEL) == name]
 
-    async def _current(self, name: str) -> dict | None:
-        obj = self._jobs_cache.get(name)
-        if obj is None:
-            obj = await self._read_job(name)  # just created (cache behind) or gone
-        return obj
+    @staticmethod
+    def _job_names(name: str, form: str, workers: int) -> list[str]:
+        return [name] if form == "indexed" else [jm.worker_job_name(name, r) for r in range(workers)]
+
+    async def _current(self, name: str, form: str = "indexed", workers: int = 1) -> dict | None:
+        """The attempt's Job (the per-worker form's Jobs folded into one), from the cache; read directly when missing
+        there (just created, or gone)."""
+        jobs = {}
+        for rank, n in enumerate(self._job_names(name, form, workers)):
+            obj = self._jobs_cache.get(n)
+            jobs[rank] = obj if obj is not None else await self._read_job(n)
+        return jobs[0] if form == "indexed" else jm.combine_worker_jobs(jobs, workers)
 
     async def poll(self, job: JobView, state: dict) -> list[WorkerStatus]:
         await self._ready()
         name = self._name(job, state)
         run = self._runs.setdefault(name, _Run())
-        obj = await self._current(name)
+        obj = await self._current(name, state.get("form") or "indexed", job.workers)
         pods = self._job_pods(name)
         await self._collect_logs(job, state, pods, run)
         if obj is None and not pods and run.last:
@@ -544,18 +599,26 @@ class KubernetesLauncher(Launcher):
         run = self._runs.setdefault(name, _Run())
         run.terminating = True
         await self._collect_logs(job, state, self._job_pods(name), run, force=True)
-        await self._delete_job(name, "Foreground", int(math.ceil(grace)))
+        form = state.get("form") or "indexed"
+        await self._delete_jobs(name, form, job.workers, "Foreground", int(math.ceil(grace)))
 
         async def gone() -> bool:
             pods = self._job_pods(name)
             await self._collect_logs(job, state, pods, run)
-            return not pods and self._jobs_cache.get(name) is None
+            return not pods and all(self._jobs_cache.get(n) is None for n in self._job_names(name, form, job.workers))
 
         try:
             await apoll(gone, what=f"job {name}'s pods to end", start=min(self.log_interval, 0.5), factor=1.0,
                         timeout=grace + 30)
         except WaitTimeout:
             self.log.warning("kubernetes: %s still has pods %.0fs after its deletion", name, grace + 30)
+
+    async def _delete_jobs(self, name: str, form: str, workers: int, propagation: str, grace: int | None) -> bool:
+        """Delete the attempt's Job, or each worker's Job in the per-worker form; whether any was there."""
+        found = False
+        for n in self._job_names(name, form, workers):
+            found = await self._delete_job(n, propagation, grace) or found
+        return found
 
     async def _delete_job(self, name: str, propagation: str, grace: int | None) -> bool:
         from kubernetes_asyncio.client.rest import ApiException
@@ -575,7 +638,7 @@ class KubernetesLauncher(Launcher):
     async def adopt(self, job: JobView, state: dict) -> bool:
         await self._ready()
         name = self._name(job, state)
-        obj = await self._current(name)
+        obj = await self._current(name, state.get("form") or "indexed", job.workers)
         if obj is None:
             self.log.warning("kubernetes: job %s: Job %s/%s is gone", job.key, self.namespace, name)
             return False
@@ -591,7 +654,7 @@ class KubernetesLauncher(Launcher):
         if not name:
             return
         await self._connect()
-        await self._delete_job(name, "Background", None)
+        await self._delete_jobs(name, state.get("form") or "indexed", job.workers, "Background", None)
         self._runs.pop(name, None)
         self._devices = {d: t for d, t in self._devices.items() if t[0] != name}
 

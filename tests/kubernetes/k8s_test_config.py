@@ -59,6 +59,8 @@ PROFILES = [
      "node_selector": {GPU_TYPE_LABEL: "a100"},
      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
     {"slug": "mig-small", "display_name": "MIG 1g.10gb", "gpus": 1, "gpu_resource": MIG, "image": TEST_IMAGE},
+    # asks for more CPUs than any node has: refused at once, never Pending
+    {"slug": "huge-cpu", "display_name": "Huge CPU", "gpus": 0, "image": TEST_IMAGE, "cpu_guarantee": 64},
     {"slug": "staff-gpu", "display_name": "Staff GPU", "gpus": 1, "image": TEST_IMAGE, "allowed_groups": ["staff"],
      "node_selector": {GPU_TYPE_LABEL: "a100"},
      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},

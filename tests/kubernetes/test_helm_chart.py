@@ -171,6 +171,37 @@ def test_hub_extra_config_sets_known_traits(values, example, tmp_path, monkeypat
         assert c.GPUKubeSpawner.check_gpu_availability is False
 
 
+def _lazy_list(value) -> list:
+    return value.to_dict().get("extend", []) if hasattr(value, "to_dict") else list(value)
+
+
+@pytest.mark.parametrize("example", [None] + EXAMPLES, ids=lambda p: p.name if p else "values.yaml")
+@pytest.mark.parametrize("culler", [False, True])
+def test_roles_name_only_services_that_are_on(values, example, culler, tmp_path, monkeypatch):
+    """JupyterHub refuses to start ("Found undefined service trainhub-culler in role trainhub-culler-service") when a
+    role names a service it does not have: the services' roles come with the services, from extraConfig."""
+    from trainhub.hub_config import scopes
+    from trainhub.services.culler import HUB_SCOPES
+
+    merged = helm_merge(values, load_yaml(example)) if example else copy.deepcopy(values)
+    merged["trainhub"]["culler"]["enabled"] = culler
+    c = run_extra_config(merged, tmp_path, monkeypatch)
+    services = {s["name"] for s in _lazy_list(c.JupyterHub.services)}
+    roles = {r["name"]: r for r in _lazy_list(c.JupyterHub.load_roles)}
+    roles.update({name: {"name": name, **r} for name, r in merged["jupyterhub"]["hub"]["loadRoles"].items()})
+    for role in roles.values():
+        assert set(role.get("services") or []) <= services, f"role {role['name']} names a service that is off"
+    assert ("trainhub-culler" in services) == culler
+    if culler:
+        assert roles["trainhub-culler-service"]["services"] == ["trainhub-culler"]
+        assert sorted(roles["trainhub-culler-service"]["scopes"]) == sorted(HUB_SCOPES)
+    if merged["trainhub"]["jobs"]["enabled"]:
+        assert roles["trainhub-jobs-service"] == scopes.service_role("trainhub")
+        assert roles["trainhub-jobs-service"]["scopes"] == scopes.JOBS_SERVICE_SCOPES
+    # a notebook server's token can reach the jobs API (%%train) for its owner only
+    assert list(c.Spawner.server_token_scopes) == scopes.SERVER_TOKEN_SCOPES
+
+
 def test_scopes_and_roles_match_hub_config(values):
     from trainhub.hub_config import scopes
 
@@ -179,12 +210,8 @@ def test_scopes_and_roles_match_hub_config(values):
     roles = hub["loadRoles"]
     assert roles["user"]["scopes"] == scopes.USER_SCOPES
     assert roles["trainhub-admin"]["scopes"] == scopes.ADMIN_EXTRA_SCOPES
-    assert roles["trainhub-jobs-service"]["scopes"] == scopes.JOBS_SERVICE_SCOPES
-    assert roles["trainhub-jobs-service"]["services"] == ["trainhub"]
-    assert roles["trainhub-culler-service"]["services"] == ["trainhub-culler"]
-    from trainhub.services.culler import HUB_SCOPES
-
-    assert sorted(roles["trainhub-culler-service"]["scopes"]) == sorted(HUB_SCOPES)
+    # the services' own roles are not in the values: extraConfig adds them with the services
+    assert not [name for name, role in roles.items() if role.get("services")]
     for role in roles.values():
         for scope in role["scopes"]:
             base = scope.split("!")[0]

@@ -604,6 +604,27 @@ def test_config_from_chart(example, tmp_path):
     assert "metrics_source_class" not in config_from_chart(config_json(values)).JobsService
 
 
+def test_config_from_chart_gives_the_services_the_storage_and_the_cullers_clocks():
+    """Jobs' areas (outputs, values back, checkpoints) are on the platform's storage, so the jobs service needs it
+    (it had none: a `%%train --return` value landed in the service pod's folder); the culler's warning and release
+    clocks come from the values."""
+    from test_helm_chart import CHART, config_json, load_yaml
+
+    from trainhub.app.chart_config import config_from_chart
+    from trainhub.services.culler.policy import CullPolicy
+    from trainhub.storage import StorageConfig
+
+    values = load_yaml(CHART / "values.yaml")
+    assert StorageConfig(config=config_from_chart(config_json(values))).url == ""
+    values["trainhub"]["storage"].update({"url": "s3://bucket/platform", "endpointUrl": "http://10.244.0.1:9000"})
+    values["trainhub"]["culler"].update({"warningPeriod": 7, "releaseTimeout": 11, "releaseWarningPeriod": 5})
+    c = config_from_chart(config_json(values))
+    storage = StorageConfig(config=c)
+    assert (storage.url, storage.endpoint_url) == ("s3://bucket/platform", "http://10.244.0.1:9000")
+    policy = CullPolicy(config=c)
+    assert (policy.warning_period, policy.release_timeout, policy.release_warning_period) == (7, 11, 5)
+
+
 def test_chart_services_config_configures_the_jobs_service(tmp_path, monkeypatch):
     """The chart runs the jobs service with --config services_config.py (configmap.yaml): the
     composition root's config_from_chart over trainhub.json, as the culler gets it."""

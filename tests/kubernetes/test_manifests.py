@@ -121,6 +121,60 @@ def test_gpu_availability_whole_result():
     assert m.gpu_availability(nodes, pods, "nvidia.com/gpu", {"gpu": "a100"}, [])["nodes"] == 0
 
 
+@pytest.mark.parametrize("value,expected", [
+    ("2", 2), ("500m", 0.5), ("16Gi", 16 * 2**30), ("24730684Ki", 24730684 * 1024), ("1G", 1e9), ("128974848", 128974848),
+    ("1.5", 1.5), (None, 0), ("", 0), (3, 3),
+])
+def test_parse_quantity(value, expected):
+    assert m.parse_quantity(value) == expected
+
+
+@pytest.mark.parametrize("value", ["2x", "Ki", "1.2.3", "-1"])
+def test_parse_quantity_refuses(value):
+    with pytest.raises(ValueError):
+        m.parse_quantity(value)
+
+
+@pytest.mark.parametrize("traits,expected", [
+    # the guarantees are the requests
+    ({"cpu_guarantee": 0.5, "cpu_limit": 4, "mem_guarantee": "1G", "mem_limit": "16G"}, {"cpu": 0.5, "memory": 2**30}),
+    # limits only: Kubernetes requests the limits (the chart's old default CPU profile: 4 CPUs)
+    ({"cpu_limit": 4, "mem_limit": "16G"}, {"cpu": 4.0, "memory": 16 * 2**30}),
+    # KubeSpawner keeps byte specifications as numbers once configured
+    ({"mem_guarantee": 1073741824}, {"memory": 2**30}),
+    ({"extra_resource_limits": {"nvidia.com/gpu": "2"}, "extra_resource_guarantees": {"nvidia.com/gpu": "2"}},
+     {"nvidia.com/gpu": 2}),
+    ({}, {}),
+])
+def test_server_requests(traits, expected):
+    assert m.server_requests(traits) == expected
+
+
+def _sized(name, cpu, memory, gpus=None, **kw):
+    n = node(name, gpus, **kw)
+    n["status"]["allocatable"].update({"cpu": cpu, "memory": memory})
+    return n
+
+
+def test_largest_fit_judges_allocatable_not_what_is_free():
+    taint = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+    nodes = [_sized("small", "2", "24730684Ki"), _sized("gpu", "8", "64Gi", 4, taints=taint),
+             _sized("big-but-cordoned", "64", "512Gi", unschedulable=True), _sized("big-not-ready", "64", "512Gi", ready=False)]
+    cpu4 = {"cpu": 4.0, "memory": 2**30}
+    assert m.largest_fit(nodes, cpu4) == {"fits": False, "nodes": 1, "largest": {"cpu": 2, "memory": 24730684 * 1024}}
+    assert m.largest_fit(nodes, cpu4, tolerations=[TOL])["fits"] is True  # the GPU node may take it
+    assert m.largest_fit(nodes, {"cpu": 0.5, "memory": 2**30})["fits"] is True
+    assert m.largest_fit(nodes, {"nvidia.com/gpu": 8}, tolerations=[TOL]) == {
+        "fits": False, "nodes": 2, "largest": {"nvidia.com/gpu": 4}}
+    assert m.largest_fit([], {"cpu": 1}) == {"fits": False, "nodes": 0, "largest": {"cpu": 0.0}}
+
+
+def test_describe_resources():
+    assert m.describe_resources({"cpu": 4.0, "memory": 2**30}) == "4 CPUs and 1 GiB of memory"
+    assert m.describe_resources({"cpu": 1, "memory": 24730684 * 1024, "nvidia.com/gpu": 2}) == \
+        "1 CPU, 23.6 GiB of memory and 2 nvidia.com/gpu"
+
+
 def test_gpu_availability_mig_resource():
     nodes = [node("m", 7, resource="nvidia.com/mig-1g.10gb"), node("g", 4)]
     pods = [pod("x", 2, "m", resource="nvidia.com/mig-1g.10gb")]

@@ -51,7 +51,7 @@ async def _post_server(hub, user, body):
 
 @pytest.mark.parametrize("body,status,fragment", [
     ({"profile": "no-such"}, 400, "Unknown profile"),
-    ({"profile": "gpu-8"}, 409, "Not enough free GPUs"),
+    ({"profile": "gpu-8"}, 400, "no node can hold that"),
     ({"profile": "staff-gpu"}, 403, "limited to the groups staff"),
 ])
 async def test_refusals_reach_the_api_caller(hub, cluster, body, status, fragment):

@@ -205,7 +205,10 @@ async def test_cpu_profile_hides_gpus(make_spawner, cluster, validate_k8s):
         ("dave", (), {"profile": "no-such"}, 400, "Unknown profile 'no-such'"),
         ("dave", (), {"profile": 3}, 400, "must be a string"),
         ("dave", ("students",), {"profile": "staff-gpu"}, 403, "limited to the groups staff"),
-        ("dave", (), {"profile": "gpu-8"}, 409, "Not enough free GPUs"),
+        # 8 GPUs on one node: none has more than 4, so it could never start (not "busy now")
+        ("dave", (), {"profile": "gpu-8"}, 400, "needs 8 nvidia.com/gpu for each server, and no node can hold that"),
+        ("dave", (), {"profile": "huge-cpu"}, 400, "needs 64 CPUs for each server, and no node can hold that: the most "
+                                                   "any node it may use offers is 32 CPUs"),
     ],
 )
 async def test_refused_before_any_pod(make_spawner, cluster, user, groups, options, status, fragment):
@@ -225,7 +228,9 @@ async def test_refused_before_any_pod(make_spawner, cluster, user, groups, optio
         ("dave", (), {"profile": 3}, {}, 400, "invalid", "InvalidRequest"),
         ("dave", ("students",), {"profile": "staff-gpu"}, {}, 403, "profile", "ProfileNotAllowed"),
         ("dave", (), {"profile": "gpu-1"}, {"QuotaPolicy__user_gpu_limit": 0}, 403, "quota", "QuotaExceeded"),
-        ("dave", (), {"profile": "gpu-8"}, {}, 409, "capacity", "NoFreeGPUs"),
+        ("dave", (), {"profile": "gpu-8"}, {}, 400, "capacity", "ProfileDoesNotFit"),
+        # without the fit check (an autoscaler may add nodes) the GPU availability check refuses it for now
+        ("dave", (), {"profile": "gpu-8"}, {"GPUKubeSpawner__check_node_fit": False}, 409, "capacity", "NoFreeGPUs"),
     ],
 )
 async def test_refusals_are_spawn_exceptions(make_spawner, cluster, user, groups, options, config, status, reason, kind):
@@ -339,6 +344,29 @@ async def test_fuse_sidecar_mount_manifest(make_spawner, cluster, validate_k8s):
     mount = next(v for v in _main_container(pod)["volumeMounts"] if v["name"] == "trainhub-storage")
     assert mount["mountPropagation"] == "HostToContainer"
     assert "s3cr3t-do-not-leak" not in json.dumps(pod)
+
+
+async def test_fuse_sidecars_are_containers_before_native_sidecars(make_spawner, cluster, validate_k8s):
+    """Before native sidecars (1.28) the rclone containers run beside the notebook: "auto" picks that on the real
+    1.20 control plane (and runs it there); on the stand-in (1.30) the form is asked for."""
+    if cluster.mode == "cluster":
+        pytest.skip("an external cluster's version decides the form")
+    form = "auto" if cluster.mode == "real" else "containers"
+    config = spawner_config(**S3, GPUKubeSpawner__storage_mount="fuse-sidecar", GPUKubeSpawner__storage_sidecars=form)
+    spawner = make_spawner("lena", options={"profile": "cpu"}, config=config)
+    await spawner.start()
+    pod = (await cluster.pods())[spawner.pod_name]
+    validate_k8s(await spawner.get_pod_manifest())
+    assert not pod["spec"].get("initContainers")
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    assert set(containers) == {_main_container(pod)["name"], "trainhub-storage-home", "trainhub-storage-datasets"}
+    for name in ("trainhub-storage-home", "trainhub-storage-datasets"):
+        c = containers[name]
+        assert "restartPolicy" not in c and c["securityContext"]["privileged"] is True
+        assert c["volumeMounts"][0]["mountPropagation"] == "Bidirectional"
+    assert ":s3:trainhub-bucket/prod/users/lena" in containers["trainhub-storage-home"]["command"][-1]
+    mount = next(v for v in _main_container(pod)["volumeMounts"] if v["name"] == "trainhub-storage")
+    assert mount["mountPropagation"] == "HostToContainer"
 
 
 async def test_storage_secret_none_puts_plain_env(make_spawner, cluster):

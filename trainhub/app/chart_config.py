@@ -15,7 +15,7 @@ def config_from_chart(data: dict) -> Config:
     """Traitlets config for the jobs service (and the culler) from the Helm chart's ``trainhub.json``.
 
     ``data`` is the ConfigMap's JSON (``$TRAINHUB_K8S_CONFIG``, rendered from the ``trainhub:``
-    values). Sets the profiles and quotas, the launcher (``jobs.launcher``: ``kubernetes`` selects
+    values). Sets the profiles and quotas, the storage, the launcher (``jobs.launcher``: ``kubernetes`` selects
     this module's ``KubernetesLauncher``) with its pod settings and Kueue queue, and, when
     ``metrics.prometheusUrl`` is set, ``PrometheusDCGMSource`` as the GPU metrics source.
     """
@@ -30,6 +30,12 @@ def config_from_chart(data: dict) -> Config:
     if "userCpuWorkerLimit" in quotas:  # absent: the policy's default (the service's cores, at least 4)
         c.QuotaPolicy.user_cpu_worker_limit = quotas["userCpuWorkerLimit"]
     c.QuotaPolicy.user_cpu_worker_limits = quotas.get("userCpuWorkerLimits") or {}
+    storage = data.get("storage") or {}
+    if storage.get("url"):
+        # where jobs' outputs, values back and checkpoints go (their area, <user storage>/jobs/<key>): the notebook
+        # reads them from there; the platform's credentials come from $AWS_* (the chart's platformCredentialsSecret)
+        c.StorageConfig.url = storage["url"]
+        c.StorageConfig.endpoint_url = storage.get("endpointUrl") or ""
     jobs = data.get("jobs") or {}
     if jobs.get("launcher", "kubernetes") == "kubernetes":
         c.JobsService.launcher_class = "trainhub.services.jobs.kubernetes.KubernetesLauncher"
@@ -53,7 +59,6 @@ def config_from_chart(data: dict) -> Config:
             k.ttl_seconds_after_finished = pod["ttlSecondsAfterFinished"]
         kueue = data.get("kueue") or {}
         k.kueue_queue = (kueue.get("localQueue") or "") if kueue.get("enabled") else ""
-        storage = data.get("storage") or {}
         k.credentials = storage.get("secret") or "managed"  # the notebooks' choice, for the jobs too
         if storage.get("secretNameTemplate"):
             k.credentials_secret_template = storage["secretNameTemplate"]
@@ -75,6 +80,10 @@ def config_from_chart(data: dict) -> Config:
         c.GPUCuller.check_interval = float(culler["checkInterval"])
     if culler.get("action"):
         c.CullPolicy.action = culler["action"]
+    for key, trait in (("warningPeriod", "warning_period"), ("releaseTimeout", "release_timeout"),
+                       ("releaseWarningPeriod", "release_warning_period")):
+        if culler.get(key) is not None:
+            setattr(c.CullPolicy, trait, float(culler[key]))
     # kernels are read through the proxy; inside the cluster the chart's proxy-public Service
     c.GPUCuller.public_url = data.get("publicUrl") or "http://proxy-public"
     metrics = data.get("metrics") or {}

@@ -56,4 +56,25 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .root.Values.trainhub.publicUrl | quote }}
 - name: PYTHONUNBUFFERED
   value: "1"
+{{- with .root.Values.trainhub.storage.platformCredentialsSecret }}
+# the platform's storage credentials (jobs' outputs, values back, job pods' credentials), as the hub gets them
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: AWS_ACCESS_KEY_ID, optional: true}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef: {name: {{ . | quote }}, key: AWS_SECRET_ACCESS_KEY, optional: true}
+{{- end }}
+{{- end }}
+
+{{/* trainhub.extraEnv as container env entries: NAME: value, or NAME: {valueFrom: ...} */}}
+{{- define "trainhub.extraEnv" -}}
+{{- range $name, $value := .Values.trainhub.extraEnv }}
+- name: {{ $name | quote }}
+  {{- if kindIs "map" $value }}
+  {{- toYaml $value | nindent 2 }}
+  {{- else }}
+  value: {{ $value | quote }}
+  {{- end }}
+{{- end }}
 {{- end }}

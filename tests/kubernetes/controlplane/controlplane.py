@@ -8,7 +8,7 @@ What runs, and how:
   here with ``openssl``; authentication by a static token file (``admin`` in ``system:masters``,
   the controller-manager and scheduler as ``system:kube-controller-manager`` /
   ``system:kube-scheduler``, the kubelet stand-in, and ``nobody`` with no groups for refusals);
-  authorization ``RBAC`` only (no ``AlwaysAllow``); the default admission plugins of 1.20
+  authorization ``Node,RBAC`` (no ``AlwaysAllow``); the default admission plugins of 1.20
   (ServiceAccount, DefaultTolerationSeconds, StorageObjectInUseProtection, ResourceQuota, ...);
   ServiceAccount tokens signed with a key pair made here (legacy token Secrets through the
   controller-manager, and the TokenRequest API: ``--service-account-issuer``).
@@ -19,7 +19,10 @@ What runs, and how:
 * **the kubelet stand-in** (``kubelet.py``): no container runs. It heartbeats Nodes labelled
   ``kubelet.trainhub.io/managed=true`` (Ready condition, node Lease), runs the pods bound to
   them (Running/Ready, podIP, containerStatuses), finishes graceful deletions and makes
-  containers exit on request (annotation ``kubelet.trainhub.io/exit-code``).
+  containers exit on request (annotation ``kubelet.trainhub.io/exit-code``). With
+  ``kubelet="none"`` it is not started: ``tests/kubernetes/node/`` brings a real kubelet instead,
+  which joins as ``system:node:<name>`` (a token per name in ``node_names``, the Node authorizer)
+  and serves pod logs to the apiserver, which authenticates to it with a client certificate.
 
 Usage from Python::
 
@@ -93,10 +96,14 @@ def _tail(path: Path, n: int = 40) -> str:
 
 class ControlPlane:
     def __init__(self, workdir: str | os.PathLike, *, bin_dir: str | os.PathLike | None = None,
-                 kubelet_heartbeat: float = 5.0):
+                 kubelet_heartbeat: float = 5.0, kubelet: str = "standin", node_names: tuple[str, ...] = ()):
         self.workdir = Path(workdir)
         self.bin_dir = Path(bin_dir) if bin_dir else cache_dir() / "bin"
         self.kubelet_heartbeat = kubelet_heartbeat
+        if kubelet not in ("standin", "none"):
+            raise ValueError(f"kubelet={kubelet!r}: 'standin' (kubelet.py) or 'none' (a real kubelet joins)")
+        self.kubelet = kubelet
+        self.node_names = tuple(node_names)
         self.procs: dict[str, subprocess.Popen] = {}
         self.tokens: dict[str, str] = {}
         self.url = ""
@@ -130,7 +137,8 @@ class ControlPlane:
             self._start_apiserver()
             self._wait_ready(timeout)
             self._start_controllers()
-            self._start_kubelet()
+            if self.kubelet == "standin":
+                self._start_kubelet()
             self._wait_for(lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
                            timeout, "the controller-manager to create the default ServiceAccount")
         except BaseException:
@@ -174,11 +182,22 @@ class ControlPlane:
         if proc.returncode:
             raise ControlPlaneError(f"openssl {' '.join(args)}: {proc.stderr}")
 
+    @property
+    def port(self) -> int:
+        """The apiserver's port on 127.0.0.1."""
+        return int(self.url.rsplit(":", 1)[1])
+
     def _pki(self) -> None:
         pki = self.workdir / "pki"
         pki.mkdir(exist_ok=True)
         self._openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
                       "-days", "3650", "-subj", "/CN=trainhub-test-ca")
+        # the apiserver's identity towards kubelets (pods/log, exec): a client certificate they check against the CA
+        self._openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet-client.key", "-out", "kubelet-client.csr",
+                      "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+        (pki / "client.ext").write_text("extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+        self._openssl("x509", "-req", "-in", "kubelet-client.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                      "-out", "kubelet-client.crt", "-days", "3650", "-extfile", "client.ext")
         self._openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
                       "-subj", "/CN=kube-apiserver")
         (pki / "san.ext").write_text(
@@ -199,6 +218,8 @@ class ControlPlane:
             # (the Node authorizer would refuse it the other nodes' pods): it acts as an admin
             "kubelet": ("kubelet-standin", "system:masters"),
             "nobody": ("nobody", ""),
+            # real kubelets (tests/kubernetes/node/): each node its own identity, authorized by the Node authorizer
+            **{f"node:{n}": (f"system:node:{n}", "system:nodes") for n in self.node_names},
             # distinct admin identities for test clients, so the audit log tells them apart
             **{f"client-{i}": (f"test-client-{i}", "system:masters") for i in range(CLIENT_IDENTITIES)},
         }
@@ -246,7 +267,11 @@ class ControlPlane:
             "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
             "--client-ca-file", str(pki / "ca.crt"),
             "--token-auth-file", str(self.workdir / "tokens.csv"),
-            "--authorization-mode", "RBAC",
+            "--authorization-mode", "Node,RBAC",
+            "--kubelet-client-certificate", str(pki / "kubelet-client.crt"),
+            "--kubelet-client-key", str(pki / "kubelet-client.key"),
+            # a real kubelet is reached at its InternalIP (127.0.0.1): its node name is not in any DNS
+            "--kubelet-preferred-address-types", "InternalIP",
             "--service-account-key-file", str(pki / "sa.pub"),
             "--service-account-signing-key-file", str(pki / "sa.key"),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
