@@ -3,6 +3,7 @@
 - :mod:`trainhub.extensions.storage`: the jupyter-server extension (storage browser and the
   panel's proxy to the trainhub API).
 - :mod:`trainhub.extensions.tensorboard`: the jupyter-server extension opening TensorBoard for jobs.
+- :mod:`trainhub.extensions.optunadash`: the jupyter-server extension opening optuna-dashboard on the user's own sweeps.
 - ``panel/``: the prebuilt JupyterLab extension ``trainhub-panel`` (source in ``labextension/``;
   rebuild with ``npm install && npx tsc && jupyter-builder build .`` there).
 - ``jupyter-config/trainhub.json``: the jupyter-server config file enabling the server extension.
@@ -26,7 +27,8 @@ LABEXTENSION_NAME = "trainhub-panel"
 PANEL_DIR = Path(__file__).with_name("panel")
 SERVER_EXTENSION = "trainhub.extensions.storage"
 TENSORBOARD_EXTENSION = "trainhub.extensions.tensorboard"
-SERVER_EXTENSIONS = (SERVER_EXTENSION, TENSORBOARD_EXTENSION)
+OPTUNA_DASHBOARD_EXTENSION = "trainhub.extensions.optunadash"
+SERVER_EXTENSIONS = (SERVER_EXTENSION, TENSORBOARD_EXTENSION, OPTUNA_DASHBOARD_EXTENSION)
 #: The jupyter-server config file enabling :data:`SERVER_EXTENSIONS` (shipped as is in the wheel).
 SERVER_CONFIG = Path(__file__).parent / "jupyter-config" / "trainhub.json"
 #: Where the panel and the config file go, relative to an environment's prefix.

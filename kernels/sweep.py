@@ -134,7 +134,7 @@ class BestTrial(dict):
 
 class SweepHandle(LiveDisplay):
     """One sweep: ``status``, ``sweep`` (last seen), ``trials`` (table), ``best_trial``, ``importance``,
-    ``register_best(name)`` (model registry), ``cancel()``, ``wait()``, ``show()``."""
+    ``register_best(name)`` (model registry), ``study()`` (its Optuna study, a copy), ``cancel()``, ``wait()``, ``show()``."""
 
     def __init__(self, client, sweep: dict, panel=None):
         self.client = client
@@ -198,6 +198,20 @@ class SweepHandle(LiveDisplay):
         return register(name, job=best["job_id"], path=path, description=description or
                         f"best trial {best['number']} of sweep {self.id} ({self.sweep.get('metric')} = {best['value']:.6g})",
                         stage=stage)
+
+    def study(self, storage: str | None = None):
+        """This sweep's Optuna study, read from the copy of your own studies in your home
+        (``optuna.load_study(study_name=self.id, storage=trainhub.optuna_storage())``): a copy, refreshed by the
+        platform when a trial finishes and when the sweep ends; writing to it changes nothing on the platform."""
+        import optuna
+
+        from trainhub.runtime import optuna_storage
+
+        try:
+            return optuna.load_study(study_name=self.id, storage=storage or optuna_storage())
+        except KeyError:
+            raise RuntimeError(f"sweep {self.id} is not in your Optuna copy ({storage or optuna_storage()}) yet: it is "
+                               "written when its first trial finishes") from None
 
     def cancel(self) -> dict:
         self.sweep = self.client.cancel_sweep(self.id)
@@ -373,11 +387,16 @@ STATIC_SWEEP_FIELDS = ("id", "name", "user", "state", "reason", "trials", "paral
 
 
 def sweep_links(sweep: dict, server_prefix: str | None = None) -> dict:
-    """``jobs_table``: the sweep's trials in the user's jobs table (``lab?trainhub-sweep=ID``); none outside a server."""
+    """``jobs_table``: the sweep's trials in the user's jobs table (``lab?trainhub-sweep=ID``); ``optuna_dashboard``:
+    its study in optuna-dashboard through the user's own server (trainhub.extensions.optunadash); none outside a server."""
     from urllib.parse import quote
 
     prefix = server_prefix if server_prefix is not None else os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
-    return {"jobs_table": f"{prefix.rstrip('/')}/lab?trainhub-sweep={quote(str(sweep['id']))}"} if prefix else {}
+    if not prefix:
+        return {}
+    sid = quote(str(sweep["id"]))
+    return {"jobs_table": f"{prefix.rstrip('/')}/lab?trainhub-sweep={sid}",
+            "optuna_dashboard": f"{prefix.rstrip('/')}/trainhub/optuna/open?sweep={sid}"}
 
 
 def sweep_static_text(sweep: dict, trials: list[dict], links: dict | None = None) -> str:
@@ -396,6 +415,8 @@ def sweep_static_text(sweep: dict, trials: list[dict], links: dict | None = None
         lines.append("  (no trials yet)")
     if (links or {}).get("jobs_table"):
         lines.append(f"  trials in the jobs table: {links['jobs_table']}")
+    if (links or {}).get("optuna_dashboard"):
+        lines.append(f"  in Optuna's dashboard: {links['optuna_dashboard']}")
     lines.append(f"  details: trainhub sweeps show {sweep.get('id')}")
     return "\n".join(lines)
 
@@ -406,6 +427,9 @@ def sweep_static_html(sweep: dict, trials: list[dict], links: dict | None = None
     if (links or {}).get("jobs_table"):
         anchors.append(f"<a href='{html.escape(links['jobs_table'], quote=True)}' target='_blank' rel='noopener'>"
                        "its trials in the jobs table</a>")
+    if (links or {}).get("optuna_dashboard"):
+        anchors.append(f"<a href='{html.escape(links['optuna_dashboard'], quote=True)}' target='_blank' rel='noopener' "
+                       "title='a read-only copy of your own studies (trainhub.optuna_storage())'>Open in Optuna dashboard</a>")
     anchors.append(f"details: <code>trainhub sweeps show {html.escape(str(sweep.get('id')))}</code>")
     parts.append("<div style='font-size:12px;color:#57606a;margin-top:2px'>" + " &middot; ".join(anchors) + "</div>")
     return (f"<div class='trainhub-sweep-static' data-trainhub-sweep='{html.escape(str(sweep.get('id')), quote=True)}'>"
@@ -419,6 +443,15 @@ def sweep_static_bundle(sweep: dict, trials: list[dict], links: dict | None = No
             "trials": trial_rows(trials)[-STATIC_TRIALS:], "links": links}
     return {"text/plain": sweep_static_text(sweep, trials, links), "text/html": sweep_static_html(sweep, trials, links),
             SWEEP_MIME: data}
+
+
+def render_dashboard_link(sweep: dict, server_prefix: str | None = None) -> str:
+    """"Open in Optuna dashboard" (the user's own copy of their studies, through their server); "" outside a server."""
+    link = sweep_links(sweep, server_prefix).get("optuna_dashboard")
+    if not link:
+        return ""
+    return (f"<a href='{html.escape(link, quote=True)}' target='_blank' rel='noopener' style='margin-right:8px' "
+            "title='a read-only copy of your own studies: trainhub.optuna_storage()'>Open in Optuna dashboard</a>")
 
 
 # -- the live panel --------------------------------------------------------------------------------
@@ -445,7 +478,8 @@ class SweepPanel(StaticForm):
         self.cancel_button = w.Button(description="Cancel sweep", button_style="danger", icon="stop",
                                       tooltip="cancel this sweep and its running trials", layout=w.Layout(width="auto"))
         self.cancel_button.on_click(lambda _b: self.cancel())
-        self.widget = w.VBox([w.HBox([self.header, self.cancel_button],
+        self.dashboard = w.HTML(value=render_dashboard_link(sweep))  # through the user's server (extensions.optunadash)
+        self.widget = w.VBox([w.HBox([self.header, w.HBox([self.dashboard, self.cancel_button])],
                                      layout=w.Layout(justify_content="space-between", align_items="flex-start")),
                               self.bar, self.plots, self.table, self.message])
         self._init_static("sweep")

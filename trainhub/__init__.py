@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 # The in-job API, re-exported lazily (no import-time work): trainhub.log_metrics(step=1, loss=0.5),
 # trainhub.save_checkpoint(state, step), trainhub.resume(); and @trainhub.remote (trainhub.remotejob)
 _RUNTIME_EXPORTS = ("log_metrics", "report", "params", "outputs_dir", "tensorboard_dir", "save_checkpoint", "load_checkpoint",
-                    "checkpoints", "resume", "attempt")
+                    "checkpoints", "resume", "attempt", "optuna_storage")
 _REMOTE_EXPORTS = ("remote",)
 
 

@@ -28,7 +28,11 @@ from pathlib import Path
 
 __all__ = ["log_metrics", "report", "params", "outputs_dir", "tensorboard_dir", "job_id", "in_job", "logged_metrics", "attempt",
            "save_checkpoint", "load_checkpoint", "checkpoints", "resume", "Checkpoint", "torch_state", "restore_torch",
-           "rng_state", "set_rng_state"]
+           "rng_state", "set_rng_state", "optuna_storage", "OPTUNA_COPY"]
+
+# Each user's copy of their own sweeps' Optuna studies, relative to their home (written by the jobs service as the
+# user, refreshed when a trial finishes and when a sweep ends; docs/sweeps.md, "In Optuna's own tools")
+OPTUNA_COPY = ".trainhub/optuna/studies.db"
 
 _lock = threading.Lock()
 _memory: list[dict] = []  # records logged outside a job, oldest first
@@ -349,3 +353,15 @@ def restore_torch(state: dict, model=None, optimizer=None, scheduler=None, *, rn
     if rng and "rng" in state:
         set_rng_state(state["rng"])
     return {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng")}
+
+
+def optuna_storage(home: str | os.PathLike | None = None) -> str:
+    """The Optuna storage URL of the caller's own sweeps: ``optuna.load_study(study_name="s-000003",
+    storage=trainhub.optuna_storage())`` in a notebook, ``optuna-dashboard "$(python -c ...)"`` in a terminal.
+
+    An SQLite file in the home (``~/.trainhub/optuna/studies.db``; ``home`` default ``$HOME``) holding a **copy**
+    of each of the user's studies, named by sweep id (``s-000003``), written by the platform as the user when a
+    trial finishes and when a sweep ends. Only the user's own sweeps are in it. Writing to it changes nothing on
+    the platform (the next refresh replaces the file)."""
+    base = Path(home) if home is not None else Path(os.environ.get("HOME") or os.path.expanduser("~"))
+    return "sqlite:///" + str(base / OPTUNA_COPY)

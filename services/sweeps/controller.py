@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
-from traitlets import Float, Integer
+from traitlets import Bool, Float, Integer
 from traitlets.config import LoggingConfigurable
 
 from trainhub.exceptions import TooManyQueued, TrainhubError
@@ -46,6 +46,7 @@ from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, JOB_TERMINA
 from .models import Sweep, SweepTrial, study_name
 from .sampling import ahead_allowed, make_pruner, make_sampler, no_fsync_of_its_own
 from .store import SweepStore, best_trial, now_utc
+from .usercopy import COPIES_FOLDER, StudyCopies
 from .trials import failing_fast, metric_points, trial_outcome, trials_to_start
 
 
@@ -84,6 +85,10 @@ class SweepController(LoggingConfigurable):
     fail_fast = Integer(3, help="Stop a sweep when its first N finished trials all failed (broken trial code). 0 = never.").tag(config=True)
     importance_min_trials = Integer(5, help="Completed trials needed before parameter importance is computed "
                                     "(optuna.importance, PED-ANOVA). 0 = never compute it.").tag(config=True)
+    user_copies = Bool(True, help="Keep each user's own copy of their studies in their home (~/.trainhub/optuna/studies.db, "
+                       "written as the user when a trial finishes and when a sweep ends), so that optuna.load_study and "
+                       "optuna-dashboard open their sweeps (docs/sweeps.md). Needs homes on this machine (the local back "
+                       "end); False: no copies.").tag(config=True)
 
     def __init__(self, service, **kw):
         super().__init__(**kw)
@@ -102,6 +107,19 @@ class SweepController(LoggingConfigurable):
         self._later_done = 0.0  # time.monotonic() of the last later_work
         self._loop: PeriodicLoop | None = None
         self.passes = 0
+        self.copies = self._make_copies()
+
+    def _make_copies(self) -> StudyCopies | None:
+        """The users' own copies of their studies (usercopy.py), where this service has a data dir and homes."""
+        dd, launcher = getattr(self.service, "dd", None), getattr(self.service, "launcher", None)
+        if not self.user_copies or dd is None or launcher is None:
+            return None
+        return StudyCopies(dd.root / COPIES_FOLDER, self.storage, lambda user: self.store.list(user, None, 100000, 0)[0],
+                           launcher.home_dir, launcher.as_user, self.log)
+
+    def _copy_changed(self, sweep: Sweep) -> None:
+        if self.copies is not None:
+            self.copies.changed(sweep)
 
     # -- plumbing ---------------------------------------------------------------------------------
     async def optuna(self, fn, *a, **kw):
@@ -172,6 +190,7 @@ class SweepController(LoggingConfigurable):
             raise
         finally:
             self._creating.discard(sweep.id)
+        self._copy_changed(sweep)  # the study is in the user's copy from the start
         self.log.info("sweep %s created by %s: %d trials, %d at a time, %s %s over %s", sweep.key, caller.name,
                       spec.trials, spec.parallel, spec.mode, spec.metric, ", ".join(spec.space))
         self.wake()
@@ -211,6 +230,8 @@ class SweepController(LoggingConfigurable):
         if self._loop is not None:
             await self._loop.stop()
         self._optuna.shutdown(wait=False, cancel_futures=True)  # never block the loop on a busy database
+        if self.copies is not None:
+            self.copies.stop()
 
     def wake(self) -> None:
         if self._loop is not None:
@@ -455,6 +476,7 @@ class SweepController(LoggingConfigurable):
         except BaseException:
             self._tells.setdefault(sweep.id, [])[:0] = tells  # told again later (a tell is idempotent)
             raise
+        self._copy_changed(sweep)  # a trial finished: the user's own copy follows
 
     def _tell_all(self, sweep: Sweep, tells: list) -> None:
         for number, optuna_id, state, value, fresh in tells:
@@ -529,6 +551,7 @@ class SweepController(LoggingConfigurable):
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=final_state,
                          reason=final_reason, finished=now_utc())
         self._studies.pop(sweep.id, None)
+        self._copy_changed(sweep)
         self.log.info("sweep %s %s: %s", sweep.key, final_state, final_reason)
 
     async def _fail_broken(self, sweep: Sweep, reason: str) -> None:
@@ -565,6 +588,7 @@ class SweepController(LoggingConfigurable):
         await self._drop_ahead(sweep)
         await self.write(self.store.update, sweep.id, only_if_state=(RUNNING,), state=state, reason=reason, finished=now_utc())
         self._studies.pop(sweep.id, None)
+        self._copy_changed(sweep)
         self.log.info("sweep %s %s: %s", sweep.key, state, reason)
 
     async def _drop_ahead(self, sweep: Sweep) -> None:
