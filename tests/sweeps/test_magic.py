@@ -100,6 +100,54 @@ def test_dry_run_prints_and_submits_nothing(shell, sweep_magics, fake_client, ca
     assert '"trials": 2' in out and "trainhub.report(val_loss=1)" in out
 
 
+def test_the_notebooks_folder_is_sent_once_and_named_in_the_sweep(shell, sweep_magics, fake_client, capsys):
+    """%%sweep, like %%train, sends the notebook's folder (its modules, its ignore files respected): once, its hash
+    in the sweep's body (each trial runs in its own copy); the trial script puts the copy first on sys.path."""
+    import os
+    from pathlib import Path
+
+    folder = Path(os.getcwd())
+    (folder / "datautils.py").write_text("def objective(lr):\n    return lr\n")
+    (folder / "notes.log").write_text("noise\n")
+    (folder / ".trainhubignore").write_text("*.log\n")
+    r = run(shell, "%%sweep --trials 3 --parallel 3 --metric val_loss --mode min --param lr=uniform:0:1 --exclude big/\n"
+                   "import trainhub\nfrom datautils import objective\n"
+                   "trainhub.report(val_loss=objective(trainhub.params()['lr']))\n")
+    assert r.success, r.error_in_exec
+    (sent_folder, exclude, names), = fake_client.workdirs  # sent once for the whole sweep
+    assert sent_folder == str(folder) and exclude == ("big/",)
+    assert [n for n in names if n != "."] == [".trainhubignore", "datautils.py"]
+    body, = fake_client.created
+    assert len(body["workdir"]) == 64 and int(body["workdir"], 16) >= 0
+    assert "sys.path.insert(0, _th_os.getcwd())" in body["script"]
+    out = capsys.readouterr().out
+    assert f"%%sweep sent the working directory {folder} (each trial runs in a copy): 2 files" in out
+
+
+def test_no_workdir_and_another_folder(shell, sweep_magics, fake_client, tmp_path, capsys):
+    flags = "%%sweep --trials 2 --metric val_loss --mode min --param lr=uniform:0:1"
+    assert run(shell, f"{flags} --no-workdir\n{CELL}".replace("helper(", "float(")).success
+    assert fake_client.workdirs == [] and "workdir" not in fake_client.created[-1]
+    assert "sys.path.insert(0, _th_os.getcwd())" not in fake_client.created[-1]["script"]
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "helpers.py").write_text("X = 7\n")
+    assert run(shell, f"{flags} --workdir {other}\n{CELL}".replace("helper(", "float(")).success
+    assert [w[0] for w in fake_client.workdirs] == [str(other)] and len(fake_client.created[-1]["workdir"]) == 64
+    # --dry-run says what it would send, and sends nothing
+    assert run(shell, f"{flags} --dry-run\n{CELL}".replace("helper(", "float(")).success
+    assert len(fake_client.workdirs) == 1 and len(fake_client.created) == 2
+    assert "%%sweep would send the working directory" in capsys.readouterr().out
+
+
+def test_sweep_help_names_the_workdir_flags(shell, sweep_magics, capsys):
+    from trainhub.kernels.sweep import sweep_parser
+
+    text = sweep_parser().format_help()
+    assert "--workdir DIR" in text and "--no-workdir" in text and "--exclude PATTERN" in text
+    assert "every trial runs in its own copy" in text
+
+
 # -- rendering -----------------------------------------------------------------------------------------
 def test_renderers():
     assert sweep_progress(DONE) == "3/3 trials done, 2 complete, 1 pruned, 0 running"
