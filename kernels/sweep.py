@@ -224,11 +224,15 @@ class SweepHandle(LiveDisplay):
 
         from trainhub.runtime import optuna_storage
 
+        url = storage or optuna_storage()
+        missing = RuntimeError(f"sweep {self.id} is not in your Optuna copy ({url}) yet: it is written when its first "
+                               "trial finishes")
+        if storage is None and not os.path.exists(url.removeprefix("sqlite:///")):
+            raise missing  # no copy yet (no sweep of yours has written it): not an SQLite error, and nothing created
         try:
-            return optuna.load_study(study_name=self.id, storage=storage or optuna_storage())
+            return optuna.load_study(study_name=self.id, storage=url)
         except KeyError:
-            raise RuntimeError(f"sweep {self.id} is not in your Optuna copy ({storage or optuna_storage()}) yet: it is "
-                               "written when its first trial finishes") from None
+            raise missing from None
 
     def cancel(self) -> dict:
         self.sweep = self.client.cancel_sweep(self.id)
