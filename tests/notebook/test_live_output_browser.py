@@ -101,6 +101,9 @@ def test_a_train_output_outlives_its_widget(platform, lab_user, tmp_path):
             job_id = out.get_attribute("data-trainhub-id")
             assert re.fullmatch(r"j-\d+", job_id or ""), job_id
             shots.take("1-widget-running")
+            # the platform's JupyterLab does not ask users about Jupyter's news (announcements plugin disabled by the
+            # panel's package.json): by now the toast would show
+            expect(page.get_by_text("official Jupyter news")).to_have_count(0)
 
             # 2. the kernel restarts while the job runs: a live view of the job from the API, not "model not found"
             run_command(page, "Restart Kernel…")
