@@ -55,6 +55,7 @@ PLUGINS = [
     "trainhub.services.sweeps",
     "trainhub.services.registry",
     "trainhub.services.usage",
+    "trainhub.services.notebooks",
 ]
 
 
