@@ -4,9 +4,11 @@
   panel's proxy to the trainhub API).
 - :mod:`trainhub.extensions.tensorboard`: the jupyter-server extension opening TensorBoard for jobs.
 - :mod:`trainhub.extensions.optunadash`: the jupyter-server extension opening optuna-dashboard on the user's own sweeps.
+- :mod:`trainhub.extensions.notebookjobs`: trainhub as jupyter-scheduler's back end ("Create Notebook Job").
 - ``panel/``: the prebuilt JupyterLab extension ``trainhub-panel`` (source in ``labextension/``;
   rebuild with ``npm install && npx tsc && jupyter-builder build .`` there).
-- ``jupyter-config/trainhub.json``: the jupyter-server config file enabling the server extension.
+- ``jupyter-config/trainhub.json``: the jupyter-server config file enabling the server extensions and jupyter-scheduler
+  with trainhub's back end.
 
 A wheel installs both as data files (``share/jupyter/labextensions/trainhub-panel`` and
 ``etc/jupyter/jupyter_server_config.d/trainhub.json`` under the environment's prefix, see
@@ -29,6 +31,11 @@ SERVER_EXTENSION = "trainhub.extensions.storage"
 TENSORBOARD_EXTENSION = "trainhub.extensions.tensorboard"
 OPTUNA_DASHBOARD_EXTENSION = "trainhub.extensions.optunadash"
 SERVER_EXTENSIONS = (SERVER_EXTENSION, TENSORBOARD_EXTENSION, OPTUNA_DASHBOARD_EXTENSION)
+#: jupyter-scheduler ("Create Notebook Job", the Notebook Jobs list) with trainhub as its back end (:mod:`.notebookjobs`)
+SCHEDULER_EXTENSION = "jupyter_scheduler"
+ENABLED_EXTENSIONS = (*SERVER_EXTENSIONS, SCHEDULER_EXTENSION)
+SCHEDULER_CONFIG = {"scheduler_class": "trainhub.extensions.notebookjobs.TrainhubNotebookScheduler",
+                    "environment_manager_class": "trainhub.extensions.notebookjobs.TrainhubEnvironments"}
 #: The jupyter-server config file enabling :data:`SERVER_EXTENSIONS` (shipped as is in the wheel).
 SERVER_CONFIG = Path(__file__).parent / "jupyter-config" / "trainhub.json"
 #: Where the panel and the config file go, relative to an environment's prefix.
