@@ -34,13 +34,16 @@ SERVER_EXTENSIONS = (SERVER_EXTENSION, TENSORBOARD_EXTENSION, OPTUNA_DASHBOARD_E
 #: jupyter-scheduler ("Create Notebook Job", the Notebook Jobs list) with trainhub as its back end (:mod:`.notebookjobs`)
 SCHEDULER_EXTENSION = "jupyter_scheduler"
 ENABLED_EXTENSIONS = (*SERVER_EXTENSIONS, SCHEDULER_EXTENSION)
-SCHEDULER_CONFIG = {"scheduler_class": "trainhub.extensions.notebookjobs.TrainhubNotebookScheduler",
-                    "environment_manager_class": "trainhub.extensions.notebookjobs.TrainhubEnvironments"}
 #: The jupyter-server config file enabling :data:`SERVER_EXTENSIONS` (shipped as is in the wheel).
 SERVER_CONFIG = Path(__file__).parent / "jupyter-config" / "trainhub.json"
 #: Where the panel and the config file go, relative to an environment's prefix.
 LABEXTENSION_DEST = Path("share", "jupyter", "labextensions", LABEXTENSION_NAME)
 SERVER_CONFIG_DEST = Path("etc", "jupyter", "jupyter_server_config.d", "trainhub.json")
+#: jupyter-scheduler's config file (an extension app reads ``jupyter_<name>_config`` from the config path, the
+#: server's ``jupyter_server_config.d`` only enables it): ``SchedulerApp.scheduler_class`` and
+#: ``environment_manager_class`` name trainhub's back end, :mod:`.notebookjobs`
+SCHEDULER_CONFIG = Path(__file__).parent / "jupyter-config" / "jupyter_jupyter_scheduler_config.json"
+SCHEDULER_CONFIG_DEST = Path("etc", "jupyter", "jupyter_jupyter_scheduler_config.json")
 
 
 def _jupyter_labextension_paths():
@@ -71,12 +74,13 @@ def install_labextension(prefix: str | os.PathLike | None = None, enable_server_
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp.rename(dest)
     if enable_server_extension:
-        conf = prefix / SERVER_CONFIG_DEST
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        text = SERVER_CONFIG.read_text()
-        if not conf.exists() or conf.read_text() != text:
-            conf.write_text(text)
-        os.chmod(conf, 0o644)
+        for src, rel in ((SERVER_CONFIG, SERVER_CONFIG_DEST), (SCHEDULER_CONFIG, SCHEDULER_CONFIG_DEST)):
+            conf = prefix / rel
+            conf.parent.mkdir(parents=True, exist_ok=True)
+            text = src.read_text()
+            if not conf.exists() or conf.read_text() != text:
+                conf.write_text(text)
+            os.chmod(conf, 0o644)
     _readable_by_all(dest)
     return dest
 

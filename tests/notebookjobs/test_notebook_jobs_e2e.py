@@ -7,6 +7,8 @@ its time; a run missed meanwhile is reported."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import nbformat
@@ -105,7 +107,8 @@ def test_create_notebook_job_runs_through_trainhub_with_its_parameter(platform, 
     # the Notebook Jobs list shows it; `trainhub jobs list` too
     listing = server.scheduler("GET", "jobs").json()
     assert job_id in [j["job_id"] for j in listing["jobs"]], listing
-    listed = platform.cli("jobs", "list", "--json", "--url", platform.url + API, "--token", platform.token(USER))
+    listed = subprocess.run([sys.executable, "-m", "trainhub.cli", "jobs", "list", "--json", "--url", platform.url + API,
+                             "--token", platform.token(USER)], capture_output=True, text=True, timeout=60, check=True)
     assert job_id in [j["id"] for j in json.loads(listed.stdout)["items"]], listed.stdout[-2000:]
     # delete: off the Notebook Jobs list, the trainhub record stays
     assert server.scheduler("DELETE", f"jobs/{job_id}").status_code == 204
