@@ -25,7 +25,7 @@ from sqlalchemy import select
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
-from trainhub.db import Base, get_engine
+from trainhub.db import Base, get_engine, write_session
 from trainhub.exceptions import Forbidden, InvalidRequest, NotFound, TrainhubError
 from trainhub.httpapi import parse_id
 from trainhub.loops import PeriodicLoop
@@ -71,7 +71,11 @@ class Owner:
 
 
 class ScheduleStore:
+    """Writes take the database's write lock from their first statement (``write_session``): a read that turns into a
+    write could meet a snapshot another writer (the engine's pass) moved on meanwhile."""
+
     def __init__(self, db_url: str):
+        self.db_url = db_url
         self.engine = get_engine(db_url)
         Base.metadata.create_all(self.engine, tables=[NotebookSchedule.__table__])
 
@@ -81,7 +85,7 @@ class ScheduleStore:
         return Session(self.engine, expire_on_commit=False)
 
     def create(self, **fields) -> NotebookSchedule:
-        with self._session() as s, s.begin():
+        with write_session(self.db_url) as s:
             row = NotebookSchedule(**fields)
             s.add(row)
         return row
@@ -105,7 +109,7 @@ class ScheduleStore:
             return list(s.scalars(select(NotebookSchedule).where(NotebookSchedule.active.is_(True))))
 
     def update(self, sid: int, user: str | None, **fields) -> NotebookSchedule:
-        with self._session() as s, s.begin():
+        with write_session(self.db_url) as s:
             row = s.get(NotebookSchedule, sid)
             if row is None or (user is not None and row.user != user):
                 raise NotFound(f"no notebook schedule {key(sid)}")
@@ -114,7 +118,7 @@ class ScheduleStore:
         return row
 
     def delete(self, sid: int, user: str | None) -> None:
-        with self._session() as s, s.begin():
+        with write_session(self.db_url) as s:
             row = s.get(NotebookSchedule, sid)
             if row is None or (user is not None and row.user != user):
                 raise NotFound(f"no notebook schedule {key(sid)}")
@@ -252,16 +256,18 @@ class NotebookSchedules(LoggingConfigurable):
         if now <= checked:
             return None
         due = due_times(row.schedule, row.timezone, checked, now)
-        if not due:
-            await self.service.store.write(self.store.update, row.id, None, checked=now)
+        if not due:  # nothing to write: the next pass looks from the same point
             return None
         latest, earlier = due[-1], due[:-1]
         words = []
         if earlier:
             words.append(f"missed {len(earlier)} run(s) due {_times(earlier)} (the service was not running then, or its "
-                         f"clock moved past them); ran the one due {iso(latest)} instead")
+                         f"clock moved past them); only the latest, due {iso(latest)}, is run")
             self.log.warning("notebook schedule %s of %s: %s", key(row.id), row.user, words[-1])
-        fields = {"checked": now, "last_due": latest, "missed": row.missed + len(earlier)}
+        # the due times are claimed before the run is submitted: a failure in between never fires one twice
+        missed = row.missed + len(earlier)
+        await self.service.store.write(self.store.update, row.id, None, checked=now, last_due=latest, missed=missed,
+                                       message="; ".join(words))
         entry = {"schedule": key(row.id), "user": row.user, "due": iso(latest), "missed": [iso(t) for t in earlier]}
         try:
             job = await self.submit_run(row, latest)
@@ -269,10 +275,10 @@ class NotebookSchedules(LoggingConfigurable):
             msg = getattr(e, "message", None) or str(e)
             words.append(f"the run due {iso(latest)} could not start: {msg}")
             self.log.warning("notebook schedule %s of %s: %s", key(row.id), row.user, words[-1])
-            fields["missed"] += 1
+            fields = {"missed": missed + 1}
             entry["error"] = msg
         else:
-            fields.update(runs=row.runs + 1, last_job=job.id)
+            fields = {"runs": row.runs + 1, "last_job": job.id}
             entry["job"] = job.key
             self.log.info("notebook schedule %s of %s: run due %s submitted as %s", key(row.id), row.user, iso(latest), job.key)
         fields["message"] = "; ".join(words)

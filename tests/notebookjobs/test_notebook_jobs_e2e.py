@@ -162,7 +162,7 @@ def test_a_schedule_fires_as_its_owner_while_the_server_is_stopped(platform, ser
     assert r.status_code == 200, r.text
     def_id = r.json()["job_definition_id"]
     d = server.scheduler("GET", f"job_definitions/{def_id}").json()
-    assert d["schedule"] == "0 0 1 1 *" and d["active"] and d["parameters"] == {"lr": "4", "tag": "sched"}, d
+    assert d["schedule"] == "0 0 1 1 *" and d["active"] and d["parameters"] == {"lr": "4.0", "tag": "sched"}, d  # as it will run: the declared default is a float
     platform.stop_server(USER)
 
     admin = platform.token(platform.admin_user, admin=True)
