@@ -114,9 +114,7 @@ class TrainhubNotebookScheduler(BaseScheduler):
         try:
             nb = load_notebook(text, input_uri)
             if profile:
-                slugs = [p["slug"] for p in _call(_client().profiles)["items"]]
-                if profile not in slugs:
-                    raise NotebookJobError(f"unknown profile {profile!r}: yours are {', '.join(slugs)}")
+                profile = _resolve_profile(profile, _call(_client().profiles)["items"])
             return job_spec(nb, rel, parameters=parameters, profile=profile, name=name, output_formats=formats,
                             path_label=input_uri, workers=_int(options.get("workers"), "workers"),
                             gpus=_int(options.get("gpus"), "gpus"), time_limit=options.get("time_limit"))
@@ -299,6 +297,18 @@ class TrainhubNotebookScheduler(BaseScheduler):
 
 def _profile(environment: str | None) -> str | None:
     return environment if environment and environment != "default" else None
+
+
+def _resolve_profile(name: str, profiles: list[dict]) -> str:
+    """A profile of the caller's by slug, or by its display name (jupyter-scheduler's form may send the environment's
+    label); else NotebookJobError naming the ones there are."""
+    for p in profiles:
+        if name == p["slug"]:
+            return p["slug"]
+    for p in profiles:
+        if name.strip().lower() == str(p.get("display_name") or "").strip().lower():
+            return p["slug"]
+    raise NotebookJobError(f"unknown profile {name!r}: yours are {', '.join(p['slug'] for p in profiles)}")
 
 
 def _int(value, what: str) -> int | None:
