@@ -68,8 +68,11 @@ class TrainhubEnvironments(EnvironmentManager):
     def list_environments(self) -> list[RuntimeEnvironment]:
         listing = _call(_client().profiles)
         slugs = [p["slug"] for p in listing["items"]]
+        # label = name: jupyter-scheduler 2.12's form takes the label as the picked value and looks environments up
+        # by name (its conda environments have the two equal); the display name goes into the description (tooltip)
         return [RuntimeEnvironment(
-            name=p["slug"], label=p["display_name"], description=p.get("description") or f"{p['gpus']} GPU(s) per worker",
+            name=p["slug"], label=p["slug"],
+            description=f"{p['display_name']}: {p.get('description') or str(p['gpus']) + ' GPU(s) per worker'}",
             file_extensions=["ipynb"], output_formats=list(FORMATS), metadata={"gpus": str(p["gpus"])},
             compute_types=slugs, default_compute_type=p["slug"], utc_only=False) for p in listing["items"]]
 

@@ -52,6 +52,8 @@ def test_create_notebook_job_from_the_file_browser(platform, tmp_path):
                     options = page.get_by_role("option")
                     assert sorted(options.all_inner_texts()) == ["cpu", "gpu-1", "gpu-2"]  # not the research group's gpu-4
                     page.get_by_role("option", name="cpu", exact=True).click()
+                    # the picked profile's output formats and compute types (the other profiles) follow
+                    expect(page.get_by_text("Output formats")).to_be_visible()
                     page.get_by_role("button", name="Add new parameter").click()
                     page.get_by_placeholder("Name", exact=True).last.fill("lr")
                     page.get_by_placeholder("Value", exact=True).last.fill("0.75")
@@ -80,6 +82,8 @@ def test_create_notebook_job_from_the_file_browser(platform, tmp_path):
         assert job["state"] == "succeeded", job
         executed = requests.get(f"{base}/api/contents/web/report-{job['id']}.ipynb", headers=headers, timeout=60)
         assert "LR IS 0.75" in outputs_text(executed.json()["content"])
+        html = requests.get(f"{base}/api/contents/web/report-{job['id']}.html", headers=headers, timeout=60)
+        assert html.status_code == 200  # both formats were ticked, as the form has them by default
     finally:
         dest = ARTIFACTS / "create-notebook-job"
         dest.mkdir(parents=True, exist_ok=True)
