@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 import json
 import posixpath
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from trainhub.exceptions import InvalidRequest
@@ -232,19 +232,22 @@ def check_schedule(expr: str, tz: str | None = None) -> str:
 
 
 def due_times(expr: str, tz: str | None, after: datetime, until: datetime, cap: int = 1000) -> list[datetime]:
-    """The times (UTC) the schedule names in ``(after, until]``, at most ``cap`` of them (the latest kept)."""
+    """The times (UTC) the schedule names in ``(after, until]``: the first ``cap - 1`` of them and the latest, so a
+    long outage (or a clock moved far) costs at most ``cap`` steps; ``len(...) == cap`` means "at least that many"."""
     from croniter import croniter
 
     zone = _zone(tz)
     it = croniter(expr, after.astimezone(zone))
     out: list[datetime] = []
-    while True:
+    while len(out) < cap - 1:
         t = it.get_next(datetime)
         if t > until:
             return out
         out.append(t.astimezone(timezone.utc))
-        if len(out) > cap:
-            out.pop(0)
+    latest = croniter(expr, until.astimezone(zone) + timedelta(seconds=1)).get_prev(datetime).astimezone(timezone.utc)
+    if not out or latest > out[-1]:
+        out.append(latest)
+    return out
 
 
 def next_time(expr: str, tz: str | None, after: datetime) -> datetime:

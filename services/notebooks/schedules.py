@@ -261,7 +261,8 @@ class NotebookSchedules(LoggingConfigurable):
         latest, earlier = due[-1], due[:-1]
         words = []
         if earlier:
-            words.append(f"missed {len(earlier)} run(s) due {_times(earlier)} (the service was not running then, or its "
+            many = "at least " if len(due) >= 1000 else ""
+            words.append(f"missed {many}{len(earlier)} run(s) due {_times(earlier)} (the service was not running then, or its "
                          f"clock moved past them); only the latest, due {iso(latest)}, is run")
             self.log.warning("notebook schedule %s of %s: %s", key(row.id), row.user, words[-1])
         # the due times are claimed before the run is submitted: a failure in between never fires one twice

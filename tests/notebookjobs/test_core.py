@@ -111,4 +111,7 @@ def test_due_times_in_a_window_and_a_time_zone():
     # 03:00 in Berlin (winter) is 02:00 UTC
     assert due_times("0 3 * * *", "Europe/Berlin", t(2026, 1, 1), t(2026, 1, 1, 12)) == [t(2026, 1, 1, 2)]
     assert due_times("0 3 * * *", None, t(2026, 1, 1, 3), t(2026, 1, 1, 4)) == []  # the window's start is excluded
-    assert len(due_times("* * * * *", None, t(2026, 1, 1), t(2026, 1, 2), cap=10)) == 10
+    many = due_times("* * * * *", None, t(2026, 1, 1), t(2026, 1, 2), cap=10)
+    assert len(many) == 10 and many[:9] == [t(2026, 1, 1, 0, m) for m in range(1, 10)] and many[-1] == t(2026, 1, 2)
+    # a clock moved thousands of years costs at most `cap` steps
+    assert due_times("* * * * *", None, t(2026, 1, 1), t(9000, 1, 1), cap=5)[-1] == t(9000, 1, 1)
