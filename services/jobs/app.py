@@ -58,6 +58,7 @@ PLUGINS = [
     "trainhub.services.sweeps",
     "trainhub.services.registry",
     "trainhub.services.usage",
+    "trainhub.services.notebooks",
 ]
 
 
