@@ -204,7 +204,7 @@ def test_a_sweep_output_shows_a_live_view_with_its_optuna_dashboard_link(platfor
         page.on("pageerror", lambda e: errors.append(str(e)))
         shots = Screenshots(page, "live-sweep", tmp_path)
         with shots.on_failure():
-            log_in_to_lab(page, platform.url, USER, PASSWORD)
+            log_in_to_lab(page, platform.url, USER, PASSWORD, reset=True)  # the first test left its notebooks open
             page.goto(f"{platform.url}/user/{USER}/lab/tree/{SWEEP_NOTEBOOK}")
             out = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .th-live-output").first
             expect(out).to_have_attribute("data-showing", "card", timeout=90_000)
