@@ -16,7 +16,7 @@ import argparse
 import re
 
 from trainhub.exceptions import InvalidRequest
-from trainhub.fmt import fmt_size
+from trainhub.fmt import fmt_size, noun
 from trainhub.searchspace import SpaceError, merge_spaces, parse_space, reports_metric, space_from_source
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
@@ -123,7 +123,8 @@ def add_workdir_options(p: argparse.ArgumentParser, *, default: str = "") -> Non
 
 def workdir_summary(sent: dict) -> str:
     """One line on a working directory sent (``JobsAPI.send_workdir``'s answer): what it holds, what was left out."""
-    text = f"{sent.get('files', 0):,} file{'s' if sent.get('files') != 1 else ''}, {fmt_size(sent.get('bytes', 0))}"
+    files = sent.get("files", 0)
+    text = f"{files:,} {noun(files, 'file')}, {fmt_size(sent.get('bytes', 0))}"
     skipped = sent.get("skipped") or {}
     if skipped:
         names = ", ".join(sorted(skipped)[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")

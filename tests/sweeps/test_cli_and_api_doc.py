@@ -44,6 +44,12 @@ def test_create_mistakes_exit_2_before_any_request(tmp_path, capsys, extra, mess
     assert message in capsys.readouterr().err
 
 
+def test_exclude_without_a_workdir_is_a_usage_error(tmp_path, capsys):
+    assert main(["sweeps", "create", "--command", "true", "--trials", "2", "--metric", "val_loss", "--mode", "min",
+                 "--param", "x=uniform:0:1", "--exclude", "data/", "--url", "http://127.0.0.1:9/none", "--token", "t"]) == 2
+    assert "give --workdir DIR too" in capsys.readouterr().err
+
+
 def test_mode_is_required(tmp_path, capsys):
     assert main(["sweeps", "create", "--command", "true", "--trials", "2", "--metric", "val_loss",
                  "--param", "x=uniform:0:1", "--url", "http://127.0.0.1:9/none", "--token", "t"]) == 2
@@ -61,3 +67,19 @@ def test_openapi_fragment_matches_the_routes():
     assert routes == set(doc["paths"]) == {"/sweeps", "/sweeps/{id}", "/sweeps/{id}/trials"}
     refs = set(re.findall(r'"#/components/schemas/(\w+)"', plugin.OPENAPI.read_text()))
     assert refs <= set(doc["components"]["schemas"])
+
+
+def test_with_a_workdir_the_script_runs_from_the_copy(tmp_path, capsys):
+    from trainhub.commands.sweeps import body_from_args
+
+    (tmp_path / "src").mkdir()
+    script = tmp_path / "src" / "trial.py"
+    script.write_text("import trainhub\ntrainhub.report(val_loss=trainhub.params()['lr'])\n")
+    body = body_from_args(parse("create", str(script), "--workdir", str(tmp_path), "--trials", "2", "--metric", "val_loss",
+                                "--mode", "min", "--param", "lr=uniform:0:1"))
+    assert body["command"] == "python src/trial.py" and "script" not in body and body["name"] == "trial"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    assert main(["sweeps", "create", str(script), "--workdir", str(outside), "--trials", "2", "--metric", "val_loss",
+                 "--mode", "min", "--param", "lr=uniform:0:1", "--url", "http://127.0.0.1:9/none", "--token", "t"]) == 2
+    assert f"{script} is not inside --workdir {outside}" in capsys.readouterr().err

@@ -475,3 +475,34 @@ def test_sweep_trials_run_in_a_copy_of_the_notebooks_folder(platform, tmp_path):
         assert r.status_code == 404 and f"no working directory {digest} is stored for {who.user}" in r.json()["message"], r.text
     assert requests.get(other.url + "/sweeps", headers=other.h, timeout=30).json()["total"] == 0
     assert requests.get(sw.url + "/sweeps", headers=sw.h, timeout=30).json()["total"] == 1
+
+
+def test_cli_sweep_sends_a_working_directory_every_trial_runs_in(platform, tmp_path):
+    """`trainhub sweeps create --workdir DIR` (as `jobs submit --workdir`): the folder goes once, --exclude leaves out
+    what it matches, and every trial imports its module and reads its relative paths from its own copy."""
+    sw = Sweeps(platform, f"sweep-cliwd-{uuid.uuid4().hex[:6]}")
+    folder = tmp_path / "proj"
+    (folder / "data").mkdir(parents=True)
+    (folder / "objhelpers.py").write_text("def objective(x):\n    return (x - 1) ** 2\n")
+    (folder / "offset.txt").write_text("5\n")
+    (folder / "data" / "big.bin").write_bytes(b"\0" * 1024)
+    (folder / "trial.py").write_text(
+        "import os, trainhub\nfrom objhelpers import objective\nx = trainhub.params()['x']\n"
+        "print('TRIAL', x, sorted(os.listdir('.')))\n"
+        "trainhub.report(step=0, loss=objective(x) + int(open('offset.txt').read()))\n")
+    r = subprocess.run([sys.executable, "-m", "trainhub.cli", "sweeps", "create", str(folder / "trial.py"),
+                        "--workdir", str(folder), "--exclude", "data/", "--trials", "2", "--parallel", "2",
+                        "--metric", "loss", "--mode", "min", "--sampler", "grid", "--param", "x=int:0:1", "--gpus", "0",
+                        "--wait", "--url", sw.url, "--token", sw.token],
+                       capture_output=True, text=True, timeout=180, env=platform.env)
+    s, = requests.get(sw.url + "/sweeps", headers=sw.h, timeout=30).json()["items"]
+    logs = {t["job_id"]: requests.get(f"{sw.url}/jobs/{t['job_id']}/logs", headers=sw.h, timeout=30).text
+            for t in sw.trials(s["id"])}
+    assert r.returncode == 0, (r.stdout + r.stderr, logs)
+    assert f"working directory {folder} (each trial runs in a copy): 3 files" in r.stderr, r.stderr  # data/ left out
+    assert len(s["job"]["workdir"]) == 64 and s["progress"]["complete"] == 2, s
+    for t in sw.trials(s["id"]):
+        log = logs[t["job_id"]]
+        assert f"TRIAL {t['params']['x']} " in log and "'objhelpers.py', 'offset.txt', 'trial.py'" in log, log
+        assert "data" not in log.split("TRIAL", 1)[1].split("]", 1)[0]
+        assert t["value"] == (t["params"]["x"] - 1) ** 2 + 5

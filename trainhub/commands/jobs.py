@@ -153,13 +153,25 @@ def _api(call, *a, **kw):
         raise CommandError(str(e), 2) from None
 
 
+def check_workdir_args(args) -> None:
+    """--exclude only narrows the folder --workdir sends (jobs submit, sweeps create): alone it is a usage error."""
+    if args.exclude and not args.workdir:
+        raise CommandError("--exclude leaves things out of the folder --workdir sends: give --workdir DIR too", 2)
+
+
+def send_workdir(client, args, what: str = "") -> str:
+    """Upload --workdir DIR (a folder that cannot be sent: exit 2) and say what went; its digest for the spec."""
+    sent = _api(client.send_workdir, args.workdir, exclude=args.exclude)
+    print(f"working directory {sent['folder']}{what}: {workdir_summary(sent)}", file=sys.stderr)
+    return sent["sha256"]
+
+
 # -- commands ---------------------------------------------------------------------------------
 def cmd_submit(args):
     program = list(args.program)
     if bool(program) == bool(args.shell_command):
         raise CommandError("give either SCRIPT (a .py file), -- CMD [ARG ...] or --command 'CMD', not both or neither", 2)
-    if args.exclude and not args.workdir:
-        raise CommandError("--exclude leaves things out of the folder --workdir sends: give --workdir DIR too", 2)
+    check_workdir_args(args)
     script = command = None
     named = None  # the file whose name names the job
     if args.shell_command:
@@ -182,9 +194,7 @@ def cmd_submit(args):
         spec["name"] = re.sub(r"[^A-Za-z0-9._ -]", "-", named.stem)[:128] or "script"
     client = client_from_args(args)
     if args.workdir:
-        sent = _api(client.send_workdir, args.workdir, exclude=args.exclude)  # a folder that cannot be sent: exit 2
-        spec["workdir"] = sent["sha256"]
-        print(f"working directory {sent['folder']}: {workdir_summary(sent)}", file=sys.stderr)
+        spec["workdir"] = send_workdir(client, args)
     job = _api(client.submit, spec)
     if args.json and not args.wait:
         print(json.dumps(job, indent=2))

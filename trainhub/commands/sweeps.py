@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
 from trainhub.cli import CommandError
-from trainhub.commands.jobs import _api, _conn, cancel_each, client_from_args
+from trainhub.commands.jobs import _api, _conn, cancel_each, check_workdir_args, client_from_args, send_workdir
 from trainhub.fmt import clip, fmt_number, parse_time, plural, sweep_progress, text_table
-from trainhub.jobspec import add_spec_options, add_sweep_options, parse_states, sweep_spec
+from trainhub.jobspec import add_spec_options, add_sweep_options, add_workdir_options, parse_states, sweep_spec
 from trainhub.states import COMPLETED, SWEEP_STATES
 
 
@@ -29,6 +30,7 @@ def add_parser(sub):
         epilog="Examples:\n"
         "  trainhub sweeps create train.py --trials 20 --parallel 4 --metric val_loss --mode min \\\n"
         "      --param lr=loguniform:1e-5:1e-1 --param layers=int:2:8 --param opt=choice:adam,sgd --gpus 1\n"
+        "  trainhub sweeps create src/train.py --workdir . --trials 8 --metric acc --mode max --param lr=uniform:0:1\n"
         "  trainhub sweeps list\n  trainhub sweeps show s-000003\n  trainhub sweeps cancel s-000003",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -43,6 +45,7 @@ def add_parser(sub):
     c.add_argument("--command", "-c", dest="shell_command", metavar="CMD", help="a shell command to run as each trial instead")
     add_sweep_options(c)
     add_spec_options(c)
+    add_workdir_options(c)
     c.add_argument("--wait", action="store_true", help="follow the sweep until it ends (exit 1 unless it completed)")
     c.add_argument("--json", action="store_true", help="print the sweep as JSON")
     _conn(c)
@@ -84,6 +87,7 @@ def body_from_args(args) -> dict:
     """The POST /sweeps body; mistakes (flags, search space, a metric never reported) raise CommandError (exit 2), nothing sent."""
     if bool(args.script) == bool(args.shell_command):
         raise CommandError("give either SCRIPT (a .py file) or --command 'CMD', not both or neither", 2)
+    check_workdir_args(args)
     script = None
     if args.script:
         path = Path(args.script)
@@ -99,12 +103,25 @@ def body_from_args(args) -> dict:
         raise CommandError(str(e), 2) from None
     if args.script and "name" not in body:
         body["name"] = re.sub(r"[^A-Za-z0-9._ -]", "-", Path(args.script).stem)[:100] or "sweep"
+    if args.script and args.workdir:  # trials run SCRIPT from their copy of the folder, as `python SCRIPT` would here
+        body.pop("script")
+        body["command"] = shlex.join(["python", _inside(Path(args.script), Path(args.workdir))])
     return body
+
+
+def _inside(script: Path, folder: Path) -> str:
+    try:
+        return script.resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        raise CommandError(f"{script} is not inside --workdir {folder}: the trials run it from their copy of that "
+                           "folder, so put it there (or leave --workdir out to send the script alone)", 2) from None
 
 
 def cmd_create(args):
     body = body_from_args(args)
     client = client_from_args(args)
+    if args.workdir:  # sent once: every trial runs in its own copy of it (trainhub.workdir)
+        body["workdir"] = send_workdir(client, args, " (each trial runs in a copy)")
     sweep = _api(client.create_sweep, body)
     if args.json and not args.wait:
         print(json.dumps(sweep, indent=2))
