@@ -13,6 +13,10 @@ Enabled in every single-user server by ``jupyter-config/trainhub.json`` (``Sched
   run while this server is stopped. jupyter-scheduler's handlers answer a :class:`SchedulerError` with a 500 whose
   message is ours; the message says what to change.
 
+A notebook in the user's storage area (under ``$TRAINHUB_STORAGE_PATH``, the notebook pod's storage mount, shown as
+``~/storage``) is marked so in its spec: its job puts the outputs into the area, the only place a Kubernetes job pod
+can reach (the Kubernetes launcher refuses one that only this server's home holds).
+
 Workers, GPUs per worker and a time limit come from the job's ``runtime_environment_parameters``
 (``{"workers": 2, "gpus": 1, "time_limit": "1h"}``).
 """
