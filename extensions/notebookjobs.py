@@ -13,6 +13,10 @@ Enabled in every single-user server by ``jupyter-config/trainhub.json`` (``Sched
   run while this server is stopped. jupyter-scheduler's handlers answer a :class:`SchedulerError` with a 500 whose
   message is ours; the message says what to change.
 
+A notebook in the user's storage area (under ``$TRAINHUB_STORAGE_PATH``, the notebook pod's storage mount, shown as
+``~/storage``) is marked so in its spec: its job puts the outputs into the area, the only place a Kubernetes job pod
+can reach (the Kubernetes launcher refuses one that only this server's home holds).
+
 Workers, GPUs per worker and a time limit come from the job's ``runtime_environment_parameters``
 (``{"workers": 2, "gpus": 1, "time_limit": "1h"}``).
 """
@@ -90,18 +94,29 @@ class TrainhubNotebookScheduler(BaseScheduler):
     def _home(self) -> str:
         return os.path.realpath(os.path.expanduser("~"))
 
-    def _home_relative(self, input_uri: str) -> str:
-        full = os.path.realpath(os.path.join(self.root_dir, input_uri))
+    def _home_relative(self, input_uri: str) -> tuple[str, str | None]:
+        """The input's path in the home, and in the user's storage area (None: not there). A notebook in the storage
+        mount (``$TRAINHUB_STORAGE_PATH``, reached through a link such as ``~/storage``) keeps the path it is shown
+        at; its job puts the outputs into the storage area, which a job pod on Kubernetes can reach and the home
+        cannot."""
+        shown = os.path.normpath(os.path.join(os.path.realpath(self.root_dir), input_uri))
+        full = os.path.realpath(shown)
+        mount = os.environ.get("TRAINHUB_STORAGE_PATH")
+        if mount:
+            in_area = os.path.relpath(full, os.path.realpath(mount))
+            rel = os.path.relpath(shown, self._home())
+            if not in_area.startswith("..") and not rel.startswith(".."):
+                return rel, in_area
         rel = os.path.relpath(full, self._home())
         if rel.startswith(".."):
             raise SchedulerError(f"{input_uri} is outside your home folder: only notebooks in your home can run as jobs")
-        return rel
+        return rel, None
 
     def _root_relative(self, home_rel: str) -> str:
         return os.path.relpath(os.path.join(self._home(), home_rel), os.path.realpath(self.root_dir))
 
     def _spec(self, input_uri: str, parameters, profile, options, name, formats) -> dict:
-        rel = self._home_relative(input_uri)
+        rel, in_area = self._home_relative(input_uri)
         full = os.path.join(self._home(), rel)
         try:
             with open(full, "rb") as f:
@@ -120,7 +135,8 @@ class TrainhubNotebookScheduler(BaseScheduler):
                 profile = _resolve_profile(profile, _call(_client().profiles)["items"])
             return job_spec(nb, rel, parameters=parameters, profile=profile, name=name, output_formats=formats,
                             path_label=input_uri, workers=_int(options.get("workers"), "workers"),
-                            gpus=_int(options.get("gpus"), "gpus"), time_limit=options.get("time_limit"))
+                            gpus=_int(options.get("gpus"), "gpus"), time_limit=options.get("time_limit"),
+                            storage_path=in_area)
         except TrainhubError as e:
             raise SchedulerError(e.message) from None
 

@@ -501,6 +501,14 @@ def fuse_sidecar_pod_storage(
     }
 
 
+def storage_link_hooks(target: str, name: str) -> dict:
+    """KubeSpawner ``lifecycle_hooks``: a postStart hook linking ``$HOME/<name>`` to ``target`` (the storage mount),
+    unless the home holds something by that name. It always exits 0: a failed postStart hook kills the container."""
+    link = '"${HOME:-/home/jovyan}"/' + shlex.quote(name)
+    script = f'[ -e {link} ] || [ -L {link} ] || ln -s {shlex.quote(target)} {link}; exit 0'
+    return {"postStart": {"exec": {"command": ["sh", "-c", script]}}}
+
+
 def storage_paths_env(mount_root: str) -> dict:
     """Where the mounts are inside the notebook (both mount modes use the same layout)."""
     return {"TRAINHUB_STORAGE_PATH": f"{mount_root}/home", "TRAINHUB_DATASETS_PATH": f"{mount_root}/datasets"}

@@ -41,7 +41,7 @@ from trainhub.storage import StorageConfig
 _OVERRIDDEN = (
     "extra_resource_limits", "extra_resource_guarantees", "node_selector", "tolerations", "environment",
     "extra_labels", "extra_annotations", "image", "cpu_limit", "mem_limit", "cpu_guarantee", "mem_guarantee",
-    "volumes", "volume_mounts", "init_containers", "extra_containers",
+    "volumes", "volume_mounts", "init_containers", "extra_containers", "lifecycle_hooks",
 )
 
 
@@ -122,6 +122,13 @@ class GPUKubeSpawner(KubeSpawner):
         container runtime's 64 MiB, which PyTorch DataLoader workers outgrow at once ("bus error").""",
     ).tag(config=True)
     storage_mount_root = Unicode("/mnt/trainhub", help="Where the storage mounts appear in the notebook container.").tag(config=True)
+    storage_link = Unicode(
+        "storage",
+        help="""With a storage mount: the name of a link in the notebook's home to the user's storage area
+        (storage_mount_root/home), made by a postStart hook, so JupyterLab's file browser shows the area (notebook jobs
+        put their outputs there, where a job pod can reach them). A file or folder of the user's by that name is kept.
+        Empty: no link. An admin's own postStart hook (lifecycle_hooks) wins, and there is no link then.""",
+    ).tag(config=True)
 
     api_url = Unicode(
         "",
@@ -658,6 +665,8 @@ class GPUKubeSpawner(KubeSpawner):
                 resources=self.storage_sidecar_resources,
                 native=getattr(self, "_native_sidecars", self.storage_sidecars != "containers"),
             )
+        if self.storage_link and not (self._base().get("lifecycle_hooks") or {}).get("postStart"):
+            frag["lifecycle_hooks"] = m.storage_link_hooks(f"{root}/home", self.storage_link)
         return frag
 
     def _storage_user_env(self) -> dict:

@@ -14,6 +14,11 @@
   runs in the input's folder, so the files it writes land there too. Nothing is written by a process of
   the platform's. ``$TRAINHUB_NOTEBOOK`` (JSON: input, parameters, output formats, schedule) says what
   the job is, for the lists.
+- A notebook in the user's **storage area** (``storage_path``: where a Kubernetes job pod, which never sees the
+  notebook server's home, can reach it): the job runs papermill in a scratch folder of its own and puts the executed
+  notebook and every file the run wrote there into the input's folder of the storage area (``$TRAINHUB_STORAGE_URL``,
+  fsspec, the job's own credentials), the executed notebook also every ``UPLOAD_EVERY`` seconds while it runs. The
+  server shows that folder through its storage mount, so the outputs appear next to the input there too.
 - :func:`check_schedule` / :func:`due_times`: cron expressions through croniter.
 
 Standard library, nbformat, papermill (lazily) and croniter only.
@@ -126,46 +131,107 @@ def check_input_path(path: str) -> str:
     return p
 
 
-# The job's script: runs as the user in the job's sandbox, in the input's folder of the home.
+# The job's script: runs as the user in the job's sandbox, in the input's folder of the home; or, for an input in the
+# storage area ("storage" in $TRAINHUB_NOTEBOOK), in a scratch folder whose files are put next to the input there.
 RUNNER = r'''"""trainhub notebook job: papermill on a copy of {input} (made when the job was created)."""
-import json, os, sys
+import json, os, sys, threading
 import nbformat, papermill
 
 info = json.loads(os.environ["TRAINHUB_NOTEBOOK"])
 nb = nbformat.reads(NOTEBOOK, as_version=4)
+area = info.get("storage")  # the input's path in the user's storage area: the outputs go there
 home = os.path.expanduser("~")
+if area:
+    if not os.environ.get("TRAINHUB_STORAGE_URL"):
+        print("trainhub: this notebook is in your storage area, but the job has no $TRAINHUB_STORAGE_URL to put its "
+              "outputs there (the platform has no storage configured)", file=sys.stderr, flush=True)
+        sys.exit(1)
+    import fsspec
+    fs, root = fsspec.core.url_to_fs(os.environ["TRAINHUB_STORAGE_URL"],
+                                     **json.loads(os.environ.get("TRAINHUB_STORAGE_OPTIONS") or "{{}}"))
+    dest = root.rstrip("/") + "/" + os.path.dirname(area) if os.path.dirname(area) else root.rstrip("/")
+    home = os.path.join(os.environ.get("TRAINHUB_JOB_DIR") or os.getcwd(), "notebook")  # the scratch folder
+    if not os.access(os.path.expanduser("~"), os.W_OK):
+        os.environ.setdefault("JUPYTER_RUNTIME_DIR", os.path.join(home, ".jupyter-runtime"))
 src = os.path.join(home, info["input"])
 folder = os.path.dirname(src)
 os.makedirs(folder, exist_ok=True)
 job = os.environ.get("TRAINHUB_JOB_ID", "local")
 stem = os.path.basename(src)[:-6] if src.endswith(".ipynb") else os.path.basename(src)
 out = os.path.join(folder, f"{{stem}}-{{job}}.ipynb")
-print(f"running {{info['input']}} with parameters {{json.dumps(info.get('parameters') or {{}})}} -> {{os.path.relpath(out, home)}}", flush=True)
-failed = None
+shown = os.path.join(os.path.dirname(info["input"]), os.path.basename(out))
+
+
+def put(paths):
+    """Copy files of the scratch folder to the input's folder of the storage area (same relative paths)."""
+    for p in paths:
+        target = dest + "/" + os.path.relpath(p, folder).replace(os.sep, "/")
+        if "file" in fs.protocol or "local" in fs.protocol:
+            fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(p, target)
+
+
+def keep_putting(stop):
+    """The executed notebook (saved after every cell) to storage every UPLOAD_EVERY s while it changes."""
+    seen = None
+    while not stop.wait(UPLOAD_EVERY):
+        try:
+            mtime = os.stat(out).st_mtime_ns
+            if mtime != seen:
+                put([out])
+                seen = mtime
+        except Exception as e:  # a failed copy is retried at the next tick and at the end
+            print(f"trainhub: copying {{shown}} to storage failed for now: {{e}}", file=sys.stderr, flush=True)
+
+
+print(f"running {{info['input']}} with parameters {{json.dumps(info.get('parameters') or {{}})}} -> {{shown}}", flush=True)
+stop = threading.Event()
+if area:
+    threading.Thread(target=keep_putting, args=(stop,), daemon=True).start()
+failed = crashed = None
 try:
     papermill.execute_notebook(nb, out, parameters=info.get("parameters") or {{}}, kernel_name=KERNEL, language="python",
                                cwd=folder, progress_bar=False, log_output=True)
 except papermill.PapermillExecutionError as e:
     failed = e
-if "html" in (info.get("output_formats") or []):
+except BaseException as e:  # the kernel died, a signal: what ran is still put in storage, then it is raised
+    crashed = e
+finally:
+    stop.set()
+if crashed is None and "html" in (info.get("output_formats") or []) and os.path.exists(out):
     import nbconvert
     body, _ = nbconvert.HTMLExporter().from_filename(out)
     with open(out[:-6] + ".html", "w", encoding="utf-8") as f:
         f.write(body)
+if area:
+    made = [os.path.join(d, n) for d, dirs, names in os.walk(folder) for n in names
+            if not os.path.relpath(os.path.join(d, n), folder).startswith((".jupyter-runtime", ".ipynb_checkpoints"))]
+    put(made)
+    print(f"trainhub: {{len(made)}} file(s) put next to the input in your storage area: "
+          f"{{', '.join(sorted(os.path.relpath(p, folder) for p in made))}}", flush=True)
+if crashed is not None:
+    raise crashed
 if failed is not None:
     print(f"the notebook failed in cell {{failed.exec_count}}: {{failed.ename}}: {{failed.evalue}}", file=sys.stderr, flush=True)
     sys.exit(1)
-print(f"done: {{os.path.relpath(out, home)}}", flush=True)
+print(f"done: {{shown}}", flush=True)
 '''
+
+UPLOAD_EVERY = 10.0  # seconds between copies of a running notebook job's executed notebook to the storage area
 
 
 def job_spec(nb, input_path: str, *, parameters: dict | None = None, profile: str | None = None,
              workers: int | None = None, gpus: int | None = None, time_limit=None, name: str | None = None,
-             output_formats=None, path_label: str | None = None) -> dict:
-    """The ``POST /jobs`` spec running notebook ``nb`` (already read) for the input ``input_path`` (home-relative)."""
+             output_formats=None, path_label: str | None = None, storage_path: str | None = None) -> dict:
+    """The ``POST /jobs`` spec running notebook ``nb`` (already read) for the input ``input_path`` (home-relative).
+
+    ``storage_path``: the same input's path in the user's storage area when it lies there (the server sees the area
+    through its storage mount): the job then puts its outputs there, where a job on any back end can reach them."""
     import nbformat
 
     input_path = check_input_path(input_path)
+    if storage_path is not None:
+        storage_path = check_input_path(storage_path)
     label = path_label or input_path
     values = coerce_parameters(nb, parameters, label)
     formats = [f for f in (output_formats or ["ipynb"]) if f]
@@ -175,11 +241,13 @@ def job_spec(nb, input_path: str, *, parameters: dict | None = None, profile: st
     _tag_lists(nb)
     kernel = (nb.metadata.get("kernelspec") or {}).get("name") or "python3"
     text = nbformat.writes(nb)
-    script = f"NOTEBOOK = {text!r}\nKERNEL = {kernel!r}\n" + RUNNER.format(input=input_path)
+    script = f"NOTEBOOK = {text!r}\nKERNEL = {kernel!r}\nUPLOAD_EVERY = {UPLOAD_EVERY!r}\n" + RUNNER.format(input=input_path)
     if len(script.encode()) > MAX_SCRIPT_BYTES:
         raise NotebookJobError(f"{label} is too big to run as a job ({len(script.encode()) // 1024} KiB with its outputs; "
                                "the limit is 5 MiB): clear its outputs and try again")
     info = {"input": input_path, "parameters": values, "output_formats": formats}
+    if storage_path is not None:
+        info["storage"] = storage_path
     env_value = json.dumps(info, separators=(",", ":"))
     if len(env_value) > 2048:
         raise NotebookJobError("the parameters are too long (at most about 2,000 characters in all); pass large values through storage")

@@ -49,10 +49,11 @@ from traitlets import Any, Dict, Enum, Float, Instance, Integer, List, Unicode, 
 
 from trainhub.backoff import Backoff, WaitTimeout, apoll, within
 from trainhub.boundary.asuser import storage_tree
-from trainhub.exceptions import TrainhubError
+from trainhub.exceptions import InvalidRequest, TrainhubError
 from trainhub.fmt import fmt_duration
 from trainhub.kube.names import SECRET_ENV_KEYS
 from trainhub.metrics.prometheus import GPUTarget
+from trainhub.notebookjobs import notebook_info
 from trainhub.profiles import ProfileCatalog
 from trainhub.storage import StorageConfig
 
@@ -235,6 +236,23 @@ class KubernetesLauncher(Launcher):
         self._lock = asyncio.Lock()
         self.form = "indexed"  # the form new attempts get, decided from the server's version at connect
         self.server_version = ""
+
+    def check(self, spec) -> None:
+        """A notebook job (``trainhub.notebookjobs``) runs in a pod of its own, which never sees the notebook server's
+        home: only one whose notebook lies in the user's storage area can put its outputs where the user reads them
+        (the server shows that area through its storage mount). Refused at submission, with what to do, otherwise."""
+        info = notebook_info({"env": spec.env})
+        if info is None:
+            return
+        if not self.storage.url:
+            raise InvalidRequest(
+                "notebook jobs on Kubernetes put the executed notebook into your storage area, and this platform has no "
+                "storage configured (StorageConfig.url; the chart's trainhub.storage.url): ask an admin to set it up")
+        if not info.get("storage"):
+            raise InvalidRequest(
+                f"{info['input']} is in your notebook server's own home folder, which a job's pod on Kubernetes cannot "
+                "see, so the executed notebook could not come back next to it. Move the notebook into your storage area "
+                "(the 'storage' folder of your home, mounted from object storage) and create the job from there")
 
     # -- API plumbing -------------------------------------------------------------------------
 

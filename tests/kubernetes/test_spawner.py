@@ -118,6 +118,41 @@ async def test_notebook_pods_get_a_memory_backed_dev_shm(make_spawner, cluster, 
     assert "/dev/shm" not in json.dumps(manifest)
 
 
+@pytest.mark.parametrize("mount", ["fuse-sidecar", "none"])
+async def test_the_storage_area_is_linked_into_the_home_by_a_post_start_hook(make_spawner, cluster, validate_k8s, mount,
+                                                                               tmp_path):
+    """JupyterLab shows the storage mount (where notebook jobs put their outputs) as ~/storage: the notebook
+    container's postStart hook, run here for real with sh, links it unless the user keeps something by that name, and
+    exits 0 either way (a failed postStart hook kills the container). No mount, no hook; an admin's own hook wins."""
+    import subprocess
+
+    spawner = make_spawner(f"link-{mount[:4]}", options={"profile": "cpu"},
+                           config=spawner_config(**S3, GPUKubeSpawner__storage_mount=mount))
+    await spawner.start()
+    container = _main_container((await cluster.pods())[spawner.pod_name])
+    validate_k8s(await spawner.get_pod_manifest())
+    await spawner.stop()
+    if mount == "none":
+        assert "postStart" not in (container.get("lifecycle") or {})
+        return
+    command = container["lifecycle"]["postStart"]["exec"]["command"]
+    home = tmp_path / "home"
+    home.mkdir()
+    for _ in range(2):  # again at the next start: the link is there already
+        assert subprocess.run(command, env={"HOME": str(home), "PATH": "/usr/bin:/bin"}).returncode == 0
+        assert (home / "storage").is_symlink() and str((home / "storage").readlink()) == "/mnt/trainhub/home"
+    (home / "storage").unlink()
+    (home / "storage").mkdir()  # the user's own folder by that name is kept
+    assert subprocess.run(command, env={"HOME": str(home), "PATH": "/usr/bin:/bin"}).returncode == 0
+    assert (home / "storage").is_dir() and not (home / "storage").is_symlink()
+    own = {"postStart": {"exec": {"command": ["true"]}}}
+    admin = make_spawner("link-admin", config=spawner_config(**S3, GPUKubeSpawner__storage_mount=mount,
+                                                             KubeSpawner__lifecycle_hooks=own))
+    admin.apply_profile(admin.resolve_profile({}))
+    manifest = validate_k8s(await admin.get_pod_manifest())
+    assert manifest["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]["command"] == ["true"]
+
+
 async def test_notebook_pods_know_the_jobs_api_and_load_train(make_spawner, cluster, validate_k8s):
     """%%train in a notebook pod needs $TRAINHUB_API_URL and the kernel config that loads the magics (the chart's
     trainhub-kernel-config ConfigMap at IPython's system path); without them neither appears."""

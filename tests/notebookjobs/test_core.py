@@ -93,6 +93,17 @@ def test_the_job_spec_carries_the_notebook_and_says_what_it_is():
         job_spec(nb(), "proj/train.ipynb", output_formats=["pdf"])
 
 
+def test_a_notebook_in_the_storage_area_says_where_there():
+    """Its job puts the outputs into the storage area (where a Kubernetes job pod reaches them): the spec says the
+    input's path there, checked like the home path."""
+    spec = job_spec(nb(), "storage/proj/train.ipynb", storage_path="proj/train.ipynb")
+    assert notebook_info({"env": spec["env"]})["storage"] == "proj/train.ipynb"
+    assert "storage" not in notebook_info({"env": job_spec(nb(), "proj/train.ipynb")["env"]})
+    for bad in ("../other/train.ipynb", "/etc/train.ipynb", "proj/data.csv"):
+        with pytest.raises(NotebookJobError):
+            job_spec(nb(), "storage/proj/train.ipynb", storage_path=bad)
+
+
 @pytest.mark.parametrize("expr", ["0 3 * * *", "*/15 * * * *", "0 9 * * mon-fri", "  0  0 1 1 * "])
 def test_cron_expressions(expr):
     assert check_schedule(expr) == " ".join(expr.split())

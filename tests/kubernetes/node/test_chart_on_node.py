@@ -151,6 +151,77 @@ def test_train_runs_a_job_pod_through_the_launcher_and_values_come_back(site):
                and (e["objectRef"].get("name") or "").startswith(worker_job) and e.get("verb") == "patch" for e in audit)
 
 
+def _notebook_with_a_parameter() -> dict:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("lr = 0.1")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "import socket\nopen('side.txt', 'w').write(str(lr * 2))\nprint('LR IS', lr, 'ON', socket.gethostname())")]
+    return json.loads(nbformat.writes(nb))
+
+
+def _outputs_text(nb: dict) -> str:
+    return "".join(o.get("text", "") if isinstance(o.get("text"), str) else "".join(o.get("text", []))
+                   for c in nb["cells"] for o in c.get("outputs", []))
+
+
+def test_a_notebook_job_runs_papermill_in_a_job_pod_and_the_executed_notebook_comes_back(site):
+    """JupyterLab's Create Notebook Job through jupyter-scheduler's REST API in alice's server: a notebook in her
+    storage area (~/storage, the link to the rclone mount) with a parameter runs as a trainhub job pod (papermill in
+    the trainhub image); the executed notebook and the file it wrote appear next to the input, in S3 and in her
+    JupyterLab through the mount. A notebook in the server's own home is refused with what to do."""
+    import requests
+
+    alice = site.user("alice")
+    base = f"{site.url}/user/alice"
+
+    def call(method, path, **kw):
+        return requests.request(method, f"{base}/{path}", headers=alice.headers, timeout=120, **kw)
+
+    # the storage area is in JupyterLab's file browser (the spawner's postStart link to the mount)
+    link = wait_for(lambda: call("GET", "api/contents/storage", params={"content": "1"}),
+                    lambda r: r.status_code == 200, what="~/storage in alice's JupyterLab", timeout=60)
+    assert link.json()["type"] == "directory"
+    assert call("PUT", "api/contents/storage/nbjobs", json={"type": "directory"}).status_code in (200, 201)
+    put = call("PUT", "api/contents/storage/nbjobs/train.ipynb",
+               json={"type": "notebook", "format": "json", "content": _notebook_with_a_parameter()})
+    assert put.status_code in (200, 201), put.text
+    # a notebook in the server's own home: a job pod cannot see it, so it is refused, saying what to do
+    assert call("PUT", "api/contents/home.ipynb",
+                json={"type": "notebook", "format": "json", "content": _notebook_with_a_parameter()}).status_code in (200, 201)
+    refused = call("POST", "scheduler/jobs", json={"input_uri": "home.ipynb", "runtime_environment_name": "cpu",
+                                                   "name": "at-home", "output_formats": ["ipynb"]})
+    assert refused.status_code == 500 and "Move the notebook into your storage area" in refused.json()["message"], refused.text
+    made = call("POST", "scheduler/jobs", json={
+        "input_uri": "storage/nbjobs/train.ipynb", "runtime_environment_name": "cpu", "name": "nb-on-k8s",
+        "parameters": {"lr": "0.75"}, "output_formats": ["ipynb"], "compute_type": "cpu"})
+    assert made.status_code == 200, made.text
+    job_id = made.json()["job_id"]
+    done = wait_for(lambda: call("GET", f"scheduler/jobs/{job_id}").json(),
+                    lambda j: j["status"] in ("COMPLETED", "FAILED", "STOPPED"), what=f"notebook job {job_id} ending",
+                    timeout=480, interval=2)
+    if done["status"] != "COMPLETED":
+        pods = [p["metadata"]["name"] for p in site.pods() if p["metadata"]["name"].startswith("trainhub-j-")]
+        pytest.fail(f"the notebook job ended {done['status']}: {done.get('status_message')}\n"
+                    + "\n".join(site.pod_logs(p)[-3000:] for p in pods))
+    # papermill ran in a job pod of trainhub's launcher (its hostname), and what it made went to alice's area in S3
+    executed = json.loads(wait_for(lambda: _s3_text(site, f"platform/users/alice/nbjobs/train-{job_id}.ipynb"),
+                                   what="the executed notebook in S3", timeout=60))
+    text = _outputs_text(executed)
+    assert re.search(r"LR IS 0\.75 ON trainhub-j-\d+-a1-0", text), text
+    assert _s3_text(site, "platform/users/alice/nbjobs/side.txt") == "1.5"
+    # ... and it is next to the input in her JupyterLab (the mount lists S3 again within its 30 s directory cache)
+    seen = wait_for(lambda: call("GET", f"api/contents/storage/nbjobs/train-{job_id}.ipynb", params={"content": "1"}),
+                    lambda r: r.status_code == 200, what="the executed notebook in alice's JupyterLab", timeout=120,
+                    interval=2)
+    assert "LR IS 0.75" in _outputs_text(seen.json()["content"])
+    files = {f["file_format"]: f["file_path"] for f in call("GET", f"scheduler/jobs/{job_id}").json()["job_files"]}
+    assert files["ipynb"] == f"storage/nbjobs/train-{job_id}.ipynb", files
+
+
 def test_a_gpu_profile_gets_simulated_devices_the_ledger_counts(site):
     from trainhub.spawner.k8s_allocator import KubernetesGPUAllocator
 
