@@ -37,6 +37,13 @@ thread of the load generator prints its own scheduling lag over each phase (how 
 threads wait for a core or the GIL, which is in every call's figure), and each table says how many calls took over
 200 ms.
 
+Where the service's part of the time went is printed under each phase, from the service's own counts
+(``GET /service/stalls``, admins; trainhub.loopwatch), read before and after the phase: its requests' own time (how
+many over 50 and 200 ms), how late its event loop ran (a heartbeat every 50 ms; with the CPU the loop thread used in
+the late intervals: far less CPU than lateness is a wait for a core, not the service's own work), the cycle
+collector's pauses by generation, and where the loop was in the longest stalls. What it leaves out: the proxy's time
+(only its CPU per call is printed) and the kernel's network queues.
+
 Target: p99 of each mixed phase <= 50 ms, no error, and the burst loses or duplicates nothing.
 Prints tables and PASS/FAIL; exit status 0 on PASS, 1 on FAIL. The load generator runs on the
 same machine as the platform (2 shared cores on the reference machine) and competes with it
@@ -232,7 +239,45 @@ def timed_phase():
         gc.collect()
 
 
-def mixed_phase(label: str, users: list[User], args, platform) -> tuple[float, list]:
+def stall_counts(admin: requests.Session | None, api: str) -> dict | None:
+    """The jobs service's loop watch counts (trainhub.loopwatch), or None where it has none."""
+    if admin is None:
+        return None
+    r = admin.get(api + "/service/stalls", timeout=60)
+    return r.json() if r.status_code == 200 else None
+
+
+def stall_lines(before: dict | None, after: dict | None) -> list[str]:
+    """What the service's counts say about one phase (the difference of two snapshots)."""
+    if before is None or after is None:
+        return ["service stall counts: not served (JobsService.stall_log_threshold = 0?)"]
+
+    def diff(path):
+        a, b = after, before
+        for k in path:
+            a, b = a[k], b[k]
+        return a - b
+
+    def over(path, t):
+        return diff([*path, "over_ms", str(t)])
+
+    req, lag = ["requests"], ["loop_lag"]
+    gens = ", ".join(f"gen {g}: {diff(['gc', g, 'count'])} ({diff(['gc', g, 'total_ms']):.0f} ms)" for g in "012")
+    new = [x for x in after["stalls"] if x["at"] > before["stalls"][-1]["at"]] if before["stalls"] else after["stalls"]
+    lines = [
+        f"service: {diff(req + ['count'])} requests, own time over 50 ms: {over(req, 50)}, over 200 ms: {over(req, 200)} "
+        f"(max since start {after['requests']['max_ms']:.0f} ms)",
+        f"service loop: late over 20 ms {over(lag, 20)} times, over 50 ms {over(lag, 50)}, over 200 ms {over(lag, 200)}; "
+        f"late {diff(lag + ['total_ms']):.0f} ms in all, its thread's CPU in those late intervals "
+        f"{diff(lag + ['loop_cpu_ms_when_late']):.0f} ms",
+        f"service collector pauses: {gens}; CPU {diff(['gc', 'cpu_ms']):.0f} ms",
+    ]
+    for x in sorted(new, key=lambda x: -x["ms"])[:3]:
+        lines.append(f"  stall {x['ms']:.0f} ms (loop CPU {x['loop_cpu_ms']:.0f} ms) at {x['where']}")
+    return lines
+
+
+def mixed_phase(label: str, users: list[User], args, platform, admin=None) -> tuple[float, list]:
     """``--clients`` threads of mixed calls; prints the latency table, calls/s and each process's CPU per
     call; returns (p99 of all calls, the calls that failed)."""
     print(f"{label}: {args.clients} clients x {args.requests} calls, think 0..{2 * args.think:.2f} s; {uptime()} ...",
@@ -241,6 +286,7 @@ def mixed_phase(label: str, users: list[User], args, platform) -> tuple[float, l
     pids = service_pids(platform.data_dir)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     load0 = os.getloadavg()[0]
+    stalls0 = stall_counts(admin, users[0].api)
     with timed_phase(), ClientLag() as lag:
         t0 = time.monotonic()
         with ThreadPoolExecutor(args.clients) as pool:
@@ -261,6 +307,8 @@ def mixed_phase(label: str, users: list[User], args, platform) -> tuple[float, l
     print(f"{len(results)} calls in {wall:.1f} s = {len(results) / wall:.0f} calls/s; errors: {len(errors)}"
           + (f" (first: {errors[0]})" if errors else "") + f"; over 200 ms: {sum(1 for x in all_lat if x > 0.2)}")
     print(lag.line())
+    for line in stall_lines(stalls0, stall_counts(admin, users[0].api)):
+        print(line)
     for name, used in cpu.items():
         print(f"{name}: {used:.1f} CPU s = {used / wall:.2f} cores, {used / len(results) * 1000:.1f} ms CPU per call")
     print(f"machine load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -334,6 +382,7 @@ def main(argv=None) -> int:
         print(f"platform up at {platform.url} in {time.monotonic() - t:.1f} s", flush=True)
         api = platform.url + "/services/trainhub/api"
         users = [User(api, f"load-{i}", platform.token(f"load-{i}")) for i in range(args.users)]
+        admin = User(api, platform.admin_user, platform.token(platform.admin_user, admin=True)).session()
         # seed each user with a few finished jobs to read, and warm up each token (hub auth cache)
         for u in users:
             s = u.session()
@@ -344,11 +393,11 @@ def main(argv=None) -> int:
 
         # -- warm-up: the same load, not a target (see the module docstring) --------------------
         if args.warmup:
-            mixed_phase("warm-up (not a target)", users, args, platform)
+            mixed_phase("warm-up (not a target)", users, args, platform, admin)
             print()
 
         # -- phase 1: mixed, small table -------------------------------------------------------
-        p99, errors = mixed_phase("mixed", users, args, platform)
+        p99, errors = mixed_phase("mixed", users, args, platform, admin)
         targets = [("mixed p99", p99, errors)]
 
         # -- phase 2: burst of submissions -------------------------------------------------
@@ -365,17 +414,21 @@ def main(argv=None) -> int:
             body = {"command": "true", "gpus": 0, "name": f"burst-{i}", "submit_key": f"burst-{i}"}
             return (i,) + timed(s, "POST", u.api + "/jobs", json=body)
 
+        stalls0 = stall_counts(admin, api)
         with timed_phase():
             t0 = time.monotonic()
             with ThreadPoolExecutor(args.clients) as pool:
                 burst = list(pool.map(submit, range(args.burst)))
             submit_wall = time.monotonic() - t0
+        burst_stalls = stall_lines(stalls0, stall_counts(admin, api))
         ok = [b for b in burst if b[2] == 201]
         ids = [b[3]["id"] for b in ok]
         after = sum(u.total(s) for u, s in sessions)
         print(table([("POST /jobs", [b[1] for b in burst])]))
         print(f"{len(ok)}/{args.burst} answered 201 in {submit_wall:.1f} s; distinct ids {len(set(ids))}; "
               f"listed jobs {before} -> {after} (+{after - before})")
+        for line in burst_stalls:
+            print(line)
         t0 = time.monotonic()
         jobs = wait_all_done(sessions, 600)
         drain = time.monotonic() - t0
@@ -393,7 +446,7 @@ def main(argv=None) -> int:
         if args.queued:
             print(f"\nqueue: {args.queued:,} GPU jobs waiting behind a job that holds all the GPUs ...", flush=True)
             fill_queue(platform, users, args.queued)
-            p99_q, errors_q = mixed_phase(f"mixed, {args.queued:,} queued", users, args, platform)
+            p99_q, errors_q = mixed_phase(f"mixed, {args.queued:,} queued", users, args, platform, admin)
             targets.append((f"mixed p99 with {args.queued:,} queued", p99_q, errors_q))
 
         print()
