@@ -78,6 +78,7 @@ import requests
 from benchcommon import PLATFORM_CONFIG, percentile, start_platform
 
 from trainhub.backoff import WaitTimeout, poll
+from trainhub.cpupriority import session_nice, set_session_nice
 from trainhub.states import JOB_TERMINAL as TERMINAL
 
 
@@ -384,12 +385,8 @@ def main(argv=None) -> int:
 
         return subprocess.call([sys.executable, *sys.argv], start_new_session=True)
     if args.client_nice:
-        try:
-            Path("/proc/self/autogroup").write_text(str(args.client_nice))
-            why = ""
-        except OSError as e:
-            why = f" (not set: {e.strerror or e})"
-        print(f"load generator: {Path('/proc/self/autogroup').read_text().strip()}{why}", flush=True)
+        why = set_session_nice(args.client_nice)
+        print(f"load generator: session niceness {session_nice()}" + (f" ({why})" if why else ""), flush=True)
 
     root = Path(tempfile.mkdtemp(prefix="jobs-load-bench-"))
     platform = None
