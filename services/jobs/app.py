@@ -19,11 +19,13 @@ from traitlets.config import Application, PyFileConfigLoader
 
 from trainhub import __version__
 from trainhub.config import load_platform_config
+from trainhub.cpupriority import PLATFORM_NICE, set_session_nice
 from trainhub.exceptions import Conflict, NotFound, TooManyQueued
-from trainhub.httpapi import MAX_SERVER_BODY_BYTES
+from trainhub.httpapi import MAX_SERVER_BODY_BYTES, log_request
 from trainhub.boundary.isolation import Isolation
 from trainhub.ledger import GPUAllocator, LocalGPUAllocator
 from trainhub.loops import PeriodicLoop
+from trainhub.loopwatch import LoopWatch
 from trainhub.profiles import ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.services.api import make_application
@@ -164,11 +166,21 @@ class JobsService(Application):
         waited up to 5 ms per hand-over for the loop to let go (a %%train start's claim 18-37 ms at load 4-7, 7-8 ms
         with 0.0005). The price: about 10 % more service CPU per API call under 50 concurrent clients (3.3-3.5 ms ->
         3.8-3.9 ms, same runs alternating). 0 keeps Python's default.""").tag(config=True)
+    session_nice = Integer(PLATFORM_NICE, help="""The CPU priority of the service's session against every other session on the
+        machine (Linux autogroup niceness, -20..19; trainhub.cpupriority), e.g. -10: each of users' jobs and servers runs
+        in a session of its own and otherwise weighs as much as the jobs API, which then waits for a core behind them on
+        a busy machine (measured at load 11-14 on 2 cores: a request's own time p50 35-141 ms for 1-3 ms of CPU; 3.6 ms
+        with -10). `trainhub up` gives the proxy's session the same. Below 0 needs CAP_SYS_NICE (root); where it is not
+        allowed, or the kernel has no autogroups, nothing changes and the reason is logged. 0 = leave it.""").tag(config=True)
     freeze_after_start = Bool(True, help="""Once the service is up, collect once and move what is left, the imports'
         and the set-up's objects, out of reach of the cycle collector's later passes (``gc.freeze``). Each full
         collection walked them all: about 0.1 s during which no request was served (120-128 ms with 10,000 jobs queued,
         about once per phase of the load benchmark). The price: a reference cycle among those objects that becomes
         garbage later is not collected.""").tag(config=True)
+    stall_log_threshold = Float(0.1, help="""Seconds the event loop may be held up before the service logs it (warning)
+        with where its thread was, e.g. 0.1; every delay is also counted (loop lag, the cycle collector's pauses, the
+        requests' own time: ``GET {api}/service/stalls``, admins; trainhub.loopwatch). 0 = no watch, nothing counted.
+        The watch costs a heartbeat on the loop and a watchdog thread's look every 50 ms.""").tag(config=True)
     max_queued_per_user = Integer(1000, help="""Most jobs one user may have queued at once, e.g. 1000; a submission
         past it is refused with 429 (cancel some queued jobs or wait until some start). Sweep trials are jobs of the
         sweep's creator and count; at the cap a sweep's next trial waits instead of failing. Admins are not exempt:
@@ -221,6 +233,7 @@ class JobsService(Application):
         self.launcher.workdir_store = self.workdirs
         self.syncer = OutputSyncer(self.storage, parent=self, as_user=self.launcher.as_user)
         self.groups = GroupDirectory(self.log)
+        self.loopwatch: LoopWatch | None = None
         self._submitting: dict[str, int] = {}  # user -> submissions being written (check_queued counts them)
         public = os.environ.get("TRAINHUB_PUBLIC_URL", "").rstrip("/")
         self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/trainhub/")
@@ -363,12 +376,24 @@ class JobsService(Application):
         for mod in self.plugins:
             handlers += mod.routes(self.service_prefix, self)
         handlers.append((url_path_join(self.service_prefix, "oauth_callback"), HubOAuthCallbackHandler))
-        return make_application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False)
+        return make_application(handlers, cookie_secret=os.urandom(32), xsrf_cookies=False, log_function=self._log_request)
+
+    def _log_request(self, handler) -> None:
+        """The access log (``trainhub.httpapi.log_request``), each request's own time counted by the loop watch."""
+        if self.loopwatch is not None:
+            self.loopwatch.request(handler.request.request_time())
+        log_request(handler)
 
     def tune_interpreter(self) -> None:
-        """The process-wide knobs the service wants (``switch_interval``); called as it starts."""
+        """The process-wide knobs the service wants (``switch_interval``, ``session_nice``); called as it starts."""
         if self.switch_interval > 0:
             sys.setswitchinterval(self.switch_interval)
+        if self.session_nice:
+            why = set_session_nice(self.session_nice)
+            if why:
+                self.log.info("CPU priority of the jobs service unchanged: %s", why)
+            else:
+                self.log.info("the jobs service's session runs at autogroup niceness %d", self.session_nice)
 
     def settle_heap(self) -> None:
         """``freeze_after_start``: called once the service is up."""
@@ -387,6 +412,9 @@ class JobsService(Application):
         self.http = self.make_app().listen(port, self.ip, max_body_size=MAX_SERVER_BODY_BYTES)
         self.groups.start()
         self.settle_heap()
+        if self.stall_log_threshold > 0:
+            self.loopwatch = LoopWatch(self.log, stall=self.stall_log_threshold)
+            self.loopwatch.start()
         self.log.info("trainhub jobs API listening on %s:%d%s", self.ip, port, self.api_prefix)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -395,6 +423,8 @@ class JobsService(Application):
         await stop.wait()
         self.log.info("trainhub jobs API stopping (running jobs keep running and are re-adopted on restart)")
         self.http.stop()
+        if self.loopwatch is not None:
+            self.loopwatch.stop()
         await self.groups.stop()
         for mod in reversed(self.plugins):
             await mod.stop(self)

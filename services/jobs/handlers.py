@@ -58,6 +58,19 @@ class RootHandler(APIHandler):
                          "limits": {"workdir_bytes": limits.max_bytes, "workdir_files": limits.max_files}})
 
 
+class StallsHandler(APIHandler):
+    """What held up the service's event loop since it started (trainhub.loopwatch): admins only, since it shows
+    where the service's code was, not anyone's jobs."""
+
+    async def get(self):
+        if not self.caller.admin:
+            raise web.HTTPError(403, "only admins may read the service's stall counts")
+        watch = self.service.loopwatch
+        if watch is None:
+            raise NotFound("the service runs without its loop watch (JobsService.stall_log_threshold = 0)")
+        self.write_json(watch.snapshot())
+
+
 class OpenAPIHandler(APIHandler):
     async def get(self):
         self.set_header("Content-Type", "application/json")
@@ -346,6 +359,7 @@ def default_handlers(prefix: str, service) -> list:
     return [
         (api + r"/?", RootHandler, kw),
         (api + r"/openapi.json", OpenAPIHandler, kw),
+        (api + r"/service/stalls", StallsHandler, kw),
         (api + r"/jobs/?", JobsHandler, kw),
         (api + rf"/jobs/{JOB_ID}/?", JobHandler, kw),
         (api + rf"/jobs/{JOB_ID}/logs", JobLogsHandler, kw),

@@ -341,6 +341,26 @@ def wait_for_hub(runtime: Runtime, proc: subprocess.Popen, output: HubOutput | N
         except (requests.RequestException, ValueError):
             pass
     wait_http(runtime.public_url.rstrip("/") + "/hub/api/", proc, "JupyterHub", timeout, exited_hint=hint)
+    proxy_priority(DataDir(runtime.data_dir))
+
+
+def proxy_priority(dd: DataDir) -> None:
+    """The proxy the hub started (its pid file) gets the jobs service's CPU priority, ``JobsService.session_nice``
+    (trainhub.cpupriority): every API call passes through it. Called after each start of the hub (a new hub may start
+    a new proxy). Said on stderr when it cannot be set as root; not tried below 0 without root."""
+    from trainhub.config import load_platform_config
+    from trainhub.cpupriority import PLATFORM_NICE, set_session_nice
+
+    nice = load_platform_config(dd.root).JobsService.get("session_nice", PLATFORM_NICE)
+    if not nice or (nice < 0 and os.geteuid() != 0):
+        return
+    try:
+        pid = int((dd.root / "proxy.pid").read_text().strip())
+    except (OSError, ValueError):
+        return  # an external proxy, or none started here
+    why = set_session_nice(nice, pid)
+    if why:
+        print(f"trainhub: the proxy's CPU priority is unchanged: {why}", file=sys.stderr, flush=True)
 
 
 def cli_command(data_dir, args: str, *, env=None, which=shutil.which, script: str | None = None) -> str:

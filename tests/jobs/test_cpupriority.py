@@ -1,0 +1,54 @@
+"""The jobs service's CPU priority (trainhub.cpupriority, issue 35): its session's autogroup niceness, set at start.
+
+Each check runs in a child process in a session of its own, so the test's own session is left as it was."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from trainhub.cpupriority import AUTOGROUP_SWITCH
+
+def _autogroups() -> bool:
+    try:
+        with open(AUTOGROUP_SWITCH) as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _autogroups(), reason="this kernel shares the CPU by process, not by session")
+
+
+def in_own_session(code: str) -> str:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, start_new_session=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_a_session_gets_the_niceness_asked_for_and_says_when_it_cannot():
+    out = in_own_session("from trainhub.cpupriority import *; print(set_session_nice(5), session_nice())")
+    assert out == "None 5"
+    # a process may lower its session's priority but raise it again only with CAP_SYS_NICE
+    out = in_own_session("import os\nfrom trainhub.cpupriority import *\nset_session_nice(5)\n"
+                         "os.setuid(65534) if os.geteuid() == 0 else None\nprint(set_session_nice(-1))")
+    assert "needs CAP_SYS_NICE" in out, out
+
+
+def test_the_jobs_service_asks_for_the_platform_priority_for_its_session_at_start(tmp_path):
+    code = f"""
+import logging
+from traitlets.config import Config
+from trainhub.gpus import simulated_devices
+from trainhub.settings import Runtime
+from trainhub.services.jobs.app import JobsService
+from trainhub.cpupriority import session_nice
+Runtime(data_dir={str(tmp_path)!r}, devices=[d.to_dict() for d in simulated_devices(1)], simulated=True).save()
+c = Config(); c.Isolation.allow_shared_account = True; c.JobsService.session_nice = 3
+app = JobsService(config=c); app.initialize(["--data-dir", {str(tmp_path)!r}])
+app.tune_interpreter()
+print(session_nice())
+"""
+    assert in_own_session(code).splitlines()[-1] == "3"
