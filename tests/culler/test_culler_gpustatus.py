@@ -53,6 +53,7 @@ async def rig(tmp_path):
     culler.policy.utcnow = clock
     culler.policy.profile_timeouts = {"gpu-1": 3600, "gpu-2": 3600}
     culler.policy.release_timeout = 0  # the profile clock (1 h); the release clock: test_culler_policy.py
+    culler.policy.start_grace_period = 0
     culler.setup()
     auth = Tokens(api_token="svc", api_url="http://127.0.0.1:9/hub/api", access_scopes={ACCESS})
     sock = socket.socket()
