@@ -725,7 +725,6 @@ class GPUCuller(RegainMixin, Application):
         finally:
             self._giving_back.pop(holder, None)
         row = self._row(info, decision, acted=acted, error=error)
-        self.habits.observe_row({**row, "at": now})
         self.latest[holder] = row
         self.log.info(json.dumps({"event": "culler.decision", **{k: v for k, v in row.items() if k != "at"},
                                   "at": row["at"].isoformat()}, default=str))
