@@ -39,10 +39,13 @@ PANEL = "extensions/panel"
 LABEXTENSION_DEST = "share/jupyter/labextensions/trainhub-panel"
 SERVER_CONFIG = "extensions/jupyter-config/trainhub.json"
 SERVER_CONFIG_DEST = "etc/jupyter/jupyter_server_config.d"
+# jupyter-scheduler's own config file (an extension app reads jupyter_<name>_config): trainhub as its back end
+SCHEDULER_CONFIG = "extensions/jupyter-config/jupyter_jupyter_scheduler_config.json"
+SCHEDULER_CONFIG_DEST = "etc/jupyter"
 
 
 def data_files():
-    out = [(SERVER_CONFIG_DEST, [SERVER_CONFIG])]
+    out = [(SERVER_CONFIG_DEST, [SERVER_CONFIG]), (SCHEDULER_CONFIG_DEST, [SCHEDULER_CONFIG])]
     for dirpath, dirnames, filenames in os.walk(PANEL):
         dirnames.sort()
         rel = os.path.relpath(dirpath, PANEL)

@@ -4,9 +4,11 @@
   panel's proxy to the trainhub API).
 - :mod:`trainhub.extensions.tensorboard`: the jupyter-server extension opening TensorBoard for jobs.
 - :mod:`trainhub.extensions.optunadash`: the jupyter-server extension opening optuna-dashboard on the user's own sweeps.
+- :mod:`trainhub.extensions.notebookjobs`: trainhub as jupyter-scheduler's back end ("Create Notebook Job").
 - ``panel/``: the prebuilt JupyterLab extension ``trainhub-panel`` (source in ``labextension/``;
   rebuild with ``npm install && npx tsc && jupyter-builder build .`` there).
-- ``jupyter-config/trainhub.json``: the jupyter-server config file enabling the server extension.
+- ``jupyter-config/trainhub.json``: the jupyter-server config file enabling the server extensions and jupyter-scheduler
+  with trainhub's back end.
 
 A wheel installs both as data files (``share/jupyter/labextensions/trainhub-panel`` and
 ``etc/jupyter/jupyter_server_config.d/trainhub.json`` under the environment's prefix, see
@@ -29,11 +31,19 @@ SERVER_EXTENSION = "trainhub.extensions.storage"
 TENSORBOARD_EXTENSION = "trainhub.extensions.tensorboard"
 OPTUNA_DASHBOARD_EXTENSION = "trainhub.extensions.optunadash"
 SERVER_EXTENSIONS = (SERVER_EXTENSION, TENSORBOARD_EXTENSION, OPTUNA_DASHBOARD_EXTENSION)
+#: jupyter-scheduler ("Create Notebook Job", the Notebook Jobs list) with trainhub as its back end (:mod:`.notebookjobs`)
+SCHEDULER_EXTENSION = "jupyter_scheduler"
+ENABLED_EXTENSIONS = (*SERVER_EXTENSIONS, SCHEDULER_EXTENSION)
 #: The jupyter-server config file enabling :data:`SERVER_EXTENSIONS` (shipped as is in the wheel).
 SERVER_CONFIG = Path(__file__).parent / "jupyter-config" / "trainhub.json"
 #: Where the panel and the config file go, relative to an environment's prefix.
 LABEXTENSION_DEST = Path("share", "jupyter", "labextensions", LABEXTENSION_NAME)
 SERVER_CONFIG_DEST = Path("etc", "jupyter", "jupyter_server_config.d", "trainhub.json")
+#: jupyter-scheduler's config file (an extension app reads ``jupyter_<name>_config`` from the config path, the
+#: server's ``jupyter_server_config.d`` only enables it): ``SchedulerApp.scheduler_class`` and
+#: ``environment_manager_class`` name trainhub's back end, :mod:`.notebookjobs`
+SCHEDULER_CONFIG = Path(__file__).parent / "jupyter-config" / "jupyter_jupyter_scheduler_config.json"
+SCHEDULER_CONFIG_DEST = Path("etc", "jupyter", "jupyter_jupyter_scheduler_config.json")
 
 
 def _jupyter_labextension_paths():
@@ -64,12 +74,13 @@ def install_labextension(prefix: str | os.PathLike | None = None, enable_server_
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp.rename(dest)
     if enable_server_extension:
-        conf = prefix / SERVER_CONFIG_DEST
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        text = SERVER_CONFIG.read_text()
-        if not conf.exists() or conf.read_text() != text:
-            conf.write_text(text)
-        os.chmod(conf, 0o644)
+        for src, rel in ((SERVER_CONFIG, SERVER_CONFIG_DEST), (SCHEDULER_CONFIG, SCHEDULER_CONFIG_DEST)):
+            conf = prefix / rel
+            conf.parent.mkdir(parents=True, exist_ok=True)
+            text = src.read_text()
+            if not conf.exists() or conf.read_text() != text:
+                conf.write_text(text)
+            os.chmod(conf, 0o644)
     _readable_by_all(dest)
     return dest
 

@@ -22,8 +22,10 @@ def left_out_message(script: JobScript, max_value_bytes: int) -> str:
     lines += [
         "Pass data through storage instead: save it from the notebook under $TRAINHUB_STORAGE_URL (your storage,",
         "visible to jobs) and read that path in the cell, e.g.",
-        "    path = os.environ['TRAINHUB_STORAGE_URL'] + '/data/train.parquet'   # df.to_parquet(path) in the notebook",
-        "    df = pandas.read_parquet(path)                                        # in the %%train cell",
+        "    url = os.environ['TRAINHUB_STORAGE_URL'] + '/data/x.npy'",
+        "    with fsspec.open(url, 'wb') as f: np.save(f, x)     # in the notebook",
+        "    with fsspec.open(url, 'rb') as f: x = np.load(f)    # in the %%train cell",
+        "(with S3 storage pass **json.loads(os.environ['TRAINHUB_STORAGE_OPTIONS']) to fsspec.open: docs/notebooks.md),",
         "or build the value inside the cell. Values up to "
         f"{fmt_size(max_value_bytes)} are sent pickled (raise it with %config TrainMagics.max_value_bytes = N);",
         "pass --ignore-missing to submit anyway (the job fails with NameError if it uses them).",

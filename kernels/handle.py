@@ -22,6 +22,11 @@ def settle(panel, timeout: float = 30.0) -> None:
     thread = getattr(panel, "_thread", None)
     if thread is not None and thread.is_alive():
         panel.done.wait(timeout)
+    done = getattr(panel, "done", None)
+    if done is not None and done.is_set():
+        # once more under this cell: the thread's last publish may have gone out between two cells, where no frontend
+        # takes it (nbclient keeps only the running cell's messages)
+        panel.publish(force=True)
 
 
 class LiveDisplay:

@@ -255,7 +255,7 @@ class TrainMagics(Magics):
             script = build_job_script(cell, history, self.shell.user_ns, max_value_bytes=self.max_value_bytes,
                                       transform=self.shell.transform_cell, line_offset=1,
                                       returns=getattr(args, "returns", None),
-                                      workdir=not getattr(args, "no_workdir", True))  # %%sweep: no working directory (yet)
+                                      workdir=not args.no_workdir)
         except CellSyntaxError as e:
             where = f"line {e.lineno} of the cell" if e.lineno else "the cell"
             pointer = f"\n    {e.line.strip()}" if e.line else ""

@@ -25,12 +25,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, magics_class
 
 from trainhub.fmt import clip, fmt_number, plural, sweep_progress, text_table
-from trainhub.jobspec import add_spec_options, add_sweep_options, sweep_spec
+from trainhub.jobspec import add_spec_options, add_sweep_options, add_workdir_options, sweep_spec, workdir_summary
 from trainhub.handle import seen_text
 from trainhub.kernels.handle import LiveDisplay, settle
 from trainhub.kernels.magics import TrainMagics, _UsageParser, cell_number, server_profile_default
 from trainhub.kernels.widget import StaticForm, panel_backoff, svg_axes
 from trainhub.searchspace import SPACE_VARIABLE
+from trainhub.workdir import scan
 from trainhub.states import (CANCELLED, COMPLETE, COMPLETED, FAILED, PENDING, PRUNED, RUNNING, SWEEP_TERMINAL, TRIAL_CANCELLED,
                              TRIAL_FAILED, TRIAL_RUNNING)
 
@@ -46,7 +47,10 @@ trainhub.report(step=..., NAME=value) (intermediate values let the pruner stop b
 the last value reported is the trial's result). Declare the search space with --param flags or a
 literal dict in the cell, e.g.  {SPACE_VARIABLE} = {{"lr": "loguniform:1e-5:1e-1", "opt": ["adam", "sgd"]}}.
 Distributions: uniform:LOW:HIGH[:STEP], loguniform:LOW:HIGH, int:LOW:HIGH[:STEP], logint:LOW:HIGH,
-choice:A,B,...  Notebook context (imports, functions, small values) is sent as with %%train.
+choice:A,B,...  Notebook context (imports, functions, small values) is sent as with %%train, and
+so is the notebook's folder: it is sent once and every trial runs in its own copy of it (its modules
+import, relative paths work; .gitignore and .trainhubignore respected): --workdir DIR sends another,
+--no-workdir none (the trials then run in your home directory).
 """
 
 
@@ -60,6 +64,7 @@ def sweep_parser() -> argparse.ArgumentParser:
                      allow_abbrev=False)
     add_sweep_options(p)
     add_spec_options(p)
+    add_workdir_options(p, default="the notebook's folder; every trial runs in its own copy")
     p.add_argument("--wait", action="store_true", help="block until the sweep ends")
     p.add_argument("--as", dest="as_var", metavar="VAR", help="bind the SweepHandle to VAR (it is also the cell's result)")
     p.add_argument("--ignore-missing", action="store_true",
@@ -84,7 +89,8 @@ class SweepMagics(TrainMagics):
     def sweep(self, line: str, cell: str):
         """%%sweep --trials N --parallel P --metric NAME --mode min|max [--param NAME=KIND:ARGS ...]
         [--sampler tpe|random|grid|cmaes] [--pruner median|hyperband|none] [--gpus G --workers W ...]
-        [--name NAME] [--as VAR] [--wait]: run a hyperparameter sweep of this cell."""
+        [--workdir DIR | --no-workdir] [--exclude PATTERN] [--name NAME] [--as VAR] [--wait]: run a hyperparameter
+        sweep of this cell, each trial in a copy of the notebook's folder."""
         __tracebackhide__ = True
         prepared = self._prepare(sweep_parser(), line, cell, "%%sweep", "trial code")
         if prepared is None:  # --help was shown
@@ -92,15 +98,26 @@ class SweepMagics(TrainMagics):
         args, script = prepared
         body = sweep_body(args, cell, script.source.replace("%%train", "%%sweep"))
         body.setdefault("name", f"notebook-sweep-{cell_number(self.shell)}")
+        folder = None if args.no_workdir else (args.workdir or os.getcwd())
         if args.dry_run:
             import json
 
             print(json.dumps({k: v for k, v in body.items() if k != "script"}, indent=2))
             print(body["script"])
+            if folder is not None:
+                listing = self._call("the working directory cannot be sent", scan, folder, exclude=args.exclude)
+                print(f"%%sweep would send the working directory {listing.root} (each trial runs in a copy): "
+                      f"{workdir_summary({'files': listing.files, 'bytes': listing.bytes, 'skipped': listing.skipped})}")
             return None
+        sent = None
+        if folder is not None:  # sent once: every trial's job runs in its own copy of it (trainhub.workdir)
+            sent = self._call("the sweep was not started", self.client.send_workdir, folder, exclude=args.exclude)
+            body["workdir"] = sent["sha256"]
         profile = server_profile_default(body)
         sweep = self._submit("the sweep was not started", self.client.create_sweep, body, profile)
         self._report_context(script, "%%sweep")
+        if sent is not None:
+            print(f"%%sweep sent the working directory {sent['folder']} (each trial runs in a copy): {workdir_summary(sent)}")
         handle = SweepHandle(self.client, sweep)
         self._present(handle, lambda: SweepPanel(self.client, sweep, poll=self.poll_interval),
                       f"started sweep {sweep['id']}: {plural(sweep['trials'], 'trial')}, {sweep['parallel']} at a time, "
@@ -207,11 +224,15 @@ class SweepHandle(LiveDisplay):
 
         from trainhub.runtime import optuna_storage
 
+        url = storage or optuna_storage()
+        missing = RuntimeError(f"sweep {self.id} is not in your Optuna copy ({url}) yet: it is written when its first "
+                               "trial finishes")
+        if storage is None and not os.path.exists(url.removeprefix("sqlite:///")):
+            raise missing  # no copy yet (no sweep of yours has written it): not an SQLite error, and nothing created
         try:
-            return optuna.load_study(study_name=self.id, storage=storage or optuna_storage())
+            return optuna.load_study(study_name=self.id, storage=url)
         except KeyError:
-            raise RuntimeError(f"sweep {self.id} is not in your Optuna copy ({storage or optuna_storage()}) yet: it is "
-                               "written when its first trial finishes") from None
+            raise missing from None
 
     def cancel(self) -> dict:
         self.sweep = self.client.cancel_sweep(self.id)

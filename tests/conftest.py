@@ -392,9 +392,11 @@ class Platform:
 
     # -- kernels ----------------------------------------------------------------
     def kernel_exec(self, user: str, code: str, token: str | None = None, timeout: float = 60,
-                    keep_kernel: bool = False, kernel_id: str | None = None, path: str | None = None) -> str:
+                    keep_kernel: bool = False, kernel_id: str | None = None, path: str | None = None,
+                    store_history: bool = False) -> str:
         """Run ``code`` in a fresh kernel of the user's server (or in kernel ``kernel_id``, kept); returns its stdout.
-        ``path``: the notebook the kernel is for (its folder is the kernel's working directory), as JupyterLab asks."""
+        ``path``: the notebook the kernel is for (its folder is the kernel's working directory), as JupyterLab asks.
+        ``store_history``: as a notebook's cells run (%%train finds earlier cells' sources in the history)."""
         import websocket  # websocket-client, a jupyter-server dependency
 
         token = token or self.token(user)
@@ -424,7 +426,7 @@ class Platform:
                 "header": {"msg_id": msg_id, "username": user, "session": uuid.uuid4().hex, "msg_type": "execute_request",
                            "version": "5.3", "date": ""},
                 "parent_header": {}, "metadata": {}, "channel": "shell",
-                "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                "content": {"code": code, "silent": False, "store_history": store_history, "user_expressions": {},
                             "allow_stdin": False, "stop_on_error": True},
                 "buffers": [],
             }))

@@ -107,8 +107,8 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_workdir_options(p: argparse.ArgumentParser, *, default: str = "") -> None:
-    """The working-directory flags shared by `trainhub jobs submit` and %%train (trainhub.workdir). ``default``: the
-    folder sent when --workdir is not given (%%train: the notebook's), "" none."""
+    """The working-directory flags shared by `trainhub jobs submit`, %%train and %%sweep (trainhub.workdir). ``default``:
+    the folder sent when --workdir is not given (%%train, %%sweep: the notebook's), "" none."""
     g = p.add_argument_group("working directory")
     where = f" (default: {default})" if default else ""
     g.add_argument("--workdir", metavar="DIR", help="send the folder DIR along: the job runs in a copy of it, so its "

@@ -14,6 +14,7 @@ from traitlets import Float, Unicode
 from traitlets.config import LoggingConfigurable
 
 from trainhub.backoff import WaitTimeout, apoll
+from trainhub.boundary.procs import stop_child
 from trainhub.exceptions import NotFound, TrainhubError
 from trainhub.runtime import optuna_storage
 
@@ -110,11 +111,5 @@ class Dashboard(LoggingConfigurable):
         return int(row[0]) if row else None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
         self.proc = None

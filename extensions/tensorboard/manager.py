@@ -18,6 +18,7 @@ from traitlets.config import LoggingConfigurable
 
 from trainhub import tensorboard as tb
 from trainhub.backoff import WaitTimeout, apoll
+from trainhub.boundary.procs import stop_child
 from trainhub.exceptions import InvalidRequest, TrainhubError
 from trainhub.jobarea import env_storage_options
 
@@ -157,13 +158,7 @@ class TensorBoards(LoggingConfigurable):
                     self.log.warning("TensorBoard for %s: refreshing its event files failed: %s", ", ".join(board.jobs), e)
 
     def _stop(self, board: Board) -> None:
-        if board.alive:
-            board.proc.terminate()
-            try:
-                board.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                board.proc.kill()
-                board.proc.wait()
+        stop_child(board.proc)
 
     def stop_all(self) -> None:
         for board in list(self._boards.values()):

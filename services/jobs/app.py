@@ -50,11 +50,15 @@ OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 #     (not named `handlers`: importing a `handlers` submodule would replace the attribute)
 #   async start(service) / async stop(service)  background work (own loops; stop awaits them)
 #   OPENAPI: Path of an OpenAPI fragment ({"paths": ..., "components": {"schemas": ...}})
+# and optionally
+#   workdirs_in_use(service, user) -> set of SHA-256s  the working directories it will still start jobs in
+#     (blocking: called on a reader thread; JobsService.workdirs_in_use)
 # A module that is not installed is skipped.
 PLUGINS = [
     "trainhub.services.sweeps",
     "trainhub.services.registry",
     "trainhub.services.usage",
+    "trainhub.services.notebooks",
 ]
 
 
@@ -303,18 +307,31 @@ class JobsService(Application):
         with self.store.engine.connect() as c:
             return c.execute(select(Job.id).where(Job.submit_key == key)).first() is not None
 
+    async def own_workdir(self, caller, sha256: str) -> dict:
+        """The working directory ``sha256`` a job or a sweep names, which must be the caller's own upload (another
+        user's archive is not found under their name): ``{"sha256", "files", "bytes"}``, its unused time reset; 404
+        (:class:`NotFound`: the resource the spec names is not there; send it, then submit again) when it is not."""
+        info = await asyncio.to_thread(self.workdirs.info, caller.name, sha256)
+        if info is None:
+            raise NotFound(f"no working directory {sha256} is stored for {caller.name} (never sent, or "
+                           f"removed after {self.workdir_keep:.0f} s unused): PUT /workdirs/{sha256} first")
+        await asyncio.to_thread(self.workdirs.touch, caller.name, sha256)
+        return {"sha256": info.sha256, "files": info.files, "bytes": info.bytes}
+
+    async def workdirs_in_use(self, user: str) -> set[str]:
+        """The working directories of ``user`` that jobs still to run name: those of the queued and running jobs, and
+        those the plugins will still start jobs in (a running sweep's trials): not pruned however long unused."""
+        keep = await self.store.read(self.store.workdirs_in_use, user)
+        for mod in self.plugins:
+            more = getattr(mod, "workdirs_in_use", None)
+            if more is not None:
+                keep |= await self.store.read(more, self, user)
+        return keep
+
     async def submit(self, caller, spec: JobSpec):
         """Check a spec against profiles, the pool, the caller's quota and queued-job cap, then queue it."""
         profile, gpus = self.check(caller, spec)
-        workdir = None
-        if spec.workdir:  # the caller's own upload (another user's archive is not found under their name)
-            info = await asyncio.to_thread(self.workdirs.info, caller.name, spec.workdir)
-            if info is None:
-                # 404: the resource the spec names is not there (send it, then submit again)
-                raise NotFound(f"no working directory {spec.workdir} is stored for {caller.name} (never sent, or "
-                               f"removed after {self.workdir_keep:.0f} s unused): PUT /workdirs/{spec.workdir} first")
-            await asyncio.to_thread(self.workdirs.touch, caller.name, spec.workdir)
-            workdir = {"sha256": info.sha256, "files": info.files, "bytes": info.bytes}
+        workdir = await self.own_workdir(caller, spec.workdir) if spec.workdir else None
         # counted (check_queued) from before its count until its row is written: concurrent submissions cannot
         # all pass the cap, whether the count is read on the loop or on a thread
         self._submitting[caller.name] = self._submitting.get(caller.name, 0) + 1

@@ -184,7 +184,7 @@ class WorkdirHandler(APIHandler):
                            "(.trainhubignore, --exclude)")
         existed = await asyncio.to_thread(store.exists, caller.name, sha256)
         info = await asyncio.to_thread(self._upload.finish)
-        keep = await self.service.store.read(self.service.store.workdirs_in_use, caller.name)
+        keep = await self.service.workdirs_in_use(caller.name)
         await asyncio.to_thread(store.prune, caller.name, keep | {sha256})
         self.write_json(info.to_dict(), status=200 if existed else 201)
 

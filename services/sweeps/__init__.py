@@ -28,6 +28,12 @@ async def start(service) -> None:
     await service.sweeps.start()
 
 
+def workdirs_in_use(service, user: str) -> set[str]:
+    """The working directories ``user``'s running sweeps start their trials in (blocking: on a reader thread)."""
+    controller = getattr(service, "sweeps", None)
+    return set() if controller is None else controller.store.workdirs_in_use(user)
+
+
 async def stop(service) -> None:
     controller = getattr(service, "sweeps", None)
     if controller is not None:

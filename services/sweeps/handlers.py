@@ -72,6 +72,8 @@ class SweepsHandler(SweepAccessMixin, APIHandler):
             self.service.catalog.get(spec.job.profile)
         self.check_body(body, "SweepSpec")
         self.service.check(caller, spec.job, kind="trial")
+        if spec.job.workdir:  # every trial runs in a copy of it: the caller's own upload, as a job's (404 if not)
+            await self.service.own_workdir(caller, spec.job.workdir)
         await self.service.check_queued(caller.name)  # its trials are queued jobs of the caller: at the cap, none could be
         sweep = await self.controller.create(caller, spec)
         self.write_json(await self.sweep_json(sweep), status=201)

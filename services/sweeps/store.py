@@ -12,7 +12,7 @@ from trainhub.db import SQLiteReader, get_engine, init_db, plain_in, plain_in_pa
 from trainhub.exceptions import NotFound
 from trainhub.services.jobs.models import Job, JobMetric
 from trainhub.services.jobs.store import iso
-from trainhub.states import COMPLETE, TRIAL_FINAL, TRIAL_STATES
+from trainhub.states import COMPLETE, RUNNING, TRIAL_FINAL, TRIAL_STATES
 
 from .models import Sweep, SweepTrial, sweep_key
 
@@ -82,6 +82,12 @@ class SweepStore:
             return []
         with self.session() as s:
             return list(s.scalars(select(Sweep).where(Sweep.state.in_(states)).order_by(Sweep.id)))
+
+    def workdirs_in_use(self, user: str) -> set[str]:
+        """The working directories (SHA-256s) ``user``'s running sweeps start their trials in (the job template's)."""
+        with self.session() as s:
+            templates = s.scalars(select(Sweep.job).where(Sweep.user == user, Sweep.state == RUNNING))
+            return {t["workdir"] for t in templates if isinstance(t, dict) and t.get("workdir")}
 
     def update(self, sweep_id: int, only_if_state: tuple | None = None, **fields) -> bool:
         with write_session(self.db_url) as s:

@@ -101,6 +101,9 @@ def test_a_train_output_outlives_its_widget(platform, lab_user, tmp_path):
             job_id = out.get_attribute("data-trainhub-id")
             assert re.fullmatch(r"j-\d+", job_id or ""), job_id
             shots.take("1-widget-running")
+            # the platform's JupyterLab does not ask users about Jupyter's news (announcements plugin disabled by the
+            # panel's package.json): by now the toast would show
+            expect(page.get_by_text("official Jupyter news")).to_have_count(0)
 
             # 2. the kernel restarts while the job runs: a live view of the job from the API, not "model not found"
             run_command(page, "Restart Kernel…")
@@ -164,4 +167,60 @@ def test_a_train_output_outlives_its_widget(platform, lab_user, tmp_path):
     outputs = saved.json()["content"]["cells"][1]["outputs"]
     data = [o["data"] for o in outputs if "data" in o and "application/vnd.trainhub.job+json" in o["data"]]
     assert data and "succeeded" in data[0]["text/plain"] and "a quick one" in data[0]["text/plain"], outputs
+    assert not errors, errors
+
+
+SWEEP_NOTEBOOK = "live-sweep.ipynb"
+
+
+def test_a_sweep_output_shows_a_live_view_with_its_optuna_dashboard_link(platform, lab_user, tmp_path):
+    """A saved ``%%sweep`` output (its static bundle, no widget model: as after a kernel restart) opens as the live view
+    of the sweep read from the API, with "Trials in the jobs table" and "Open in Optuna dashboard", whose href is the
+    kernel widget's: ``<server>/trainhub/optuna/open?sweep=ID`` (kernels/sweep.py ``sweep_links``)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from trainhub.kernels.sweep import SWEEP_MIME, sweep_links, sweep_static_bundle
+
+    api, headers = lab_user["api"], lab_user["headers"]
+    r = requests.post(f"{api}/sweeps", headers=headers, timeout=60, json={
+        "name": "live-sweep", "script": "import trainhub\ntrainhub.report(step=0, loss=trainhub.params()['x'])\n",
+        "gpus": 0, "trials": 1, "metric": "loss", "mode": "min", "space": {"x": "uniform:0:1"}})
+    assert r.status_code == 201, r.text
+    sweep = r.json()
+    sid = sweep["id"]
+    links = sweep_links(sweep, f"/user/{USER}/")
+    bundle = sweep_static_bundle(sweep, [], links)
+    nb = {"cells": [{"cell_type": "code", "execution_count": 1, "metadata": {}, "source": "%%sweep ...",
+                     "outputs": [{"output_type": "display_data", "metadata": {}, "data": bundle}]}],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    r = requests.put(f"{platform.url}/user/{USER}/api/contents/{SWEEP_NOTEBOOK}", headers=headers, timeout=60,
+                     data=json.dumps({"type": "notebook", "format": "json", "content": nb}))
+    assert r.status_code in (200, 201), r.text
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        shots = Screenshots(page, "live-sweep", tmp_path)
+        with shots.on_failure():
+            log_in_to_lab(page, platform.url, USER, PASSWORD, reset=True)  # the first test left its notebooks open
+            page.goto(f"{platform.url}/user/{USER}/lab/tree/{SWEEP_NOTEBOOK}")
+            out = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .th-live-output").first
+            expect(out).to_have_attribute("data-showing", "card", timeout=90_000)
+            expect(out).to_have_attribute("data-trainhub-id", sid)
+            card = out.locator(".th-live-card")
+            expect(card).to_contain_text(sid)
+            expect(card.locator(".th-live-jobs")).to_be_visible()
+            link = card.locator("a.th-live-optuna")
+            expect(link).to_have_text("Open in Optuna dashboard")
+            href = link.get_attribute("href")
+            assert href.endswith(links["optuna_dashboard"]), (href, links)  # the kernel widget's URL, on this server
+            assert href == f"{platform.url}/user/{USER}/trainhub/optuna/open?sweep={sid}", href
+            expect(link).to_have_attribute("target", "_blank")
+            expect(card.locator(".th-live-state")).to_have_text("completed", timeout=90_000)  # followed from the API
+            expect(card.locator("a.th-live-optuna")).to_have_attribute("href", href)  # still there once it ended
+            shots.take("1-sweep-live-view")
+        browser.close()
+    assert bundle[SWEEP_MIME]["links"]["optuna_dashboard"] == links["optuna_dashboard"]
     assert not errors, errors

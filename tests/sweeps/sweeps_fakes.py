@@ -28,6 +28,19 @@ class FakeSweepsClient:
         self.created: list[dict] = []
         self.cancelled: list[str] = []
         self.registered: list[tuple] = []
+        self.workdirs: list[tuple] = []  # (folder, exclude, the archive's member names) per send_workdir
+
+    def send_workdir(self, folder, *, exclude=()):
+        """As JobsAPI.send_workdir, the archive packed for real (trainhub.workdir) but kept here."""
+        import tarfile
+
+        from trainhub import workdir
+
+        snap = workdir.snapshot(folder, exclude=exclude)
+        with snap.archive, tarfile.open(fileobj=snap.archive, mode="r:gz") as tar:
+            self.workdirs.append((snap.root, tuple(exclude), sorted(tar.getnames())))
+        return {"sha256": snap.sha256, "files": snap.files, "bytes": snap.bytes, "entries": snap.entries,
+                "skipped": snap.skipped, "folder": snap.root}
 
     def create_sweep(self, body):
         self.created.append(body)

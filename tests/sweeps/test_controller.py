@@ -77,9 +77,11 @@ class FakeService:
         self.store = JobStore(db_url)
         self.engine = SimpleNamespace(wake=lambda: None)
         self.submits = 0
+        self.specs = []  # every JobSpec submitted
 
     async def submit(self, caller, spec):
         self.submits += 1
+        self.specs.append(spec)
         return await self.store.write(
             self.store.create, name=spec.name, user=caller.name, groups=list(caller.groups), command=spec.command,
             script=spec.script, gpus=spec.gpus or 0, workers=spec.workers, env=spec.env, time_limit=spec.time_limit,
@@ -141,6 +143,34 @@ async def test_controller_runs_trials_at_most_parallel_and_completes(env):
     assert s.state == "completed" and s.reason.startswith("best val_loss = 0.4 (trial 0, j-000001); 3 complete, 1 failed")
     study = await c.optuna(c._study, sweep)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
+    await c.stop()
+
+
+async def test_every_trial_runs_in_the_sweeps_working_directory_kept_while_the_sweep_runs(env):
+    """A sweep naming a working directory (%%sweep sends the notebook's folder once): every trial's job names it, and
+    the sweep keeps it from being pruned (``workdirs_in_use``) until it ends."""
+    from trainhub.services import sweeps as sweeps_plugin
+
+    service, caller = env
+    sha = "ab" * 32
+    c = SweepController(service)
+    service.sweeps = c
+    await c.optuna(c.storage)
+    sweep = await c.create(caller, spec(workdir=sha, trials=3))
+    other = await c.create(SimpleNamespace(name="bob", groups=(), admin=False), spec())
+    assert sweep.job["workdir"] == sha and other.job["workdir"] is None
+    assert sweeps_plugin.workdirs_in_use(service, "alice") == {sha} and sweeps_plugin.workdirs_in_use(service, "bob") == set()
+    await c.run_once()
+    for _ in range(3):
+        for t in c.store.trials(sweep.id):
+            if service.store.get(t.job_id).state == "queued":
+                finish(service, t.job_id, values=[(0, 0.5)])
+        await c.run_once()
+    mine = [s for s in service.specs if s.sweep_id == sweep.id]
+    assert len(mine) == 3 and {s.workdir for s in mine} == {sha}
+    assert {s.workdir for s in service.specs if s.sweep_id == other.id} == {None}
+    assert c.store.get(sweep.id).state == "completed"
+    assert sweeps_plugin.workdirs_in_use(service, "alice") == set()  # ended: its archive may go once unused
     await c.stop()
 
 

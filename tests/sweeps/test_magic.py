@@ -100,6 +100,54 @@ def test_dry_run_prints_and_submits_nothing(shell, sweep_magics, fake_client, ca
     assert '"trials": 2' in out and "trainhub.report(val_loss=1)" in out
 
 
+def test_the_notebooks_folder_is_sent_once_and_named_in_the_sweep(shell, sweep_magics, fake_client, capsys):
+    """%%sweep, like %%train, sends the notebook's folder (its modules, its ignore files respected): once, its hash
+    in the sweep's body (each trial runs in its own copy); the trial script puts the copy first on sys.path."""
+    import os
+    from pathlib import Path
+
+    folder = Path(os.getcwd())
+    (folder / "datautils.py").write_text("def objective(lr):\n    return lr\n")
+    (folder / "notes.log").write_text("noise\n")
+    (folder / ".trainhubignore").write_text("*.log\n")
+    r = run(shell, "%%sweep --trials 3 --parallel 3 --metric val_loss --mode min --param lr=uniform:0:1 --exclude big/\n"
+                   "import trainhub\nfrom datautils import objective\n"
+                   "trainhub.report(val_loss=objective(trainhub.params()['lr']))\n")
+    assert r.success, r.error_in_exec
+    (sent_folder, exclude, names), = fake_client.workdirs  # sent once for the whole sweep
+    assert sent_folder == str(folder) and exclude == ("big/",)
+    assert [n for n in names if n != "."] == [".trainhubignore", "datautils.py"]
+    body, = fake_client.created
+    assert len(body["workdir"]) == 64 and int(body["workdir"], 16) >= 0
+    assert "sys.path.insert(0, _th_os.getcwd())" in body["script"]
+    out = capsys.readouterr().out
+    assert f"%%sweep sent the working directory {folder} (each trial runs in a copy): 2 files" in out
+
+
+def test_no_workdir_and_another_folder(shell, sweep_magics, fake_client, tmp_path, capsys):
+    flags = "%%sweep --trials 2 --metric val_loss --mode min --param lr=uniform:0:1"
+    assert run(shell, f"{flags} --no-workdir\n{CELL}".replace("helper(", "float(")).success
+    assert fake_client.workdirs == [] and "workdir" not in fake_client.created[-1]
+    assert "sys.path.insert(0, _th_os.getcwd())" not in fake_client.created[-1]["script"]
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "helpers.py").write_text("X = 7\n")
+    assert run(shell, f"{flags} --workdir {other}\n{CELL}".replace("helper(", "float(")).success
+    assert [w[0] for w in fake_client.workdirs] == [str(other)] and len(fake_client.created[-1]["workdir"]) == 64
+    # --dry-run says what it would send, and sends nothing
+    assert run(shell, f"{flags} --dry-run\n{CELL}".replace("helper(", "float(")).success
+    assert len(fake_client.workdirs) == 1 and len(fake_client.created) == 2
+    assert "%%sweep would send the working directory" in capsys.readouterr().out
+
+
+def test_sweep_help_names_the_workdir_flags(shell, sweep_magics, capsys):
+    from trainhub.kernels.sweep import sweep_parser
+
+    text = sweep_parser().format_help()
+    assert "--workdir DIR" in text and "--no-workdir" in text and "--exclude PATTERN" in text
+    assert "every trial runs in its own copy" in text
+
+
 # -- rendering -----------------------------------------------------------------------------------------
 def test_renderers():
     assert sweep_progress(DONE) == "3/3 trials done, 2 complete, 1 pruned, 0 running"
@@ -133,3 +181,62 @@ def test_panel_updates_from_api_answers(fake_client):
     assert panel.done.wait(5)
     assert panel.bar.value == 3 and panel.bar.bar_style == "success" and panel.cancel_button.disabled
     assert "val_loss = 0.2" in panel.header.value and panel.plots.value.count("<svg") == 3
+
+
+# -- Optuna: the dashboard link and the study --------------------------------------------------------------
+@pytest.mark.parametrize("prefix, sweep_id, expected", [
+    ("/user/alice/", "s-000001", {"jobs_table": "/user/alice/lab?trainhub-sweep=s-000001",
+                                  "optuna_dashboard": "/user/alice/trainhub/optuna/open?sweep=s-000001"}),
+    ("/user/bob", "s-000042", {"jobs_table": "/user/bob/lab?trainhub-sweep=s-000042",
+                               "optuna_dashboard": "/user/bob/trainhub/optuna/open?sweep=s-000042"}),
+    ("/user/carol/", "s 1&x=2", {"jobs_table": "/user/carol/lab?trainhub-sweep=s%201%26x%3D2",
+                                 "optuna_dashboard": "/user/carol/trainhub/optuna/open?sweep=s%201%26x%3D2"}),
+    ("", "s-000001", {}),  # outside a server: no links
+])
+def test_sweep_links(prefix, sweep_id, expected):
+    from trainhub.kernels.sweep import render_dashboard_link, sweep_links
+
+    assert sweep_links({"id": sweep_id}, prefix) == expected
+    link = render_dashboard_link({"id": sweep_id}, prefix)
+    if expected:
+        assert f"href='{expected['optuna_dashboard'].replace('&', '&amp;')}'" in link and ">Open in Optuna dashboard<" in link
+    else:
+        assert link == ""
+
+
+def test_the_server_prefix_comes_from_the_environment(monkeypatch):
+    from trainhub.kernels.sweep import sweep_links, sweep_static_bundle
+
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/dora/")
+    assert sweep_links(SWEEP)["optuna_dashboard"] == "/user/dora/trainhub/optuna/open?sweep=s-000001"
+    bundle = sweep_static_bundle(DONE, TRIALS)
+    assert bundle["application/vnd.trainhub.sweep+json"]["links"]["optuna_dashboard"] == \
+        "/user/dora/trainhub/optuna/open?sweep=s-000001"
+    assert "href='/user/dora/trainhub/optuna/open?sweep=s-000001'" in bundle["text/html"]
+    assert "in Optuna's dashboard: /user/dora/trainhub/optuna/open?sweep=s-000001" in bundle["text/plain"]
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX")
+    assert sweep_links(SWEEP) == {}
+
+
+def test_study_opens_the_users_copy_and_says_when_it_is_not_there_yet(fake_client, tmp_path, monkeypatch):
+    """``SweepHandle.study()``: optuna.load_study on the user's copy (trainhub.optuna_storage(), or the storage given),
+    the study named by the sweep's id; a sweep not in the copy yet is a RuntimeError saying when it will be."""
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{tmp_path}/studies.db"
+    study = optuna.create_study(study_name="s-000001", storage=storage, direction="minimize")
+    study.add_trial(optuna.trial.create_trial(params={"lr": 0.02}, distributions={
+        "lr": optuna.distributions.FloatDistribution(1e-4, 1.0, log=True)}, value=0.2))
+    sw = SweepHandle(fake_client, SWEEP)
+    got = sw.study(storage)
+    assert got.study_name == "s-000001" and got.best_value == 0.2 and got.best_params == {"lr": 0.02}
+    monkeypatch.setenv("HOME", str(tmp_path))  # trainhub.optuna_storage(): the copy in the user's home
+    from trainhub.runtime import optuna_storage
+
+    assert optuna_storage().startswith("sqlite:///") and str(tmp_path) in optuna_storage()
+    with pytest.raises(RuntimeError, match="sweep s-000001 is not in your Optuna copy .* yet: it is written when its "
+                                           "first trial finishes"):
+        sw.study()
+    other = SweepHandle(fake_client, {**SWEEP, "id": "s-000002"})
+    with pytest.raises(RuntimeError, match="sweep s-000002 is not in your Optuna copy"):
+        other.study(storage)

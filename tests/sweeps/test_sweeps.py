@@ -428,3 +428,50 @@ def test_sweep_magic_in_a_kernel_runs_the_cell_with_its_notebook_context(platfor
     assert s["best"]["value"] == value and s["progress"]["complete"] == 3
     job = sw.job(s["best"]["job_id"])
     assert "def objective" in job["script"] and job["params"] == s["best"]["params"]
+
+
+def test_sweep_trials_run_in_a_copy_of_the_notebooks_folder(platform, tmp_path):
+    """Issue 34: ``%%sweep`` in a kernel whose notebook's folder holds ``objhelpers.py`` sends the folder once; every
+    trial (a job of the real service, as the user) imports the module from its own copy and reads a relative path. A
+    sweep naming a working directory the caller never sent, or another user's, is refused (404) and starts nothing."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    user = f"sweep-wd-{uuid.uuid4().hex[:6]}"
+    sw = Sweeps(platform, user)
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "objhelpers.py").write_text("def objective(x):\n    return (x - 0.3) ** 2\n")
+    (folder / "scale.txt").write_text("10\n")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext trainhub.kernels",
+        "%%sweep --trials 2 --parallel 2 --metric loss --mode min --pruner none --seed 1 --gpus 0 --wait --as sw\n"
+        "import os, trainhub\nfrom objhelpers import objective\nscale = int(open('scale.txt').read())\n"
+        "print('TRIAL', trainhub.params()['x'], 'in', os.path.basename(os.getcwd()), sorted(os.listdir('.')))\n"
+        "search_space = {'x': 'uniform:0:1'}\n"
+        "trainhub.report(step=0, loss=scale * objective(trainhub.params()['x']))\n",
+        "print('RESULT', sw.status, len(sw.trials))",
+    )]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    env = dict(os.environ, TRAINHUB_API_URL=sw.url, JUPYTERHUB_API_TOKEN=sw.token, JUPYTERHUB_USER=user)
+    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(folder)}})
+    client.execute(env=env)
+    outs = ["".join(o.get("text", "") for o in c.get("outputs", []) if o.get("output_type") == "stream") for c in nb.cells]
+    assert f"%%sweep sent the working directory {folder} (each trial runs in a copy): 2 files" in outs[1], outs
+    assert "RESULT completed 2" in outs[2], outs
+    s, = requests.get(sw.url + "/sweeps", headers=sw.h, timeout=30).json()["items"]
+    sha = s["job"]["workdir"]
+    assert len(sha) == 64 and s["progress"]["complete"] == 2, s
+    for t in sw.trials(s["id"]):
+        logs = requests.get(f"{sw.url}/jobs/{t['job_id']}/logs", headers=sw.h, timeout=30).text
+        assert f"TRIAL {t['params']['x']} in " in logs and "'objhelpers.py', 'scale.txt']" in logs, logs  # (+ __pycache__)
+        assert t["value"] == pytest.approx(10 * (t["params"]["x"] - 0.3) ** 2)
+    # the REST API: the workdir must be the caller's own upload, as a job's
+    body = {"script": GOOD_SCRIPT, "gpus": 0, "trials": 1, "metric": "val_loss", "mode": "min",
+            "space": {"lr": "loguniform:1e-5:1e-1"}}
+    other = Sweeps(platform, f"sweep-wd-other-{uuid.uuid4().hex[:6]}")
+    for who, digest in ((sw, "0" * 64), (other, sha)):
+        r = who.create(**body, workdir=digest)
+        assert r.status_code == 404 and f"no working directory {digest} is stored for {who.user}" in r.json()["message"], r.text
+    assert requests.get(other.url + "/sweeps", headers=other.h, timeout=30).json()["total"] == 0
+    assert requests.get(sw.url + "/sweeps", headers=sw.h, timeout=30).json()["total"] == 1

@@ -21,6 +21,7 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -162,6 +163,19 @@ def terminate(pids: list[int], grace: float = 5.0, sig: int = signal.SIGTERM, tr
     signal_all(left, signal.SIGKILL)
     _reap()
     return left
+
+
+def stop_child(proc: subprocess.Popen | None, grace: float = 5.0) -> None:
+    """End a child this process started and holds as a ``Popen``: SIGTERM, SIGKILL after ``grace`` seconds, reaped
+    either way (its exit status stays with the ``Popen``). Nothing for None or one that has ended."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def terminate_tagged(var: str, value: str, grace: float = 5.0, also: Iterable[int] = ()) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .base import ENV_TOKEN, ENV_URL, TrainhubAPIError, TrainhubConfigError
 from .jobs import JobsAPI
+from .notebooks import NotebooksAPI
 from .registry import DatasetVersion, RegistryAPI
 from .sweeps import SweepsAPI
 from .usage import UsageAPI
@@ -25,7 +26,7 @@ from .usage import UsageAPI
 __all__ = ["ENV_TOKEN", "ENV_URL", "DatasetVersion", "TrainhubAPIError", "TrainhubClient", "TrainhubConfigError"]
 
 
-class TrainhubClient(JobsAPI, SweepsAPI, RegistryAPI, UsageAPI):
+class TrainhubClient(JobsAPI, SweepsAPI, RegistryAPI, UsageAPI, NotebooksAPI):
     """Client for ``$TRAINHUB_API_URL`` authenticated with a JupyterHub API token.
 
     ``url``/``token`` default to ``$TRAINHUB_API_URL`` / ``$JUPYTERHUB_API_TOKEN`` (set in
@@ -36,5 +37,6 @@ class TrainhubClient(JobsAPI, SweepsAPI, RegistryAPI, UsageAPI):
     ``cancel_sweep``, ``wait_sweep``; registries: ``list_datasets``, ``get_dataset``, ``dataset``,
     ``register_dataset``, ``deprecate_dataset``, ``list_models``, ``get_model``, ``model_version``,
     ``register_model``, ``set_model_stage``, ``export_model``; usage: ``usage``, ``usage_csv``,
-    ``usage_metrics``, ``diagnosis``; ``whoami``.
+    ``usage_metrics``, ``diagnosis``; notebook schedules: ``profiles``, ``list_schedules``, ``create_schedule``,
+    ``get_schedule``, ``change_schedule``, ``delete_schedule``, ``run_schedule``; ``whoami``.
     """

@@ -369,6 +369,14 @@ export class TrainhubAPI {
     return request(this.settings, 'trainhub/api/usage', {}, { by: 'day', ...query });
   }
 
+  /**
+   * Its study in optuna-dashboard, through this server (trainhub.extensions.optunadash: a read-only copy of the
+   * user's own studies); the kernel side's `sweep_links` gives the same URL.
+   */
+  optunaDashboardUrl(sweep: string): string {
+    return serverUrl(this.settings, 'trainhub/optuna/open', { sweep });
+  }
+
   jobLogsUrl(id: string): string {
     return URLExt.join(this.settings.baseUrl, 'trainhub/api/jobs', id, 'logs');
   }

@@ -370,6 +370,17 @@ export class SweepCard extends LiveCard {
     actions.append(
       button({ title: `Show the trials of ${this.itemId} in the jobs table`, icon: jobsIcon, label: 'Trials in the jobs table', className: 'th-live-jobs' }, () =>
         this.actions.jobsTable({ sweep: this.itemId })
+      ),
+      el(
+        'a',
+        {
+          class: 'th-live-optuna',
+          href: this.api.optunaDashboardUrl(this.itemId),
+          target: '_blank',
+          rel: 'noopener',
+          title: 'Open this sweep in optuna-dashboard: a read-only copy of your own studies (trainhub.optuna_storage())'
+        },
+        'Open in Optuna dashboard'
       )
     );
     if (state === 'running') {

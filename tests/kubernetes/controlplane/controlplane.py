@@ -55,6 +55,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from trainhub.backoff import WaitTimeout, poll
+
 KUBE_VERSION = "1.20.2"
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
@@ -372,16 +374,17 @@ class ControlPlane:
         return body if status == 200 else None
 
     def _wait_for(self, predicate, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def look():
             self.check_alive()
             with contextlib.suppress(OSError, ssl.SSLError):
-                if predicate():
-                    return
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}; logs:\n" + "\n".join(
-                    f"== {n}\n{_tail(self.log_file(n), 15)}" for n in self.procs))
-            time.sleep(0.2)
+                return predicate()
+            return None
+
+        try:
+            poll(look, what=what, start=0.2, factor=1.0, timeout=timeout)
+        except WaitTimeout:
+            raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}; logs:\n" + "\n".join(
+                f"== {n}\n{_tail(self.log_file(n), 15)}" for n in self.procs)) from None
 
     def _wait_ready(self, timeout: float) -> None:
         def ready():

@@ -62,6 +62,8 @@ sys.path.insert(0, str(HERE.parent / "controlplane"))
 
 from controlplane import _tail, cache_dir, free_port  # noqa: E402
 
+from trainhub.backoff import WaitTimeout, poll  # noqa: E402
+
 RUN_ROOT = Path("/run/trainhub-node")
 NODE_NAME = "trainhub-node"
 # containerd's root (content store, unpacked layers, metadata) is kept between runs: content-addressed, so an image
@@ -176,11 +178,14 @@ def _alive(pid: int) -> bool:
 
 def _stop_pid(pid: int, timeout: float = 15) -> None:
     _kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+
+    def gone() -> bool:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)  # pacing the check, not a verdict
+        return not _alive(pid)
+
+    with contextlib.suppress(WaitTimeout):
+        poll(gone, what=f"process {pid} to exit", start=0.1, factor=1.0, timeout=timeout)
     if _alive(pid):
         _kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
@@ -287,18 +292,18 @@ class Node:
                 f"{n} (exit {rc}):\n{_tail(self.log_file(n))}" for n, rc in dead.items()))
 
     def _wait(self, predicate, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while True:
+        def look():
             self.check_alive()
             self.plane.check_alive()
             with contextlib.suppress(OSError):
-                value = predicate()
-                if value:
-                    return value
-            if time.monotonic() > deadline:
-                raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}; logs:\n" + "\n".join(
-                    f"== {n}\n{_tail(self.log_file(n), 20)}" for n in self.procs))
-            time.sleep(0.2)  # pacing the check; the deadline decides
+                return predicate()
+            return None
+
+        try:
+            return poll(look, what=what, start=0.2, factor=1.0, timeout=timeout)
+        except WaitTimeout:
+            raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}; logs:\n" + "\n".join(
+                f"== {n}\n{_tail(self.log_file(n), 20)}" for n in self.procs)) from None
 
     def _containerd_root(self) -> Path:
         """The kept root when no other node holds it, else a fresh one in the work folder (removed at the end)."""
@@ -462,9 +467,10 @@ state = "{state}"
             meta = p["metadata"]
             self.plane.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
                                {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 1})
-        deadline = time.monotonic() + timeout
-        while pods() and time.monotonic() < deadline and self.procs.get("kubelet") and self.procs["kubelet"].poll() is None:
-            time.sleep(0.5)  # pacing: the kubelet removes them
+        kubelet = self.procs.get("kubelet")
+        with contextlib.suppress(WaitTimeout):  # the kubelet removes them; a dead kubelet never will
+            poll(lambda: not pods() or kubelet is None or kubelet.poll() is not None,
+                 what=f"the pods of node {self.name} to go", start=0.5, factor=1.0, timeout=timeout)
 
     def stop(self) -> None:
         """Tear everything down (see the module docstring); safe to call twice and after a failed start."""
