@@ -193,11 +193,12 @@ class UserHabits:
 
 
 def learned_release_clock(gaps, away: bool, *, floor: float, ceiling: float, step: float, window: float,
-                          max_per_day: float, min_gaps: int, min_same: int = 3) -> float | None:
+                          max_per_day: float, min_gaps: int, min_same: int = 3, price: float = 0.0) -> float | None:
     """The user's own release clock (seconds) from their past idle gaps; None = too little history.
 
-    The shortest clock c (floor, floor + step, ..., ceiling) at which the user's past gaps would have given at
-    most ``max_per_day`` quick reversals per day they used the platform: gaps longer than c (a release at c
+    With a ``price`` (seconds), :func:`priced_clock` of those gaps. Without, the shortest clock c (floor,
+    floor + step, ..., ceiling) at which the user's past gaps would have given at most ``max_per_day`` quick
+    reversals per day they used the platform: gaps longer than c (a release at c
     would have ended them) that ended with the user back within ``window`` of c. The days are the distinct
     UTC dates the gaps ended on. Gaps in the same situation (nobody connected, or someone connected) are used
     when there are ``min_same`` of them, else all the user's gaps; fewer than ``min_gaps`` in all: None.
@@ -209,12 +210,32 @@ def learned_release_clock(gaps, away: bool, *, floor: float, ceiling: float, ste
     days = len({int(g.ended_at // 86400) for g in gaps}) or 1
     same = [g.length for g in gaps if g.away == away]
     lengths = same if len(same) >= min_same else [g.length for g in gaps]
+    if price > 0:
+        return priced_clock(lengths, floor=floor, ceiling=ceiling, step=step, window=window, price=price)
     c = floor
     while c < ceiling:
         if sum(c < x <= c + window for x in lengths) <= max_per_day * days:
             return c
         c += step
     return ceiling
+
+
+def priced_clock(lengths, *, floor: float, ceiling: float, step: float, window: float, price: float) -> float:
+    """The clock c (floor, floor + step, ..., ceiling) that would have paid best over these past gap lengths:
+    the idle seconds a release at c reclaims (each gap longer than c, from c to its end) less ``price`` seconds
+    for each quick reversal (a gap that ended within ``window`` after c). The shortest of equals.
+
+    One price for all users and situations, not one reversal budget per user: where a user's gaps are mostly
+    long (the browser closed, the server left for the night) the clock is short even if some reversals come with it, and where
+    short gaps crowd just past a clock (a coder's 10-minute pauses) the clock moves past them."""
+    best_c, best = floor, None
+    c = floor
+    while c <= ceiling:
+        value = sum(max(0.0, x - c) for x in lengths) - price * sum(c < x <= c + window for x in lengths)
+        if best is None or value > best:
+            best, best_c = value, c
+        c += step
+    return best_c
 
 
 # what ends an idle run: the user (or their work) is back. Unknown states (no metrics, no answer) end nothing.
@@ -448,8 +469,20 @@ class CullPolicy(LoggingConfigurable):
     max_reversals_per_day = Float(
         0.3,
         help="""Quick reversals per day a learned release clock may cost a user, judged on their own past idle
-        gaps (0.3 = about one release in ten days of work... reversed within reversal_window; per situation:
-        somebody connected, nobody connected). Lower = fewer reversals, GPUs held longer.""",
+        gaps (0.3 = about one release reversed within reversal_window every three days of work; per situation:
+        somebody connected, nobody connected). Used when reversal_price is 0. Lower = fewer reversals, GPUs
+        held longer.""",
+    ).tag(config=True)
+
+    reversal_price = Float(
+        0.0,
+        help="""What one quick reversal costs, in seconds of idle GPU time, for the learned release clock (0 = off:
+        the per-user budget max_reversals_per_day decides).
+
+        With a price, each user's clock (per situation) is the one that would have paid best over their past idle
+        gaps: the idle time a release at that clock reclaims, less this many seconds for each gap the user ended
+        within reversal_window after it (a release they would have asked back at once). 3600 = a reversal is worth
+        an hour of an idle GPU. Higher = fewer reversals, GPUs held longer.""",
     ).tag(config=True)
 
     learned_clock_step = Float(300.0, help="Seconds between the learned release clocks tried (300 = 5 min).").tag(config=True)
@@ -588,7 +621,8 @@ class CullPolicy(LoggingConfigurable):
         away = server.connections == 0
         c = server.habits.clock(away, floor=self.release_timeout, ceiling=max(self.learned_clock_max, self.release_timeout),
                                 step=self.learned_clock_step, window=self.reversal_window,
-                                max_per_day=self.max_reversals_per_day, min_gaps=self.learned_clock_min_gaps)
+                                max_per_day=self.max_reversals_per_day, min_gaps=self.learned_clock_min_gaps,
+                                price=self.reversal_price)
         return max(self.release_timeout, self.new_user_release_timeout if c is None else c)
 
     # -- decision -----------------------------------------------------------------

@@ -40,6 +40,29 @@ def test_learned_release_clock(name, history, away, expected_min):
     assert (None if c is None else c / 60) == expected_min, name
 
 
+@pytest.mark.parametrize("name, history, expected_min", [
+    ("only long gaps: the floor", gaps([200] * 10), 5),
+    ("10-min pauses crowd just past a 5-min clock: past them", gaps([10] * 10 + [300] * 5), 10),
+    ("mostly long gaps: a few reversals are worth the reclaim (a 0.3/day budget would say 20)",
+     gaps([20] * 3 + [300] * 20, days=1), 5),
+    ("short gaps only: the floor (nothing to reclaim, nothing reversed)", gaps([5] * 20), 5),
+])
+def test_priced_release_clock(name, history, expected_min):
+    assert learned_release_clock(history, False, **KW, price=3600) / 60 == expected_min, name
+    budget = learned_release_clock(history, False, **KW)
+    if "budget" in name:
+        assert budget / 60 == 20, budget
+
+
+def test_policy_uses_the_price_when_given():
+    h = idle_from(0, 30)
+    history = UserHabits(gaps([20] * 3 + [300] * 20, days=1))
+    s = server(last_activity=at(0), habits=history)
+    priced = policy(start_grace_period=0, reversal_price=3600).evaluate(s, h, at(0))
+    budget = policy(start_grace_period=0, reversal_price=0).evaluate(s, h, at(0))
+    assert priced.measurements["learned_clock_s"] == 300 and budget.measurements["learned_clock_s"] == 1200
+
+
 def server(**kw) -> ServerInfo:
     base = dict(user="alice", profile=GPU1, devices=(0,), held_since=T0, kernels_busy=False, running_jobs=0,
                 connections=1, last_seen=T0)
