@@ -350,14 +350,21 @@ NOT_CHARGED = ("the warning's interruption and the user's context switch; a snap
                "starts that find the pool full (only returns after a release wait); the GPUs the culler frees "
                "for others (the benefit side)")
 
-FIXED_CLOCKS = (5, 15, 30, 60)  # minutes: the fixed release clocks of the frontier (the old default: 5, no grace)
+FIXED_CLOCKS = (5, 10, 15, 30, 60)  # minutes: the fixed release clocks of the frontier (the old default: 5, no grace)
+PRICES = (0.5, 2)  # hours: the prices of a quick reversal tried beside the default's (CullPolicy.reversal_price)
+DEFAULT = "priced 1 h (default)"
 
 
 def frontier_policies() -> dict:
-    """The policies of the frontier: fixed clocks (the pre-issue-35 policy, release_timeout varied) and the learned one."""
+    """The policies of the frontier: fixed clocks (the pre-issue-35 policy, release_timeout varied), the learned clock
+    with a per-user reversal budget (the first learned default, with its 15-min grace and 30-min new-user clock), and
+    the priced learned clock at a few prices (the default: the policy's own defaults)."""
     fixed = {f"fixed {m} min": {"learn_release_clock": False, "start_grace_period": 0, "release_timeout": 60.0 * m}
              for m in FIXED_CLOCKS}
-    return {**fixed, "learned (default)": {}}
+    budget = {"learned budget 0.3/day": {"reversal_price": 0, "max_reversals_per_day": 0.3, "start_grace_period": 900,
+                                         "new_user_release_timeout": 1800}}
+    priced = {f"priced {h:g} h": {"reversal_price": 3600.0 * h} for h in PRICES}
+    return {**fixed, **budget, **priced, DEFAULT: {}}
 
 
 def workdays(p: Params) -> int:
@@ -461,8 +468,10 @@ def cost_table(out: dict, rows: dict) -> str:
 
 def table(out: dict, p: Params, timeout, cull_every, policy: CullPolicy) -> str:
     rt = policy.release_timeout if policy.releases_keep_variables else 0
+    rule = (f"the best paid over their past at {policy.reversal_price / 3600:g} h per quick reversal" if policy.reversal_price
+            else f"<= {policy.max_reversals_per_day:g} reversals/day in their past")
     learned = (f"each user's own clock from {rt / 60:g} to {policy.learned_clock_max / 60:g} min learned from their idle gaps "
-               f"(<= {policy.max_reversals_per_day:g} reversals/day in their past; new users {policy.new_user_release_timeout / 60:g} min)"
+               f"({rule}; new users {policy.new_user_release_timeout / 60:g} min)"
                if policy.learn_release_clock else f"{rt / 60:g} min idle")
     grace = f", none in a server's first {policy.start_grace_period / 60:g} min" if policy.start_grace_period else ""
     clock = (f"release (keeps variables) after {learned} (warning {policy.release_warning_period / 60:g} min{grace}; "
@@ -518,6 +527,7 @@ def main(argv=None) -> int:
                     help="trainhub CullPolicy.release_timeout (s; 0 = off; default: the policy's)")
     ap.add_argument("--release-warning-period", type=float, help="trainhub CullPolicy.release_warning_period (s)")
     ap.add_argument("--max-reversals-per-day", type=float, help="trainhub CullPolicy.max_reversals_per_day")
+    ap.add_argument("--reversal-price", type=float, help="trainhub CullPolicy.reversal_price (s; 0 = the per-user budget)")
     ap.add_argument("--fixed-clock", action="store_true", help="trainhub with learn_release_clock off (release_timeout for all)")
     ap.add_argument("--external-use-timeout", type=float, help="trainhub CullPolicy.external_use_timeout (s; 0 = off)")
     ap.add_argument("--tab-open-day", type=float, nargs=2, metavar=("LO", "HI"),
@@ -550,6 +560,7 @@ def main(argv=None) -> int:
         "default_timeout": args.gpu_timeout, "away_timeout": args.away_timeout,
         "release_timeout": args.release_timeout, "release_warning_period": args.release_warning_period,
         "external_use_timeout": args.external_use_timeout, "max_reversals_per_day": args.max_reversals_per_day,
+        "reversal_price": args.reversal_price,
         "learn_release_clock": False if args.fixed_clock else None,
     }.items() if v is not None}
     policy = CullPolicy(cpu_profile="cpu", **policy_kw)

@@ -17,8 +17,9 @@ something other than a notebook kernel (a script from a terminal, which pauses f
 evaluation or checkpoints without the kernel knowing) that clock waits at least
 ``external_use_timeout``. When the service feeds each user's past idle gaps (:class:`IdleGapLog`, learned
 from the culler's own decisions, which it keeps in the audit trail), the release clock is the user's own
-(:func:`learned_release_clock`): the shortest clock at which, in that user's past, few idle gaps that
-lasted so long ended with the user back within ``reversal_window``; a user with too little history gets
+(:func:`learned_release_clock`): the clock that would have paid best over that user's past idle gaps, the
+idle time it reclaims less ``reversal_price`` for each gap that ended with the user back within
+``reversal_window`` of it (:func:`priced_clock`); a user with too little history gets
 the conservative ``new_user_release_timeout``. Nothing is warned about or acted on in a server's first
 ``start_grace_period``. An executing kernel,
 running jobs that depend on the server, or anything unknown (kernel state, jobs, GPU
@@ -454,10 +455,11 @@ class CullPolicy(LoggingConfigurable):
         help="""Whether the release clock is each user's own, learned from their past idle gaps (the service feeds
         them from its decisions, kept in the audit trail), instead of the fixed release_timeout for everyone.
 
-        The clock is the shortest multiple of learned_clock_step, from release_timeout up to learned_clock_max,
-        at which the user's past idle gaps would have given at most max_reversals_per_day releases reversed within
-        reversal_window (the user back at once) per day they used the platform. A user with fewer than
-        learned_clock_min_gaps gaps gets new_user_release_timeout. False = release_timeout for everyone.""",
+        The clock is a multiple of learned_clock_step, from release_timeout up to learned_clock_max: the one that
+        would have paid best over the user's past idle gaps at reversal_price per release reversed within
+        reversal_window (the user back at once), or, with reversal_price 0, the shortest at which those gaps would
+        have given at most max_reversals_per_day such reversals per day they used the platform. A user with fewer
+        than learned_clock_min_gaps gaps gets new_user_release_timeout. False = release_timeout for everyone.""",
     ).tag(config=True)
 
     reversal_window = Float(
@@ -475,14 +477,14 @@ class CullPolicy(LoggingConfigurable):
     ).tag(config=True)
 
     reversal_price = Float(
-        0.0,
-        help="""What one quick reversal costs, in seconds of idle GPU time, for the learned release clock (0 = off:
-        the per-user budget max_reversals_per_day decides).
+        3600.0,
+        help="""What one quick reversal costs, in seconds of idle GPU time, for the learned release clock (3600 = an
+        hour; 0 = off: the per-user budget max_reversals_per_day decides).
 
         With a price, each user's clock (per situation) is the one that would have paid best over their past idle
         gaps: the idle time a release at that clock reclaims, less this many seconds for each gap the user ended
-        within reversal_window after it (a release they would have asked back at once). 3600 = a reversal is worth
-        an hour of an idle GPU. Higher = fewer reversals, GPUs held longer.""",
+        within reversal_window after it (a release they would have asked back at once). Higher = fewer reversals,
+        GPUs held longer.""",
     ).tag(config=True)
 
     learned_clock_step = Float(300.0, help="Seconds between the learned release clocks tried (300 = 5 min).").tag(config=True)
@@ -500,15 +502,15 @@ class CullPolicy(LoggingConfigurable):
     ).tag(config=True)
 
     new_user_release_timeout = Float(
-        1800.0,
-        help="""Release clock in seconds for a user with too little history for a learned one (1800 = 30 min):
+        900.0,
+        help="""Release clock in seconds for a user with too little history for a learned one (900 = 15 min):
         a new user starts conservative. Used only with learn_release_clock and a history fed by the service.""",
     ).tag(config=True)
 
     start_grace_period = Float(
-        900.0,
+        300.0,
         help="""Seconds after a server took its GPUs (started, or moved onto GPUs) during which it is never warned
-        about, stopped or released (900 = 15 min; 0 = none). A new server's user is reading, opening notebooks
+        about, stopped or released (300 = 5 min; 0 = none). A new server's user is reading, opening notebooks
         and loading data: a warning 12 s after the start is noise. The idle clock still counts from the start.""",
     ).tag(config=True)
 

@@ -28,7 +28,7 @@ def test_quick_benchmark(capsys):
         share, wrongful, reversals = float(r[2].rstrip("%")), int(r[5].split("/")[0]), float(r[-2])
         assert r[-1] == ("PASS" if share >= 90 and wrongful == 0 and reversals <= 0.5 else "FAIL"), r
     assert "not charged:" in out and "frontier over seeds 1, 2, 3, 4, 5" in out
-    assert all(name in out for name in ("fixed 5 min", "fixed 60 min", "learned (default)"))
+    assert all(name in out for name in ("fixed 5 min", "fixed 60 min", "learned budget 0.3/day", bench.DEFAULT))
     final = [line for line in out.splitlines() if line.startswith("target: >= 90 % of the bound")][0]
     assert code == (0 if final.split(": ")[-1].startswith("PASS") else 1), out
     assert all(r[-1] == "PASS" for r in rows) == final.endswith("PASS")
@@ -60,12 +60,13 @@ def test_trainhub_never_kills_work_and_wins_where_tabs_stay_open():
 
 def test_release_clocks_trade_reclaim_for_reversals_and_a_stop_reclaims_less():
     """The fixed 5-min clock (the default before issue 35) reaches >= 90 % of the bound at ~3 quick reversals per user
-    per workday; the learned default cuts those under the target's 0.5 while reclaiming less; neither kills busy work.
+    per workday; the learned (priced) default cuts those under the target's 0.5 while reclaiming less; neither kills
+    busy work.
     With action "stop" (kernel state lost: the long profile timeout) the same trace stays well under either."""
     bench = load()
     p = bench.Params(users=12, days=7, seed=2)
     out = bench.run(p, frontier=True)
-    fixed5, learned = out["frontier"]["fixed 5 min"], out["frontier"]["learned (default)"]
+    fixed5, learned = out["frontier"]["fixed 5 min"], out["frontier"][bench.DEFAULT]
     assert learned.idle_gpu_h_reclaimed == out["trainhub"].idle_gpu_h_reclaimed  # the default is the learned one
     assert fixed5.idle_gpu_h_reclaimed >= bench.TARGET_SHARE * out["idle_gpu_h"]
     assert bench.per_user_day(out, fixed5.restarts_within_30m) > 1

@@ -88,9 +88,9 @@ def test_new_user_starts_conservative_then_gets_their_own_clock():
     p = policy(start_grace_period=0)
     h = idle_from(0, 30)
     new = server(last_activity=at(0), habits=UserHabits())
-    d = p.evaluate(new, h, at(10))
-    assert d.action == "none" and d.measurements["timeout_s"] == 1800 and d.measurements["learned_clock_s"] == 1800
-    assert p.evaluate(new, h, at(25)).action == "warn"  # 30-min clock, 5-min warning
+    d = p.evaluate(new, h, at(5))
+    assert d.action == "none" and d.measurements["timeout_s"] == 900 and d.measurements["learned_clock_s"] == 900
+    assert p.evaluate(new, h, at(10)).action == "warn"  # 15-min clock, 5-min warning
     known = server(last_activity=at(0), habits=UserHabits(gaps([200] * 10)))
     d = p.evaluate(known, h, at(0))
     assert d.action == "warn" and d.measurements["timeout_s"] == 300 and d.measurements["habit_gaps"] == 10
@@ -107,7 +107,7 @@ def test_without_habits_or_learning_the_fixed_clock():
 
 
 def test_learned_clock_never_exceeds_the_profile_timeout_and_keeps_the_external_use_floor():
-    p = policy(start_grace_period=0, profile_timeouts={"gpu-1": 1200})
+    p = policy(start_grace_period=0, new_user_release_timeout=1800, profile_timeouts={"gpu-1": 1200})
     d = p.evaluate(server(last_activity=at(0), habits=UserHabits()), idle_from(0, 30), at(10))
     assert d.measurements["timeout_s"] == 1200 and "release_clock" not in d.measurements  # the profile's own clock
     p = policy(start_grace_period=0)
@@ -122,8 +122,8 @@ def test_learned_clock_never_exceeds_the_profile_timeout_and_keeps_the_external_
 
 @pytest.mark.parametrize("minute, action, fragment", [
     (0.2, "none", "grace: GPUs taken 12s ago"),  # the new user of the issue: warned 12 s after the start, no more
-    (10, "none", "no warning in the first 15m"),
-    (15, "warn", "will release in 5m"),
+    (4, "none", "no warning in the first 5m"),
+    (5, "warn", "will release in 5m"),
 ])
 def test_no_warning_in_a_servers_first_minutes(minute, action, fragment):
     p = policy(learn_release_clock=False)  # the 5-min clock: without the grace, a warning on the first idle pass
@@ -134,7 +134,7 @@ def test_no_warning_in_a_servers_first_minutes(minute, action, fragment):
 def test_grace_keeps_the_status_bar_clock_running_and_predicts_the_release():
     p = policy(learn_release_clock=False)
     c = p.clock(server(), idle_from(0, 20), at(1))
-    assert c["running"] and c["act_at"] == at(20).isoformat(), c  # warning at 15 min, release 5 min later
+    assert c["running"] and c["act_at"] == at(10).isoformat(), c  # warning at 5 min, release 5 min later
     assert policy(learn_release_clock=False, start_grace_period=0).evaluate(server(), idle_from(0, 1), at(0.2)).action == "warn"
 
 
