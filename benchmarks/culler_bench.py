@@ -367,6 +367,48 @@ def frontier_policies() -> dict:
     return {**fixed, **budget, **priced, DEFAULT: {}}
 
 
+def idle_gaps(tr: Trace) -> list[tuple[int, bool, bool]]:
+    """The trace's idle runs as a clock sees them: (length in slots, nobody connected at its start, ended by the user's
+    return). A run starts at the first quiet held slot (no GPU work, kernel output or interaction) and ends at the next
+    slot that is not quiet, a server start or the server's end."""
+    out, start, away = [], None, False
+    for t in range(len(tr.held) + 1):
+        quiet = t < len(tr.held) and tr.held[t] and not (tr.working(t) or tr.output[t] or tr.interact[t] or tr.start[t])
+        if quiet and start is None:
+            start, away = t, not tr.tab_open[t]
+        elif not quiet and start is not None:
+            out.append((t - start, away, t < len(tr.held) and tr.held[t] and not tr.start[t]))
+            start = None
+    return out
+
+
+CEILING_PRICES = (0.25, 0.5, 1, 2)  # hours per quick reversal
+
+
+def ceiling(traces, p: Params, idle_gpu_h: float) -> list[tuple[float, float, float]]:
+    """What any clock chosen per user and situation (somebody connected or not) could do on this trace if it knew the
+    whole week in advance: for each price (hours per quick reversal), every (user, situation) gets the clock of 5-90 min
+    that pays best on its own gaps of the week. (price, share of the bound, reversals per user per workday). Releases
+    at the clock with no warning, grace or external-use floor: an upper bound for the learned clocks, not a policy."""
+    window = 30 * 60 // STEP
+    rows = []
+    for price in CEILING_PRICES:
+        reclaimed = reversals = 0.0
+        for tr in traces:
+            for away in (False, True):
+                gaps = [(n, back) for n, a, back in idle_gaps(tr) if a == away]
+                best = None
+                for c in range(1, 90 * 60 // STEP + 1):
+                    rec = sum(max(0, n - c + 1) for n, _ in gaps) * STEP / 3600
+                    rev = sum(1 for n, back in gaps if back and c <= n < c + window)
+                    if best is None or rec - price * rev > best[0]:
+                        best = (rec - price * rev, rec, rev)
+                reclaimed += tr.gpus * best[1]
+                reversals += best[2]
+        rows.append((price, reclaimed / idle_gpu_h, reversals / p.users / workdays(p)))
+    return rows
+
+
 def workdays(p: Params) -> int:
     return sum(1 for d in range(p.days) if d % 7 < 5) or 1
 
@@ -434,6 +476,7 @@ def run(p: Params, timeout=3600, cull_every=600, policy_kw=None, *, frontier=Fal
            "costs": costs, "trainhub": trainhub(policy_kw or {}), "activity": total([rp.result for rp in activity])}
     if frontier:
         out["frontier"] = {name: trainhub({**(policy_kw or {}), **kw}) for name, kw in frontier_policies().items()}
+        out["ceiling"] = ceiling(traces, p, idle)
     return out
 
 
@@ -503,7 +546,14 @@ def table(out: dict, p: Params, timeout, cull_every, policy: CullPolicy) -> str:
     if "frontier" in out:
         rows = {**out["frontier"], "jupyterhub-idle-culler": out["activity"]}
     lines.append(cost_table(out, rows))
+    if "ceiling" in out:
+        lines.append(CEILING_NOTE + ": " + "; ".join(f"{price:g} h per reversal: {100 * sh:.1f}% at {rev:.2f}"
+                                                     for price, sh, rev in out["ceiling"]))
     return "\n".join(lines)
+
+
+CEILING_NOTE = ("ceiling (a clock per user and situation chosen knowing the whole week, no warning or grace; "
+                "% of bound at reversals/user/wd)")
 
 
 def share(out: dict, key: str) -> float:
@@ -614,6 +664,12 @@ def frontier_table(outs: dict) -> str:
         ok = all(meets(o, r) for o, r in rs)
         lines.append(f"{name:<24} {100 * share_min:>9.1f}% {rev_max:>18.2f} {cost_max:>23.2f} "
                      f"{max(r.wrongful for _, r in rs):>9}  {'meets' if ok else 'misses'}")
+    if all("ceiling" in o for o in outs.values()):
+        for i, price in enumerate(CEILING_PRICES):
+            share_min = min(o["ceiling"][i][1] for o in outs.values())
+            rev_max = max(o["ceiling"][i][2] for o in outs.values())
+            lines.append(f"{f'ceiling {price:g} h':<24} {100 * share_min:>9.1f}% {rev_max:>18.2f} {'':>23} {'':>9}  "
+                         f"(knows the week in advance)")
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ def test_quick_benchmark(capsys):
     for r in rows:  # trainhub's share of the bound, 0 wrongful culls, quick reversals per user per workday: the verdict agrees
         share, wrongful, reversals = float(r[2].rstrip("%")), int(r[5].split("/")[0]), float(r[-2])
         assert r[-1] == ("PASS" if share >= 90 and wrongful == 0 and reversals <= 0.5 else "FAIL"), r
-    assert "not charged:" in out and "frontier over seeds 1, 2, 3, 4, 5" in out
+    assert "not charged:" in out and "frontier over seeds 1, 2, 3, 4, 5" in out and "ceiling 1 h" in out
     assert all(name in out for name in ("fixed 5 min", "fixed 60 min", "learned budget 0.3/day", bench.DEFAULT))
     final = [line for line in out.splitlines() if line.startswith("target: >= 90 % of the bound")][0]
     assert code == (0 if final.split(": ")[-1].startswith("PASS") else 1), out
@@ -74,6 +74,10 @@ def test_release_clocks_trade_reclaim_for_reversals_and_a_stop_reclaims_less():
     assert learned.idle_gpu_h_reclaimed >= 0.8 * out["idle_gpu_h"]
     for r in (fixed5, learned):
         assert r.wrongful == 0 and r.busy_gpu_h_killed == 0
+    # the ceiling (clocks chosen knowing the week): a dearer reversal buys fewer reversals with less reclaim
+    shares, reversals = [sh for _, sh, _ in out["ceiling"]], [rev for _, _, rev in out["ceiling"]]
+    assert shares == sorted(shares, reverse=True) and reversals == sorted(reversals, reverse=True), out["ceiling"]
+    assert reversals[-1] < reversals[0] and shares[-1] < shares[0]
     stop = bench.run(p, policy_kw={"action": "stop"})
     assert bench.share(stop, "trainhub") < 0.80 and stop["trainhub"].wrongful == 0
     costs = bench.charged_h(out, fixed5)
