@@ -227,8 +227,8 @@ def priced_clock(lengths, *, floor: float, ceiling: float, step: float, window: 
     for each quick reversal (a gap that ended within ``window`` after c). The shortest of equals.
 
     One price for all users and situations, not one reversal budget per user: where a user's gaps are mostly
-    long (the browser closed, the server left for the night) the clock is short even if some reversals come with it, and where
-    short gaps crowd just past a clock (a coder's 10-minute pauses) the clock moves past them."""
+    long (the browser closed, the server left for the night) the clock stays short even if some reversals come
+    with it, and where short gaps crowd just past a clock (a coder's 10-minute pauses) it moves past them."""
     best_c, best = floor, None
     c = floor
     while c <= ceiling:
