@@ -64,6 +64,12 @@ class AuditTrail:
         with self._session() as s:
             return [e.to_dict() for e in s.scalars(q)]
 
+    def since(self, after: datetime, limit: int = 200_000) -> list[dict]:
+        """Rows newer than ``after``, oldest first (the culler learns its users' idle gaps from them at start)."""
+        q = select(CullerEvent).where(CullerEvent.at >= after).order_by(CullerEvent.id).limit(limit)
+        with self._session() as s:
+            return [e.to_dict() for e in s.scalars(q)]
+
     def prune(self, older_than: datetime) -> int:
         with write_session(self.db_url) as s:
             return s.execute(delete(CullerEvent).where(CullerEvent.at < older_than)).rowcount or 0

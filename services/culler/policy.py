@@ -15,7 +15,13 @@ the laptop went to sleep), the shorter ``away_timeout`` applies. A release that 
 clock, ``release_timeout``, with ``release_warning_period`` before it; after GPU use by
 something other than a notebook kernel (a script from a terminal, which pauses for
 evaluation or checkpoints without the kernel knowing) that clock waits at least
-``external_use_timeout``. An executing kernel,
+``external_use_timeout``. When the service feeds each user's past idle gaps (:class:`IdleGapLog`, learned
+from the culler's own decisions, which it keeps in the audit trail), the release clock is the user's own
+(:func:`learned_release_clock`): the clock that would have paid best over that user's past idle gaps, the
+idle time it reclaims less ``reversal_price`` for each gap that ended with the user back within
+``reversal_window`` of it (:func:`priced_clock`); a user with too little history gets
+the conservative ``new_user_release_timeout``. Nothing is warned about or acted on in a server's first
+``start_grace_period``. An executing kernel,
 running jobs that depend on the server, or anything unknown (kernel state, jobs, GPU
 samples) means "not culled": the policy only ever errs towards keeping the GPU.
 """
@@ -27,7 +33,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
-from traitlets import Bool, Callable, Dict, Enum, Float, Unicode, validate
+from traitlets import Bool, Callable, Dict, Enum, Float, Integer, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from trainhub.fmt import fmt_duration
@@ -70,6 +76,8 @@ class ServerInfo:
     kept_at: the user's latest "keep my GPU". warned_at: when the pending warning was given.
     external_use_at: the latest GPU sample at or over the threshold taken while none of the
     server's kernels was executing (GPU work outside the notebooks: a terminal, a script); None = none seen.
+    habits: the user's past idle gaps (:class:`UserHabits`, from :class:`IdleGapLog`); None = not learned
+    (the fixed ``release_timeout`` applies).
     """
 
     user: str
@@ -87,6 +95,7 @@ class ServerInfo:
     kept_at: datetime | None = None
     warned_at: datetime | None = None
     external_use_at: datetime | None = None
+    habits: UserHabits | None = None
 
     @property
     def holder(self) -> str:
@@ -97,9 +106,10 @@ class ServerInfo:
         return f"{self.user}/{self.server_name}" if self.server_name else self.user
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = asdict(replace(self, habits=None))
         d["profile"] = self.profile.slug if self.profile else None
         d["devices"] = list(self.devices)
+        d["habits"] = self.habits.summary() if self.habits is not None else None
         for k in ("held_since", "last_activity", "last_seen", "kept_at", "warned_at", "external_use_at"):
             d[k] = d[k].isoformat() if d[k] else None
         return d
@@ -143,8 +153,173 @@ class Decision:
 SKIP_LABELS = (
     "no GPUs held", "profile", "server pending", "kernel state unknown", "kernel executing",
     "running jobs unknown", "running job", "no recent GPU metrics", "GPU busy", "idle",
-    "warned", "vetoed by cull_hook", "cull_hook failed",
+    "warned", "vetoed by cull_hook", "cull_hook failed", "grace",
 )
+
+
+@dataclass(frozen=True)
+class IdleGap:
+    """One past run of GPU idleness on a user's server, as the culler's passes saw it.
+
+    length: seconds from the start of the idle run (the idle clock's start) to the user's return (a cell
+    ran, the GPU was used, the user asked for a GPU again after a release, the server held GPUs again).
+    away: nobody was connected at the run's last pass (the browser closed, the machine asleep).
+    released: the run ended in a release (its length then counts to the user's return).
+    ended_at: when it ended (the days a user used the platform are the dates their gaps ended on).
+    """
+
+    length: float
+    away: bool = False
+    released: bool = False
+    ended_at: float = 0.0  # POSIX seconds
+
+
+class UserHabits:
+    """One user's idle gaps (oldest first), immutable, with the clocks computed from them memoised."""
+
+    __slots__ = ("gaps", "_memo")
+
+    def __init__(self, gaps=()):
+        self.gaps: tuple[IdleGap, ...] = tuple(gaps)
+        self._memo: dict = {}
+
+    def clock(self, away: bool, **kw) -> float | None:
+        key = (away, *sorted(kw.items()))
+        if key not in self._memo:
+            self._memo[key] = learned_release_clock(self.gaps, away, **kw)
+        return self._memo[key]
+
+    def summary(self) -> dict:
+        return {"gaps": len(self.gaps), "away_gaps": sum(g.away for g in self.gaps)}
+
+
+def learned_release_clock(gaps, away: bool, *, floor: float, ceiling: float, step: float, window: float,
+                          max_per_day: float, min_gaps: int, min_same: int = 3, price: float = 0.0) -> float | None:
+    """The user's own release clock (seconds) from their past idle gaps; None = too little history.
+
+    With a ``price`` (seconds), :func:`priced_clock` of those gaps. Without, the shortest clock c (floor,
+    floor + step, ..., ceiling) at which the user's past gaps would have given at most ``max_per_day`` quick
+    reversals per day they used the platform: gaps longer than c (a release at c
+    would have ended them) that ended with the user back within ``window`` of c. The days are the distinct
+    UTC dates the gaps ended on. Gaps in the same situation (nobody connected, or someone connected) are used
+    when there are ``min_same`` of them, else all the user's gaps; fewer than ``min_gaps`` in all: None.
+    When no clock up to ``ceiling`` is that safe, ``ceiling``.
+    """
+    gaps = list(gaps)
+    if len(gaps) < min_gaps or step <= 0:
+        return None
+    days = len({int(g.ended_at // 86400) for g in gaps}) or 1
+    same = [g.length for g in gaps if g.away == away]
+    lengths = same if len(same) >= min_same else [g.length for g in gaps]
+    if price > 0:
+        return priced_clock(lengths, floor=floor, ceiling=ceiling, step=step, window=window, price=price)
+    c = floor
+    while c < ceiling:
+        if sum(c < x <= c + window for x in lengths) <= max_per_day * days:
+            return c
+        c += step
+    return ceiling
+
+
+def priced_clock(lengths, *, floor: float, ceiling: float, step: float, window: float, price: float) -> float:
+    """The clock c (floor, floor + step, ..., ceiling) that would have paid best over these past gap lengths:
+    the idle seconds a release at c reclaims (each gap longer than c, from c to its end) less ``price`` seconds
+    for each quick reversal (a gap that ended within ``window`` after c). The shortest of equals.
+
+    One price for all users and situations, not one reversal budget per user: where a user's gaps are mostly
+    long (the browser closed, the server left for the night) the clock stays short even if some reversals come
+    with it, and where short gaps crowd just past a clock (a coder's 10-minute pauses) it moves past them."""
+    best_c, best = floor, None
+    c = floor
+    while c <= ceiling:
+        value = sum(max(0.0, x - c) for x in lengths) - price * sum(c < x <= c + window for x in lengths)
+        if best is None or value > best:
+            best, best_c = value, c
+        c += step
+    return best_c
+
+
+# what ends an idle run: the user (or their work) is back. Unknown states (no metrics, no answer) end nothing.
+_RETURN_REASONS = ("kernel executing", "GPU busy", "running job")
+
+
+class IdleGapLog:
+    """Each user's past idle gaps, learned from the culler's decisions in order (live, or replayed from the
+    audit trail's rows at start): the history :attr:`CullPolicy.learn_release_clock` chooses clocks from.
+
+    Per server, a run of passes with the same ``idle_since`` is one idle run. It ends when the clock restarts
+    (a new ``idle_since``: a cell ran, keep was pressed, the GPUs were taken again), when a pass finds the GPU or
+    a kernel busy, or, after a release or stop, at the user's "get a GPU again" (an audit row ``regain``) or the
+    server's next pass on GPUs. ``keep`` gaps per user (the latest), none older than ``max_age`` seconds.
+    """
+
+    def __init__(self, keep: int = 300, max_age: float = 28 * 86400):
+        self.keep, self.max_age = keep, max_age
+        self._runs: dict[tuple[str, str], dict] = {}  # (user, server) -> the open run
+        self._gaps: dict[str, deque] = {}  # user -> deque of (ended at, IdleGap)
+        self._habits: dict[str, UserHabits] = {}
+
+    def _close(self, user: str, run: dict, end: float) -> None:
+        length = max(end - run["since"], run["idle"])
+        q = self._gaps.setdefault(user, deque())
+        q.append((end, IdleGap(length, away=run["away"], released=run["released"] is not None, ended_at=end)))
+        while len(q) > self.keep:
+            q.popleft()
+        self._habits.pop(user, None)
+
+    def observe(self, user: str, server: str, at: float, action: str, measurements: dict, *, acted: bool = True) -> None:
+        """Take in one decision (an audit row: its time, action, and measurements; ``reason`` via measurements
+        is not needed: a pass that found the server idle carries ``idle_since``/``idle_s``)."""
+        key = (user, server)
+        run = self._runs.get(key)
+        if action == "regain":
+            if run is not None and run["released"] is not None:
+                self._close(user, run, at - float(measurements.get("seconds") or 0))  # asked at, not restarted at
+                del self._runs[key]
+            return
+        since = measurements.get("idle_since")
+        if run is not None and run["released"] is not None:
+            # a pass on GPUs again after a release or stop: the user got GPUs back by then
+            self._close(user, run, at)
+            del self._runs[key]
+            run = None
+        if since is None:
+            if run is not None and measurements.get("returned"):
+                self._close(user, run, at)
+                del self._runs[key]
+            return
+        since_ts = _ts(datetime.fromisoformat(since))
+        if run is not None and since_ts != run["since"]:
+            self._close(user, run, since_ts)  # the clock restarted then
+            run = None
+        if run is None:
+            run = self._runs[key] = {"since": since_ts, "idle": 0.0, "away": False, "released": None}
+        run["idle"] = max(run["idle"], float(measurements.get("idle_s") or 0.0))
+        run["away"] = measurements.get("connections") == 0
+        if action in (STOP, RELEASE) and acted:
+            run["released"] = at
+
+    def habits(self, user: str, now: float | None = None) -> UserHabits:
+        """The user's gaps as the policy takes them (the same object until they change)."""
+        h = self._habits.get(user)
+        if h is None:
+            q = self._gaps.get(user, ())
+            if now is not None:
+                while q and q[0][0] < now - self.max_age:
+                    q.popleft()
+            h = self._habits[user] = UserHabits(g for _, g in q)
+        return h
+
+    def observe_row(self, row: dict) -> None:
+        """Take in one audit row (``CullerEvent.to_dict()`` or the service's row dict)."""
+        at = row["at"]
+        at = _ts(at if isinstance(at, datetime) else datetime.fromisoformat(at))
+        m = dict(row.get("measurements") or {})
+        if row.get("action") == NONE and str(row.get("reason", "")).removeprefix("dry run: ").removeprefix(
+                "not culled: ").startswith(_RETURN_REASONS):
+            m["returned"] = True
+        self.observe(row["user"], row.get("server") or "", at, row.get("action") or NONE, m,
+                     acted=bool(row.get("acted", True)) and not row.get("dry_run"))
 
 
 class UtilizationHistory:
@@ -275,6 +450,70 @@ class CullPolicy(LoggingConfigurable):
         kernel is covered by "kernel executing". Never longer than the profile's timeout.""",
     ).tag(config=True)
 
+    learn_release_clock = Bool(
+        True,
+        help="""Whether the release clock is each user's own, learned from their past idle gaps (the service feeds
+        them from its decisions, kept in the audit trail), instead of the fixed release_timeout for everyone.
+
+        The clock is a multiple of learned_clock_step, from release_timeout up to learned_clock_max: the one that
+        would have paid best over the user's past idle gaps at reversal_price per release reversed within
+        reversal_window (the user back at once), or, with reversal_price 0, the shortest at which those gaps would
+        have given at most max_reversals_per_day such reversals per day they used the platform. A user with fewer
+        than learned_clock_min_gaps gaps gets new_user_release_timeout. False = release_timeout for everyone.""",
+    ).tag(config=True)
+
+    reversal_window = Float(
+        1800.0,
+        help="""Seconds after a release within which the user's return (a cell, the GPU asked back) counts as
+        a quick reversal of it (1800 = 30 min), for the learned release clock.""",
+    ).tag(config=True)
+
+    max_reversals_per_day = Float(
+        0.3,
+        help="""Quick reversals per day a learned release clock may cost a user, judged on their own past idle
+        gaps (0.3 = about one release reversed within reversal_window every three days of work; per situation:
+        somebody connected, nobody connected). Used when reversal_price is 0. Lower = fewer reversals, GPUs
+        held longer.""",
+    ).tag(config=True)
+
+    reversal_price = Float(
+        3600.0,
+        help="""What one quick reversal costs, in seconds of idle GPU time, for the learned release clock (3600 = an
+        hour; 0 = off: the per-user budget max_reversals_per_day decides).
+
+        With a price, each user's clock (per situation) is the one that would have paid best over their past idle
+        gaps: the idle time a release at that clock reclaims, less this many seconds for each gap the user ended
+        within reversal_window after it (a release they would have asked back at once). Higher = fewer reversals,
+        GPUs held longer.""",
+    ).tag(config=True)
+
+    learned_clock_step = Float(300.0, help="Seconds between the learned release clocks tried (300 = 5 min).").tag(config=True)
+
+    learned_clock_max = Float(
+        5400.0,
+        help="""Longest learned release clock in seconds (5400 = 90 min), for users whose idle gaps are often
+        reversed at any clock. Never longer than the profile's timeout (nor the away_timeout when nobody is connected).""",
+    ).tag(config=True)
+
+    learned_clock_min_gaps = Integer(
+        8,
+        help="""Idle gaps a user needs in their history before their own release clock is used (8; 0 = from the
+        first). Gaps in the same situation (somebody connected or nobody) are used when there are this many.""",
+    ).tag(config=True)
+
+    new_user_release_timeout = Float(
+        900.0,
+        help="""Release clock in seconds for a user with too little history for a learned one (900 = 15 min):
+        a new user starts conservative. Used only with learn_release_clock and a history fed by the service.""",
+    ).tag(config=True)
+
+    start_grace_period = Float(
+        300.0,
+        help="""Seconds after a server took its GPUs (started, or moved onto GPUs) during which it is never warned
+        about, stopped or released (300 = 5 min; 0 = none). A new server's user is reading, opening notebooks
+        and loading data: a warning 12 s after the start is noise. The idle clock still counts from the start.""",
+    ).tag(config=True)
+
     action = Enum(
         [RELEASE, STOP],
         default_value=RELEASE,
@@ -367,7 +606,7 @@ class CullPolicy(LoggingConfigurable):
         """
         if not (self.release_timeout and self.releases_keep_variables):
             return None
-        timeout = self.release_timeout
+        timeout = self.learned_clock(server)
         ext = _ts(server.external_use_at)
         if ext is not None and self.external_use_timeout:
             later = [_ts(x) for x in (server.last_activity if self.count_kernel_activity else None,
@@ -375,6 +614,18 @@ class CullPolicy(LoggingConfigurable):
             if not later or ext >= max(later):
                 timeout = max(timeout, self.external_use_timeout)
         return timeout
+
+    def learned_clock(self, server: ServerInfo) -> float:
+        """The release clock before the external-use floor: release_timeout, or the user's learned one
+        (new_user_release_timeout while their history is too short) when the service feeds ``server.habits``."""
+        if not self.learn_release_clock or server.habits is None:
+            return self.release_timeout
+        away = server.connections == 0
+        c = server.habits.clock(away, floor=self.release_timeout, ceiling=max(self.learned_clock_max, self.release_timeout),
+                                step=self.learned_clock_step, window=self.reversal_window,
+                                max_per_day=self.max_reversals_per_day, min_gaps=self.learned_clock_min_gaps,
+                                price=self.reversal_price)
+        return max(self.release_timeout, self.new_user_release_timeout if c is None else c)
 
     # -- decision -----------------------------------------------------------------
 
@@ -437,8 +688,11 @@ class CullPolicy(LoggingConfigurable):
         if short is not None and short < timeout:
             # a release keeps the variables: the short clock, with its own warning period
             timeout, warning_period = short, self.release_warning_period
+            base = self.learned_clock(server)
             m.update(timeout_s=timeout, release_clock=True)
-            if short > self.release_timeout:
+            if server.habits is not None and self.learn_release_clock:
+                m.update(learned_clock_s=base, habit_gaps=len(server.habits.gaps))
+            if short > base:
                 where += ", GPU last used outside the notebooks"
                 m["external_use_at"] = iso_ts(_ts(server.external_use_at))
         m.update(connections=server.connections, last_seen=iso_ts(_ts(server.last_seen)))
@@ -467,6 +721,15 @@ class CullPolicy(LoggingConfigurable):
         if m.get("release_clock") and clock_by == "kernel activity":
             valid_since = max(v for k, v in starts.items() if k != "kernel activity")
         if warned is None or warned < valid_since:
+            held = _ts(server.held_since)
+            grace_left = (held + self.start_grace_period - now_ts) if (self.start_grace_period and held is not None) else 0
+            if grace_left > 0:
+                # no warning in a server's first minutes: the clock runs, the warning waits for the grace's end
+                act_in = max(timeout - idle, grace_left + warning_period)
+                m.update(act_in_s=act_in, grace_s=self.start_grace_period)
+                return none(f"grace: GPUs taken {fmt_duration(now_ts - held, 'coarse')} ago, idle "
+                            f"{fmt_duration(idle, 'coarse')} {where}; no warning in the first "
+                            f"{fmt_duration(self.start_grace_period, 'coarse')}")
             act_in = max(timeout - idle, warning_period)
             m["act_in_s"] = act_in
             return Decision(

@@ -194,6 +194,8 @@ class RegainMixin:
         info = ServerInfo(user=user, server_name=server_name, devices=tuple(state["devices"]),
                           held_since=self.policy.utcnow())
         row = self._row(info, Decision("regain", reason, measurements), acted=error is None, error=error)
+        if error is None:
+            self.habits.observe_row(row)  # the user came back: the released idle gap ends (when they asked)
         self.log.info(json.dumps({"event": "culler.regain", "user": user, "server": server_name, "state": state["state"],
                                   "reason": reason}, default=str))
         if self.audit is not None:

@@ -40,7 +40,9 @@ from trainhub.metrics.scripted import default_metrics_class
 from trainhub.profiles import ProfileCatalog
 from trainhub.services.culler import DECISIONS_SCOPE, KEEP_SCOPE
 from trainhub.services.culler.hubclient import HubClient
-from trainhub.services.culler.policy import NONE, RELEASE, WARN, CullPolicy, Decision, ServerInfo, UtilizationHistory, iso_ts
+from trainhub.services.culler.policy import (
+    NONE, RELEASE, WARN, CullPolicy, Decision, IdleGapLog, ServerInfo, UtilizationHistory, iso_ts,
+)
 from trainhub.services.culler.regain import RegainMixin
 
 # As jupyter-server's own kernel culler (cull_busy): only "busy" means a cell is executing. A kernel
@@ -231,6 +233,7 @@ class GPUCuller(RegainMixin, Application):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.history = UtilizationHistory()
+        self.habits = IdleGapLog()  # each user's past idle gaps, for CullPolicy.learn_release_clock
         self.prom = CullerMetrics()
         self.warned_at: dict[str, datetime] = {}  # holder -> when the standing warning was given
         self.warnings: dict[str, dict] = {}  # holder -> public warning (not in dry run)
@@ -298,12 +301,30 @@ class GPUCuller(RegainMixin, Application):
             from trainhub.services.culler.models import AuditTrail
 
             self.audit = AuditTrail(self.db_url or self.allocator.db_url)
+        if self.audit is not None and self.policy.learn_release_clock:
+            self._learn_from_audit()
         longest = max([self.policy.default_timeout, *[t or 0 for t in self.policy.profile_timeouts.values()],
                        *[p.idle_timeout or 0 for p in self.catalog.all()]])
         self.history.retention = longest + self.policy.warning_period + 2 * self.check_interval + 3600
         if self.sample_interval >= self.policy.max_sample_gap:
             self.log.warning("sample_interval %ss >= CullPolicy.max_sample_gap %ss: servers will never look idle",
                              self.sample_interval, self.policy.max_sample_gap)
+
+    def _learn_from_audit(self) -> None:
+        """Each user's idle gaps from the audit trail's rows (the decisions of earlier runs), so a restart of the
+        culler does not make everyone a new user again; a failure only means starting from no history."""
+        since = self.policy.utcnow() - timedelta(seconds=self.habits.max_age)
+        try:
+            rows = self.audit.since(since)
+        except Exception:
+            self.log.exception("cannot read the audit trail to learn users' idle gaps; starting without history")
+            return
+        for row in rows:
+            try:
+                self.habits.observe_row(row)
+            except Exception as e:  # one odd row never stops the rest
+                self.log.debug("audit row %s not learned from: %r", row.get("id"), e)
+        self.log.info("learned idle gaps from %d audit rows", len(rows))
 
     # -- sampling ------------------------------------------------------------------
 
@@ -498,6 +519,7 @@ class GPUCuller(RegainMixin, Application):
             running_jobs=jobs,
             kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder),
             external_use_at=self.external_use_at.get(holder),
+            habits=self.habits.habits(user, now.timestamp()) if self.policy.learn_release_clock else None,
         )
         self.infos[holder] = info
         culled = self.culled_at.get(holder)
@@ -556,6 +578,7 @@ class GPUCuller(RegainMixin, Application):
                     self._clear_warning(holder)
                     self.kept_at.pop(holder, None)
         row = self._row(info, decision, acted=acted, error=error)
+        self.habits.observe_row({**row, "at": now})
         self.latest[holder] = row
         self.log.info(json.dumps({"event": "culler.decision", **{k: v for k, v in row.items() if k != "at"},
                                   "at": now.isoformat()}, default=str))

@@ -56,6 +56,7 @@ c.ProfileCatalog.profiles = DEFAULT_PROFILES + [
     {{"slug": "gpu-long", "display_name": "1 GPU, no idle limit", "description": "Long interactive runs.", "gpus": 1}},
 ]
 c.CullPolicy.default_timeout = 3600  # per-profile timeouts win: gpu-1 is culled after seconds, gpu-long never
+c.CullPolicy.start_grace_period = 0  # seconds-scale clocks; the first-minutes grace: test_culler_habits.py
 c.CullPolicy.warning_period = {WARNING}
 c.CullPolicy.profile_timeouts = {{"gpu-1": {TIMEOUT}, "gpu-long": 0}}
 c.GPUCuller.check_interval = {CHECK}

@@ -21,6 +21,7 @@ from tornado.httpserver import HTTPServer
 from trainhub.gpus import simulated_devices
 from trainhub.ledger import LocalGPUAllocator
 from trainhub.metrics import ScriptedMetricsSource
+from trainhub.models import utcnow
 from trainhub.services.culler.handlers import make_app
 from trainhub.services.culler.models import AuditTrail
 from trainhub.services.culler.service import GPUCuller
@@ -53,6 +54,7 @@ async def rig(tmp_path):
     culler.policy.utcnow = clock
     culler.policy.profile_timeouts = {"gpu-1": 3600, "gpu-2": 3600}
     culler.policy.release_timeout = 0  # the profile clock (1 h); the release clock: test_culler_policy.py
+    culler.policy.start_grace_period = 0
     culler.setup()
     auth = Tokens(api_token="svc", api_url="http://127.0.0.1:9/hub/api", access_scopes={ACCESS})
     sock = socket.socket()
@@ -124,6 +126,9 @@ async def test_stale_samples_are_refreshed_by_one_sampling_pass(rig):
 
 async def test_clock_runs_while_idle_and_keep_resets_it(rig):
     rig.client.add("alice", gpus=1, profile="gpu-1")
+    # the holding's start is the real time of the add (a busy machine: later than the fake clock's start, and the
+    # idle clock would count from it); the fake clock goes on from there
+    rig.clock.now = max(rig.clock.now, utcnow())
     await rig.run_once()
     start = rig.clock.now
     await passes(rig, 20)

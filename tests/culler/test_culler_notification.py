@@ -39,6 +39,7 @@ c.QuotaPolicy.user_gpu_limit = 2
 c.Spawner.poll_interval = 2
 c.ProfileCatalog.profiles = DEFAULT_PROFILES
 c.CullPolicy.default_timeout = 3600
+c.CullPolicy.start_grace_period = 0  # seconds-scale clocks; the first-minutes grace: test_culler_habits.py
 c.CullPolicy.warning_period = {WARNING}
 c.CullPolicy.profile_timeouts = {{"gpu-1": {TIMEOUT}}}
 c.GPUCuller.check_interval = {CHECK}

@@ -48,12 +48,17 @@ def policy(**kw) -> CullPolicy:
     """The profile-timeout clock: release_timeout off unless a case sets it (release_policy: the defaults)."""
     kw.setdefault("cpu_profile", "cpu")
     kw.setdefault("release_timeout", 0)
+    kw.setdefault("start_grace_period", 0)  # the walks start at the server's start; the grace has its own tests
     return CullPolicy(**kw)
 
 
 def release_policy(**kw) -> CullPolicy:
-    """The shipped defaults: a release keeps the variables, so the short release clock applies."""
+    """The shipped defaults: a release keeps the variables, so the short release clock applies.
+
+    No first-minutes grace (the walks start at the server's start; the grace has its own tests in
+    test_culler_habits.py); ServerInfo without habits: the fixed release_timeout clock."""
     kw.setdefault("cpu_profile", "cpu")
+    kw.setdefault("start_grace_period", 0)
     return CullPolicy(**kw)
 
 

@@ -44,6 +44,7 @@ c.QuotaPolicy.user_gpu_limit = 2
 c.Spawner.poll_interval = 2
 c.ProfileCatalog.profiles = DEFAULT_PROFILES
 c.CullPolicy.default_timeout = 7200
+c.CullPolicy.start_grace_period = 0  # seconds-scale clocks; the first-minutes grace: test_culler_habits.py
 c.CullPolicy.release_timeout = 0  # presence against the long GPU clock (the short release clock has its own tests)
 c.CullPolicy.away_timeout = {AWAY}
 c.CullPolicy.warning_period = {WARNING}

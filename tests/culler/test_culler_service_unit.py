@@ -108,6 +108,7 @@ def rig(tmp_path):
     )
     culler.policy.utcnow = clock
     culler.policy.release_timeout = 0  # these tests walk the profile timeouts; the release clock has its own below
+    culler.policy.start_grace_period = 0  # the walks start at the server's start; the grace: test_culler_habits.py
     culler.setup()
 
     def utilisation(**per_device):
@@ -346,6 +347,7 @@ async def test_release_clock_and_gpu_use_outside_the_kernels(rig):
     """Shipped release clock: an idle notebook server goes after 5 min; a server whose GPU was busy while its
     kernels were idle (a script from a terminal) only 30 min after that use, on the sample's time."""
     rig.policy.release_timeout = 300.0  # the shipped default
+    rig.policy.learn_release_clock = False  # the fixed 5-min clock (the learned one: test_culler_habits.py)
     hub = rig.client
     hub.add("alice", gpus=1, profile="gpu-1", kernels=IDLE_KERNEL)  # device 0: idle notebook
     hub.add("bob", gpus=1, profile="gpu-1", kernels=IDLE_KERNEL)  # device 1: a terminal run, kernels idle

@@ -93,6 +93,7 @@ def make_culler(kube, prom, clock) -> GPUCuller:
     c.CullPolicy.default_timeout = 600.0
     c.CullPolicy.warning_period = 300.0
     c.CullPolicy.release_timeout = 0  # this clock's warning, then release (the 5-min release clock: tests/culler)
+    c.CullPolicy.start_grace_period = 0  # the walk starts at the pod's start; the grace: tests/culler/test_culler_habits.py
     c.CullPolicy.utcnow = clock
     return GPUCuller(config=c, client=FakeHub({"alice": ["gpu"], "bob": ["gpu"]}))
 

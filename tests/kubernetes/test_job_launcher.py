@@ -617,12 +617,23 @@ def test_config_from_chart_gives_the_services_the_storage_and_the_cullers_clocks
     values = load_yaml(CHART / "values.yaml")
     assert StorageConfig(config=config_from_chart(config_json(values))).url == ""
     values["trainhub"]["storage"].update({"url": "s3://bucket/platform", "endpointUrl": "http://10.244.0.1:9000"})
-    values["trainhub"]["culler"].update({"warningPeriod": 7, "releaseTimeout": 11, "releaseWarningPeriod": 5})
+    # the chart's own defaults are the policy's (one meaning: the values file says what the service would choose)
+    defaults = CullPolicy(config=config_from_chart(config_json(values)))
+    assert (defaults.learn_release_clock, defaults.reversal_price, defaults.new_user_release_timeout,
+            defaults.start_grace_period) == (CullPolicy.learn_release_clock.default_value,
+                                             CullPolicy.reversal_price.default_value,
+                                             CullPolicy.new_user_release_timeout.default_value,
+                                             CullPolicy.start_grace_period.default_value)
+    values["trainhub"]["culler"].update({"warningPeriod": 7, "releaseTimeout": 11, "releaseWarningPeriod": 5,
+                                         "learnReleaseClock": False, "reversalPrice": 600, "newUserReleaseTimeout": 13,
+                                         "startGracePeriod": 0})
     c = config_from_chart(config_json(values))
     storage = StorageConfig(config=c)
     assert (storage.url, storage.endpoint_url) == ("s3://bucket/platform", "http://10.244.0.1:9000")
     policy = CullPolicy(config=c)
     assert (policy.warning_period, policy.release_timeout, policy.release_warning_period) == (7, 11, 5)
+    assert (policy.learn_release_clock, policy.reversal_price, policy.new_user_release_timeout,
+            policy.start_grace_period) == (False, 600, 13, 0)
 
 
 def test_chart_services_config_configures_the_jobs_service(tmp_path, monkeypatch):

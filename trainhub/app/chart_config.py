@@ -81,9 +81,12 @@ def config_from_chart(data: dict) -> Config:
     if culler.get("action"):
         c.CullPolicy.action = culler["action"]
     for key, trait in (("warningPeriod", "warning_period"), ("releaseTimeout", "release_timeout"),
-                       ("releaseWarningPeriod", "release_warning_period")):
+                       ("releaseWarningPeriod", "release_warning_period"), ("startGracePeriod", "start_grace_period"),
+                       ("newUserReleaseTimeout", "new_user_release_timeout"), ("reversalPrice", "reversal_price")):
         if culler.get(key) is not None:
             setattr(c.CullPolicy, trait, float(culler[key]))
+    if culler.get("learnReleaseClock") is not None:
+        c.CullPolicy.learn_release_clock = bool(culler["learnReleaseClock"])
     # kernels are read through the proxy; inside the cluster the chart's proxy-public Service
     c.GPUCuller.public_url = data.get("publicUrl") or "http://proxy-public"
     metrics = data.get("metrics") or {}

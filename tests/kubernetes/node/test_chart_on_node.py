@@ -261,9 +261,11 @@ def test_an_upgrade_restarts_the_hub_and_keeps_the_servers(site, prometheus):
     hub = site.deployment_pod("hub", "component=hub")["metadata"]["name"]
     install = site.upgrade({"trainhub": {
         "profiles": CHART_VALUES["trainhub"]["profiles"] + [OLD_CPU_PROFILE],
-        # the culler, with DCGM utilisation from the test's Prometheus stand-in and clocks short enough for a test
+        # the culler, with DCGM utilisation from the test's Prometheus stand-in and clocks short enough for a test:
+        # one fixed release clock for all (bob is a new user: the learned clock would start him at 15 min) and no
+        # first-minutes grace (the walk starts when bob's server took its GPU)
         "culler": {"enabled": True, "idleTimeout": 120, "awayTimeout": 0, "checkInterval": 3, "warningPeriod": 3,
-                   "releaseTimeout": 12, "releaseWarningPeriod": 3},
+                   "releaseTimeout": 12, "releaseWarningPeriod": 3, "learnReleaseClock": False, "startGracePeriod": 0},
         "metrics": {"prometheusUrl": prometheus.url}}})
     assert "trainhub-culler" in {o["metadata"]["name"] for o in install.applied if o["kind"] == "Deployment"}
     wait_for(lambda: site.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/trainhub-culler"),
