@@ -162,6 +162,10 @@ c.Authenticator.allow_all = True
 c.JupyterHub.spawner_class = "simple"
 c.SimpleLocalProcessSpawner.home_dir_template = "{root}/homes/{{username}}"
 c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]  # the same command trainhub uses
+# limits no spawn reaches on a quiet machine; under a rush on a loaded one JupyterHub's defaults (http_timeout 30 s)
+# failed stock spawns whose server was only slow (jupyterlab's import runs `yarn config` through node)
+c.Spawner.http_timeout = 180
+c.Spawner.start_timeout = 180
 c.Spawner.default_url = "/lab"
 c.Spawner.args = {args!r}
 c.Spawner.environment = {{"JUPYTER_CONFIG_DIR": {jupyter_config!r}}}  # no trainhub extension (see clean_jupyter_config)
