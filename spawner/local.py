@@ -195,7 +195,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
 
     warm_pool_size = Integer(
         2,
-        help="Warm interpreters always kept waiting (about 100 MB of memory each): the pool's floor; it grows beyond "
+        help="Warm interpreters always kept waiting (about 140 MB of memory each, with keeper and sandbox): the pool's floor; it grows beyond "
         "it with demand (warm_pool_per_arrival, warm_pool_lead) within warm_pool_memory_budget. 0 = none (as "
         "warm_start = False).",
     ).tag(config=True)

@@ -48,8 +48,8 @@ DEFAULT_IMPORTS = (
     "notebook_shim.shim",
     "jupyterhub.services.auth",
 )
-#: bytes one waiting interpreter is assumed to hold until one has been measured (about 100 MB measured here, with
-#: its keeper and sandbox)
+#: bytes one waiting interpreter is assumed to hold until one has been measured (140 MB measured on the 2-core test
+#: machine, with its keeper and sandbox)
 RSS_ESTIMATE = 150 * 2**20
 
 
