@@ -15,9 +15,20 @@ command, and alternates spawns between them (so a neighbour's load hits both ali
 Each measure is the time from the spawn POST to the hub reporting the server ``ready``
 (polled every 50 ms through the REST API); the server is stopped between spawns. One
 untimed warm-up spawn runs on each first. Prints both medians and the ratio; PASS when
-trainhub's median is at most 0.5 x stock's (warm servers: LocalGPUSpawner.warm_start). Exit status 0 on PASS, 1 on FAIL.
+trainhub's median is at most 0.5 x stock's (warm servers: LocalGPUSpawner.warm_start).
 
-    .venv/bin/python benchmarks/spawn_bench.py [--spawns N] [--target 0.5]
+Then the rush (``--rush-users``, 0 skips it): 10 users ask for a server within one minute
+(arrival times drawn uniformly over 60 s with a fixed seed), each server kept until the
+whole wave is ready, then all stopped; a second wave of the same users (new draw) follows
+once the first wave's servers have stopped (the team back from a break: the hub must have
+refilled what the first wave took, and 20 running servers per hub do not fit beside the
+neighbours on 2 shared cores). Each wave runs on one hub at a time (trainhub then stock in
+the first wave, stock then trainhub in the second), profile ``cpu`` on trainhub (10 users,
+4 simulated GPUs). Prints every rush spawn, its ratio to stock's rush median and whether it
+was a pool hit (from the hub's log); PASS when every trainhub rush spawn is at most 0.5 x
+stock's median rush spawn. Exit status 0 when both targets pass, 1 otherwise.
+
+    .venv/bin/python benchmarks/spawn_bench.py [--spawns N] [--target 0.5] [--rush-users 10]
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import secrets
 import shutil
@@ -34,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,8 +76,10 @@ def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float = 120)
 class Hub:
     """A running hub: base URL, an admin-scoped token, and a process to stop."""
 
-    def __init__(self, name: str, url: str, token: str, proc: subprocess.Popen, body: dict):
-        self.name, self.url, self.token, self.proc, self.body = name, url, token, proc, body
+    def __init__(self, name: str, url: str, token: str, proc: subprocess.Popen, body: dict, log: Path,
+                 rush_body: dict | None = None):
+        self.name, self.url, self.token, self.proc, self.body, self.log = name, url, token, proc, body, log
+        self.rush_body = body if rush_body is None else rush_body
         self.s = requests.Session()
         self.s.headers["Authorization"] = f"token {token}"
 
@@ -126,7 +141,8 @@ def start_trainhub(tmp: Path) -> Hub:
     wait_http(url + "/hub/api/", proc, "trainhub up")
     r = subprocess.run([sys.executable, "-m", "trainhub.cli", "token", "admin", "--admin", "--data-dir", str(data)],
                        capture_output=True, text=True, env=env_with_venv(), check=True)
-    return Hub("trainhub LocalGPUSpawner", url, r.stdout.strip().splitlines()[-1], proc, {"profile": "gpu-1"})
+    return Hub("trainhub LocalGPUSpawner", url, r.stdout.strip().splitlines()[-1], proc, {"profile": "gpu-1"},
+               data / "logs" / "jupyterhub.log", rush_body={"profile": "cpu"})
 
 
 STOCK_CONFIG = """
@@ -146,6 +162,10 @@ c.Authenticator.allow_all = True
 c.JupyterHub.spawner_class = "simple"
 c.SimpleLocalProcessSpawner.home_dir_template = "{root}/homes/{{username}}"
 c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]  # the same command trainhub uses
+# limits no spawn reaches on a quiet machine; under a rush on a loaded one JupyterHub's defaults (http_timeout 30 s)
+# failed stock spawns whose server was only slow (jupyterlab's import runs `yarn config` through node)
+c.Spawner.http_timeout = 180
+c.Spawner.start_timeout = 180
 c.Spawner.default_url = "/lab"
 c.Spawner.args = {args!r}
 c.Spawner.environment = {{"JUPYTER_CONFIG_DIR": {jupyter_config!r}}}  # no trainhub extension (see clean_jupyter_config)
@@ -218,7 +238,116 @@ def start_stock(tmp: Path) -> Hub:
                             env=env_with_venv(), cwd=str(root), start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/hub/api/", proc, "stock jupyterhub")
-    return Hub("stock SimpleLocalProcessSpawner", url, token, proc, {})
+    return Hub("stock SimpleLocalProcessSpawner", url, token, proc, {}, tmp / "stock-jupyterhub.log")
+
+
+HIT = re.compile(r"Spawning (\S+) from warm interpreter")
+MISS = re.compile(r"\] (\S+) starts cold: (.*)$", re.M)
+
+
+def pool_outcomes(log: Path, since: int) -> dict[str, str]:
+    """What the hub's log says of each spawn after byte ``since``: "hit" (claimed a warm interpreter) or "miss: why"."""
+    with open(log, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    seen = {user: "hit" for user in HIT.findall(text)}
+    for user, why in MISS.findall(text):
+        seen.setdefault(user, f"miss: {why.strip()}")
+    return seen
+
+
+def arrivals(users: int, window: float, seed: int) -> list[float]:
+    """Seconds after the wave's start at which each user asks: uniform over ``window``, a fixed draw per seed."""
+    rng = random.Random(seed)
+    return sorted(rng.uniform(0, window) for _ in range(users))
+
+
+def rush_wave(hub: Hub, users: list[str], offsets: list[float], timeout: float = 300) -> dict[str, float]:
+    """Each user POSTs a spawn at its offset (one thread each); one poll of the user list every 0.1 s sees each server
+    ready (ten pollers at 50 ms would load the hub they measure). Returns spawn POST -> ready seconds per user. All
+    servers are stopped before it returns."""
+    for user in users:
+        hub.ensure_user(user)
+    asked: dict[str, float] = {}
+    errors: list[str] = []
+    start = time.perf_counter()
+
+    def ask(user: str, at: float) -> None:
+        time.sleep(max(0.0, start + at - time.perf_counter()))
+        asked[user] = time.perf_counter()
+        r = hub.api("POST", f"/users/{user}/server", json=hub.rush_body, timeout=120)
+        if r.status_code not in (201, 202):
+            errors.append(f"{user}: {r.status_code} {r.text[:200]}")
+
+    threads = [threading.Thread(target=ask, args=(u, at), daemon=True) for u, at in zip(users, offsets)]
+    for t in threads:
+        t.start()
+    ready: dict[str, float] = {}
+    deadline = start + max(offsets) + timeout
+    while len(ready) < len(users) and not errors and time.perf_counter() < deadline:
+        r = hub.api("GET", "/users")
+        now = time.perf_counter()
+        for model in r.json() if r.ok else []:
+            server = (model.get("servers") or {}).get("")
+            if model["name"] in asked and model["name"] not in ready and server and server.get("ready"):
+                ready[model["name"]] = now - asked[model["name"]]
+        time.sleep(0.1)
+    for t in threads:
+        t.join(timeout=120)
+    stoppers = [threading.Thread(target=hub.stop_server, args=(u,), daemon=True) for u in users]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join(timeout=120)
+    if errors or len(ready) < len(users):
+        raise SystemExit(f"{hub.name}: rush spawns failed: {errors or sorted(set(users) - set(ready))} (run with --keep)")
+    return ready
+
+
+def run_rush(hubs: list[Hub], args) -> tuple[dict, dict]:
+    """Both waves on both hubs (one hub at a time, the order reversed in the second wave). Returns per hub the list of
+    (wave, user, arrival offset, seconds), and trainhub's pool outcome per (wave, user)."""
+    users = [f"rush{i + 1:02d}" for i in range(args.rush_users)]
+    times: dict[str, list] = {h.name: [] for h in hubs}
+    outcomes: dict[tuple[int, str], str] = {}
+    for wave in range(args.rush_waves):
+        offsets = arrivals(args.rush_users, args.rush_window, args.rush_seed + wave)
+        for hub in (hubs if wave % 2 == 0 else hubs[::-1]):
+            since = hub.log.stat().st_size
+            print(f"  rush wave {wave + 1}: {hub.name.split()[0]}, {args.rush_users} users over {args.rush_window:.0f} s...",
+                  flush=True)
+            took = rush_wave(hub, users, offsets)
+            times[hub.name] += [(wave + 1, u, at, took[u]) for u, at in zip(users, offsets)]
+            if hub is hubs[0]:
+                seen = pool_outcomes(hub.log, since)
+                outcomes.update({(wave + 1, u): seen.get(u, "not in the log") for u in users})
+    return times, outcomes
+
+
+def report_rush(hubs: list[Hub], times: dict, outcomes: dict, target: float) -> bool:
+    trainhub, stock = hubs
+    stock_median = statistics.median(t for *_, t in times[stock.name])
+    stock_by = {(w, u): t for w, u, _, t in times[stock.name]}
+    print()
+    print(f"rush: {len(times[trainhub.name])} spawns per hub; stock's median rush spawn {stock_median:.2f} s")
+    print(f"{'wave':>4} {'user':7} {'asks at':>8} {'trainhub':>9} {'/stock median':>14} {'stock':>7}  pool")
+    worst = 0.0
+    for w, u, at, t in times[trainhub.name]:
+        ratio = t / stock_median
+        worst = max(worst, ratio)
+        print(f"{w:>4} {u:7} {at:7.1f}s {t:8.2f}s {ratio:13.3f}  {stock_by[(w, u)]:6.2f}s  {outcomes[(w, u)]}")
+    for hub in hubs:
+        for w in sorted({w for w, *_ in times[hub.name]}):
+            ts = [t for ww, _, _, t in times[hub.name] if ww == w]
+            print(f"{hub.name:34} wave {w}: median {statistics.median(ts):6.2f} s, max {max(ts):6.2f} s")
+    misses = [(w, u, o) for (w, u), o in sorted(outcomes.items()) if o != "hit"]
+    print(f"pool: {len(outcomes) - len(misses)} hits, {len(misses)} misses of {len(outcomes)} trainhub rush spawns")
+    for w, u, o in misses:
+        print(f"  wave {w} {u}: {o}")
+    ok = worst <= target
+    print(f"rush: worst trainhub spawn / stock's median rush spawn = {worst:.3f} (target: each <= {target:.2f}): "
+          f"{'PASS' if ok else 'FAIL'}")
+    return ok
 
 
 def main(argv=None) -> int:
@@ -226,6 +355,10 @@ def main(argv=None) -> int:
     ap.add_argument("--spawns", type=int, default=9, help="timed spawns per spawner (default 9)")
     ap.add_argument("--target", type=float, default=0.5, help="largest acceptable trainhub/stock ratio (default 0.5)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs) and print its path")
+    ap.add_argument("--rush-users", type=int, default=10, help="users of each rush wave (default 10; 0: no rush)")
+    ap.add_argument("--rush-window", type=float, default=60.0, help="seconds over which a wave's users ask (default 60)")
+    ap.add_argument("--rush-waves", type=int, default=2, help="rush waves (default 2)")
+    ap.add_argument("--rush-seed", type=int, default=35, help="seed of the first wave's arrival times (default 35)")
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="spawn-bench-"))
@@ -246,6 +379,8 @@ def main(argv=None) -> int:
                 times[hub.name].append(hub.spawn_to_ready("bench"))
                 hub.stop_server("bench")
             print(f"  round {i + 1}/{args.spawns}: " + ", ".join(f"{n.split()[0]} {t[-1]:.2f} s" for n, t in times.items()), flush=True)
+        if args.rush_users > 0:
+            rush_times, outcomes = run_rush(hubs, args)
     finally:
         for hub in hubs:
             hub.close()
@@ -268,7 +403,10 @@ def main(argv=None) -> int:
     print("stock: SimpleLocalProcessSpawner, same virtualenv, JUPYTER_CONFIG_DIR turning off trainhub's server and "
           "lab extensions; server extensions loaded: " + ", ".join(stock_extensions))
     print(f"ratio trainhub/stock = {ratio:.3f} (target <= {args.target:.2f}): {verdict}")
-    return 0 if verdict == "PASS" else 1
+    rush_ok = True
+    if args.rush_users > 0:
+        rush_ok = report_rush(hubs, rush_times, outcomes, args.target)
+    return 0 if verdict == "PASS" and rush_ok else 1
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from subprocess import Popen
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
 from jupyterhub.utils import random_port
-from traitlets import Bool, Callable, Dict, Float, Instance, Integer, List, Type, Unicode, default
+from traitlets import Bool, Callable, Dict, Float, Instance, Integer, List, TraitError, Type, Unicode, Union, default, validate
 
 from trainhub.boundary import keeper, procs, userenv
 from trainhub.boundary.accounts import Account
@@ -37,7 +37,7 @@ from trainhub.boundary.credentials import CredentialBroker, storage_credentials_
 from trainhub.boundary.network import GATE_SOCKET_VAR, GateError, UserNetworks
 from trainhub.backoff import Backoff, WaitTimeout, apoll
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, QuotaExceeded, TrainhubError
-from trainhub.fmt import fmt_duration
+from trainhub.fmt import fmt_duration, parse_size
 from trainhub.boundary.isolation import Isolation
 from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator, pid_alive, server_holder
 from trainhub.loops import PeriodicLoop
@@ -50,6 +50,7 @@ from trainhub.boundary.warmsandbox import sandbox_mounts
 
 from .errors import spawn_failure, spawn_refusal
 from .profile_form import render_form
+from .demand import Demand
 from .warm import DEFAULT_IMPORTS, WarmPool, WarmProcess, WarmUnavailable, claim_spec, launch_env, pool_for, startup_differences, warm_argv
 
 
@@ -110,6 +111,13 @@ def start_ledger_reconciler(allocator: GPUAllocator, interval, log) -> PeriodicL
         loop = _reconcilers[key] = PeriodicLoop("trainhub-ledger-reconcile", reconcile, interval, log)
         loop.start()
     return loop
+
+
+def budget_bytes(value) -> int:
+    """``warm_pool_memory_budget`` in bytes: 0 (or "0", "") for no bound, else trainhub.fmt.parse_size's reading."""
+    if value in (0, "0", ""):
+        return 0
+    return parse_size(value)
 
 
 def _apply_profile_option(spawner, user_options):
@@ -187,9 +195,85 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
 
     warm_pool_size = Integer(
         2,
-        help="Warm interpreters kept waiting (about 100 MB of memory each); one is started for each one claimed, "
-        "once the claimed server listens. 0 = none (as warm_start = False).",
+        help="Warm interpreters always kept waiting (about 140 MB of memory each, with keeper and sandbox): the pool's floor; it grows beyond "
+        "it with demand (warm_pool_per_arrival, warm_pool_lead) within warm_pool_memory_budget. 0 = none (as "
+        "warm_start = False).",
     ).tag(config=True)
+
+    warm_pool_memory_budget = Union(
+        [Integer(), Unicode()], default_value="1GiB",
+        help="Memory the waiting warm interpreters may hold together, in bytes or with a unit (\"1GiB\", \"800MB\"): "
+        "the pool never grows past what fits, measured from the resident memory of its own interpreters (with their "
+        "keeper and sandbox) as they become ready. 0 = no bound. It bounds the floor too.",
+    ).tag(config=True)
+
+    warm_pool_window = Float(
+        900.0,
+        help="Seconds a spawn counts as recent for the pool's rush term (warm_pool_per_arrival); with no spawn for this "
+        "long (and none usual ahead, warm_pool_lead) the pool shrinks back to warm_pool_size.",
+    ).tag(config=True)
+
+    warm_pool_per_arrival = Float(
+        2.0,
+        help="Warm interpreters the pool's target grows by for each spawn of the last warm_pool_window seconds, above "
+        "warm_pool_size: users arrive together, so each one who came predicts more. 0 = no rush term.",
+    ).tag(config=True)
+
+    warm_pool_lead = Float(
+        1800.0,
+        help="Seconds ahead the time-of-day term looks: the pool holds as many interpreters as past days saw spawns in "
+        "the coming warm_pool_lead seconds at this time of day (averaged over the days anyone came, "
+        "warm_pool_history_days back), so it grows before the usual morning arrivals. 0 = no time-of-day term.",
+    ).tag(config=True)
+
+    warm_pool_history_days = Integer(
+        14,
+        help="Days of spawn times (times only, no user names) the time-of-day term learns from.",
+    ).tag(config=True)
+
+    warm_pool_history_file = Unicode(
+        help="File keeping the spawn times across hub restarts. Default: $TRAINHUB_DATA_DIR/warm-pool-arrivals.json "
+        "(none without a data dir: the history is then the hub process's).",
+    ).tag(config=True)
+
+    warm_pool_parallel_starts = Integer(
+        help="Warm interpreters importing at once while the pool refills (default: the machine's CPU count): the "
+        "first of a refill is ready sooner than if all started together.",
+    ).tag(config=True)
+
+    warm_pool_interval = Float(
+        60.0,
+        help="Seconds between the pool's own checks of its target (grow before the usual arrivals, shrink when idle); "
+        "spawns retarget it at once besides.",
+    ).tag(config=True)
+
+    @default("warm_pool_history_file")
+    def _warm_pool_history_file_default(self):
+        data = os.environ.get("TRAINHUB_DATA_DIR", "")
+        return os.path.join(data, "warm-pool-arrivals.json") if data else ""
+
+    @default("warm_pool_parallel_starts")
+    def _warm_pool_parallel_default(self):
+        return os.cpu_count() or 1
+
+    @validate("warm_pool_memory_budget")
+    def _check_budget(self, proposal):
+        try:
+            return budget_bytes(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"LocalGPUSpawner.warm_pool_memory_budget: {e} (0 = no bound)") from None
+
+    @validate("warm_pool_size", "warm_pool_history_days", "warm_pool_window", "warm_pool_per_arrival", "warm_pool_lead")
+    def _check_not_negative(self, proposal):
+        if proposal["value"] < 0:
+            raise TraitError(f"LocalGPUSpawner.{proposal['trait'].name} must be zero or more, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("warm_pool_parallel_starts", "warm_pool_interval")
+    def _check_positive(self, proposal):
+        if proposal["value"] <= 0:
+            raise TraitError(f"LocalGPUSpawner.{proposal['trait'].name} must be more than zero, not {proposal['value']}")
+        return proposal["value"]
 
     warm_imports = List(
         Unicode(), list(DEFAULT_IMPORTS),
@@ -413,6 +497,9 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         except TrainhubError as e:
             raise spawn_refusal(e) from None
         self._ensure_reconciler()
+        pool = self._warm_pool()
+        if pool is not None:  # demand learns of this spawn; a rush grows the pool now, not after this server is up
+            pool.arrive()
         _starting.add(self.holder)
         try:
             try:
@@ -648,7 +735,25 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         def argv_for(fd: int) -> list[str]:  # under a keeper, as a cold server: it may become one
             return keeper.argv(self.isolation.command(warm_argv(python, fd, imports), account=None, cwd="/"))
 
-        return pool_for(argv_for, env, self.warm_pool_size, self.log)
+        pool = pool_for(argv_for, env, self.warm_pool_size, self.log)
+        self._follow_demand(pool)
+        return pool
+
+    def _follow_demand(self, pool: WarmPool) -> None:
+        """The pool's demand model and bounds from this configuration; its periodic check started once a loop runs."""
+        if pool.demand is None:
+            pool.demand = Demand(self.warm_pool_size, path=self.warm_pool_history_file)
+        d = pool.demand
+        d.window, d.per_arrival, d.lead = self.warm_pool_window, self.warm_pool_per_arrival, self.warm_pool_lead
+        d.history_days = self.warm_pool_history_days
+        pool.budget = budget_bytes(self.warm_pool_memory_budget)  # the default is not validated: "1GiB" as given
+        pool.parallel = self.warm_pool_parallel_starts
+        pool.retarget()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        pool.start_loop(lambda: self.warm_pool_interval)
 
     def _warm_refusal(self, pool: WarmPool, cmd: list[str], env: dict) -> str:
         """Why this server cannot start warm ("" when it can)."""
@@ -670,7 +775,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             return False
         wp = await pool.take()
         if wp is None:
-            self.log.info("%s starts cold: no warm interpreter waiting", self._log_name)
+            self.log.info("%s starts cold: no warm interpreter waiting (%s)", self._log_name, pool.describe())
             return False
         cold_token, self.spawn_token = self.spawn_token, wp.token  # the marker it was started with
         try:
@@ -680,7 +785,8 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
             self.log.warning("%s starts cold: the warm interpreter failed its claim (%s)", self._log_name, e)
             return False
         self.proc, self.pid = wp.proc, wp.pid
-        self.log.info("Spawning %s from warm interpreter %s (claim %d)", self._log_name, wp.pid, pool.claims)
+        self.log.info("Spawning %s from warm interpreter %s (claim %d; %s)", self._log_name, wp.pid, pool.claims,
+                      f"waited {wp.waited:.1f} s for its imports" if wp.waited > 0.05 else "it was ready")
         return True
 
     async def _claim(self, pool: WarmPool, wp: WarmProcess, cmd: list[str], rw: list[str], ro: list[str]) -> None:

@@ -29,9 +29,13 @@ import uuid
 from dataclasses import dataclass, field
 
 from trainhub.backoff import within
-from trainhub.boundary.procs import HOLDER_VAR, INSTANCE_VAR
+from trainhub.boundary.procs import HOLDER_VAR, INSTANCE_VAR, tree_rss
+from trainhub.fmt import fmt_size
+from trainhub.loops import PeriodicLoop
 from trainhub.boundary.warmsandbox import claim_answer, current_umask, send_claim
 from trainhub.boundary.warmsandbox import startup_differences as _startup_differences
+
+from .demand import Demand, budget_cap
 
 # what a running interpreter cannot take on later: read by the interpreter, the loader or libc at start-up,
 # or by jupyterhub.singleuser when imported
@@ -44,6 +48,9 @@ DEFAULT_IMPORTS = (
     "notebook_shim.shim",
     "jupyterhub.services.auth",
 )
+#: bytes one waiting interpreter is assumed to hold until one has been measured (140 MB measured on the 2-core test
+#: machine, with its keeper and sandbox)
+RSS_ESTIMATE = 150 * 2**20
 
 
 class WarmUnavailable(Exception):
@@ -61,6 +68,7 @@ class WarmProcess:
     sock: socket.socket
     token: str  # its HOLDER_VAR marker, in its initial environment: the server's spawn token once claimed
     ready: asyncio.Future = field(default=None)
+    waited: float = 0.0  # seconds the spawn that took it waited for its imports (0: it was ready)
 
     @property
     def pid(self) -> int:
@@ -81,15 +89,81 @@ class WarmProcess:
 
 
 class WarmPool:
-    """Up to ``size`` warm interpreters started with one launch command and environment (one pool per distinct
-    launch in the hub process: :func:`pool_for`)."""
+    """Warm interpreters started with one launch command and environment (one pool per distinct launch in the hub
+    process: :func:`pool_for`). ``size`` is the target: fixed, or, with a :class:`~.demand.Demand`, what demand
+    wants within the memory budget (:meth:`retarget`). At most ``parallel`` import at once: on a few cores the first
+    of a refill is ready sooner than if all started together, and a rush takes them in order."""
 
     def __init__(self, argv_for, env: dict, size: int, log, ready_timeout: float = 120.0):
         self.argv_for, self.env, self.size, self.log = argv_for, env, size, log
         self.ready_timeout = ready_timeout
         self.waiting: list[WarmProcess] = []
         self.claims = 0
+        self.demand: Demand | None = None
+        self.budget = 0  # bytes the waiting interpreters may hold together; 0: no bound
+        self.parallel = os.cpu_count() or 1
+        self.why = "warm_pool_size"  # what set the current size (for the log)
+        self.measured: list[int] = []  # resident bytes of the latest interpreters that became ready
+        self.loop: PeriodicLoop | None = None
 
+    # -- size ---------------------------------------------------------------------------------------------------
+    def per_interpreter(self) -> int:
+        """Resident bytes one waiting interpreter holds: the largest of the latest measured, else the estimate."""
+        return max(self.measured[-8:]) if self.measured else RSS_ESTIMATE
+
+    def retarget(self) -> int:
+        """The size demand wants now, bounded by the memory budget (a fixed pool keeps its size)."""
+        if self.demand is None:
+            return self.size
+        want, why = self.demand.want()
+        cap = budget_cap(self.budget, self.per_interpreter())
+        if want > cap:
+            why += f"; the memory budget {fmt_size(self.budget)} holds {cap} of {fmt_size(self.per_interpreter())}"
+        size = min(want, cap)
+        if size != self.size:
+            self.log.info("Warm server pool: %d -> %d interpreters (%s)", self.size, size, why)
+        self.size, self.why = size, why
+        return size
+
+    def arrive(self) -> None:
+        """A spawn arrived: demand learns it and the pool grows at once if that raises the target (a rush)."""
+        if self.demand is not None:
+            self.demand.record()
+            self.retarget()
+            self.fill()
+            if self.demand.path:
+                self._saving = asyncio.ensure_future(self._save())
+
+    _saving: asyncio.Future | None = None
+
+    async def _save(self) -> None:
+        try:
+            await asyncio.to_thread(self.demand.save)
+        except OSError as e:  # the model goes on from memory; only a restart would forget
+            self.log.warning("Could not keep the warm pool's spawn history in %s: %s", self.demand.path, e)
+
+    def importing(self) -> int:
+        return sum(1 for wp in self.waiting if not wp.ready.done())
+
+    def describe(self) -> str:
+        """Why a spawn found no interpreter (for the hub's log)."""
+        target = f"the pool's target is {self.size} ({self.why})"
+        if self.size == 0:
+            return target
+        return f"{target}, 0 waiting: every one was taken by the spawns before this one ({self.claims} claimed so far)"
+
+    def start_loop(self, interval) -> None:
+        """Retarget and fill (or shrink) every ``interval()`` seconds, so the pool grows before the usual arrivals and
+        shrinks when idle, whether or not anyone spawns. Needs a running loop; once per pool."""
+        if self.loop is None and self.demand is not None:
+            async def tick():
+                self.retarget()
+                self.fill()
+
+            self.loop = PeriodicLoop("trainhub-warm-pool", tick, interval, self.log)
+            self.loop.start()
+
+    # -- interpreters ---------------------------------------------------------------------------------------------
     def _launch(self) -> WarmProcess:
         parent, child = socket.socketpair()
         token = uuid.uuid4().hex
@@ -116,12 +190,21 @@ class WarmPool:
                 self.waiting.remove(wp)
             wp.discard()
             return False
+        if self.demand is not None:
+            self.measured = (self.measured + [await asyncio.to_thread(tree_rss, wp.pid)])[-8:]
+            self.fill()  # the next one of a refill starts as this one is ready (at most ``parallel`` import at once)
         return True
 
     def fill(self) -> None:
-        """Start interpreters until ``size`` wait (needs a running loop)."""
+        """Start interpreters until ``size`` wait (at most ``parallel`` importing at once), or end the surplus, the
+        newest first (the ones still importing before the ready ones). Needs a running loop."""
         self.waiting = [wp for wp in self.waiting if wp.proc.poll() is None]
-        while len(self.waiting) < self.size:
+        while len(self.waiting) > self.size:
+            surplus = next((wp for wp in reversed(self.waiting) if not wp.ready.done()), self.waiting[-1])
+            self.waiting.remove(surplus)
+            surplus.discard()
+        limit = self.parallel if self.demand is not None else self.size
+        while len(self.waiting) < self.size and self.importing() < limit:
             try:
                 self.waiting.append(self._launch())
             except OSError as e:
@@ -136,8 +219,11 @@ class WarmPool:
         if pick is None:
             return None
         self.waiting.remove(pick)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         if not await pick.ready:
             return None
+        pick.waited = loop.time() - began
         return pick
 
     def put_back(self, wp: WarmProcess) -> None:
@@ -186,7 +272,10 @@ def pool_for(argv_for, env: dict, size: int, log) -> WarmPool:
     pool = _pools.get(key)
     if pool is None:
         pool = _pools[key] = WarmPool(argv_for, env, size, log)
-    pool.size = size
+    if pool.demand is None:
+        pool.size = size
+    else:
+        pool.demand.floor = size
     return pool
 
 

@@ -69,6 +69,31 @@ def fmt_size(n: float) -> str:
     return str(n)  # pragma: no cover - the loop always returns
 
 
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: int | str) -> int:
+    """``"256MB" -> 256_000_000``, ``"1GiB" -> 2**30``, ``4096 -> 4096``. Must be > 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid size {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        m = _SIZE_RE.match(str(value))
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise ValueError(f"invalid size {value!r}: use bytes or a number with a unit such as 256MB, 1GiB, 500KB")
+        size = int(float(m.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {value!r}")
+    return size
+
+
 def fmt_number(v, digits: int = 6, none: str = "-") -> str:
     """A table cell: floats with ``digits`` significant digits, None as ``none``, anything else as str."""
     if v is None:

@@ -38,7 +38,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from trainhub.boundary.procs import HOLDER_VAR, INSTANCE_VAR
+from trainhub.boundary.procs import HOLDER_VAR, INSTANCE_VAR, process_tree
 from trainhub.boundary.warmsandbox import claim_answer, send_claim, startup_differences
 
 # read by the interpreter, the loader or libc at start-up; PYTHON* but those a started interpreter can honour at
@@ -66,20 +66,6 @@ def nicer(steps: int):
             os.setpriority(os.PRIO_PROCESS, tid, before)
         except OSError:  # raising a priority needs root
             pass
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and the processes below it, from /proc/<pid>/task/<pid>/children (a few reads, not a /proc scan)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            pass
-    return out
 
 
 class WarmUnavailable(Exception):
