@@ -120,7 +120,7 @@ class ClockHandler(ScheduleHandler):
             raise InvalidRequest('send {"now": "2027-01-01T00:00:00Z"} (ISO 8601)') from None
         if to.tzinfo is None:
             to = to.replace(tzinfo=timezone.utc)
-        now = self.schedules.move_clock(to)
+        now = await self.schedules.move_clock(to)
         fired = await self.schedules.run_pass()
         self.write_json({"now": iso(now), "fired": fired})
 
