@@ -223,6 +223,14 @@ def test_a_schedule_fires_as_its_owner_while_the_server_is_stopped(platform, ser
     assert server.read("proj/side-sched.txt").json()["content"] == "8.0"
     runs = server.scheduler("GET", "jobs", params={"job_definition_id": def_id}).json()["jobs"]
     assert {job_id, second} <= {j["job_id"] for j in runs}, runs
+    # the list pages with jupyter-scheduler's max_items / next_token over the jobs API's notebook-job index: a plain
+    # job of the user's, newer than both runs, is in neither page
+    plain = server.jobs_api("POST", "/jobs", json={"command": "true", "name": "not-a-notebook"}).json()["id"]
+    first = server.scheduler("GET", "jobs", params={"max_items": 1}).json()
+    assert [j["job_id"] for j in first["jobs"]] == [second] and first["next_token"] == second, first
+    page = server.scheduler("GET", "jobs", params={"max_items": 1, "next_token": first["next_token"]}).json()
+    assert [j["job_id"] for j in page["jobs"]] == [job_id] and page["total_count"] == first["total_count"], page
+    assert plain not in {j["job_id"] for j in first["jobs"] + page["jobs"]}
     # a run now, from the definition; then the definition goes
     r = server.scheduler("POST", f"job_definitions/{def_id}/jobs", json={})
     assert r.status_code == 200, r.text
