@@ -267,7 +267,8 @@ class TrainhubNotebookScheduler(BaseScheduler):
         return DescribeJobDefinition(
             name=s["name"], input_filename=os.path.basename(nb.get("input") or ""),
             runtime_environment_name=s.get("profile") or "default", runtime_environment_parameters={
-                "workers": s.get("workers") or 1, **({"time_limit": s["time_limit"]} if s.get("time_limit") else {})},
+                "workers": s.get("workers") or 1, **({"gpus": s["gpus"]} if s.get("gpus") is not None else {}),
+                **({"time_limit": s["time_limit"]} if s.get("time_limit") else {})},
             output_formats=nb.get("output_formats") or ["ipynb"],
             parameters={k: str(v) for k, v in (nb.get("parameters") or {}).items()}, compute_type=s.get("profile"),
             schedule=s["schedule"], timezone=s["timezone"], job_definition_id=s["id"],

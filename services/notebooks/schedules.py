@@ -46,7 +46,8 @@ def schedule_dict(s: NotebookSchedule, now: datetime | None = None) -> dict:
     d = {
         "id": key(s.id), "user": s.user, "name": s.name, "schedule": s.schedule, "timezone": s.timezone,
         "active": s.active, "notebook": s.notebook or {}, "profile": (s.spec or {}).get("profile"),
-        "workers": (s.spec or {}).get("workers", 1), "time_limit": (s.spec or {}).get("time_limit"),
+        "workers": (s.spec or {}).get("workers", 1), "gpus": (s.spec or {}).get("gpus"),
+        "time_limit": (s.spec or {}).get("time_limit"),
         "created": iso(s.created), "updated": iso(s.updated), "checked": iso(s.checked),
         "last_due": iso(s.last_due), "last_job": f"j-{s.last_job:06d}" if s.last_job else None,
         "runs": s.runs, "missed": s.missed, "message": s.message or None, "next": None,
