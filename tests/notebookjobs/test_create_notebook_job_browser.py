@@ -73,7 +73,6 @@ def test_create_notebook_job_from_the_file_browser(platform, tmp_path):
                     workers.fill("2")
                     limit.fill("30m")
                     expect(create).to_be_enabled()
-                    limit.scroll_into_view_if_needed()
                     page.get_by_role("button", name="Add new parameter").click()
                     page.get_by_placeholder("Name", exact=True).last.fill("lr")
                     page.get_by_placeholder("Value", exact=True).last.fill("0.75")
