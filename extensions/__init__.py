@@ -8,7 +8,7 @@
 - ``panel/``: the prebuilt JupyterLab extension ``trainhub-panel`` (source in ``labextension/``;
   rebuild with ``npm install && npx tsc && jupyter-builder build .`` there).
 - ``jupyter-config/trainhub.json``: the jupyter-server config file enabling the server extensions and jupyter-scheduler
-  with trainhub's back end.
+  with trainhub's back end (:class:`.notebookjobs.TrainhubSchedulerApp` in place of ``jupyter_scheduler``).
 
 A wheel installs both as data files (``share/jupyter/labextensions/trainhub-panel`` and
 ``etc/jupyter/jupyter_server_config.d/trainhub.json`` under the environment's prefix, see
@@ -31,9 +31,14 @@ SERVER_EXTENSION = "trainhub.extensions.storage"
 TENSORBOARD_EXTENSION = "trainhub.extensions.tensorboard"
 OPTUNA_DASHBOARD_EXTENSION = "trainhub.extensions.optunadash"
 SERVER_EXTENSIONS = (SERVER_EXTENSION, TENSORBOARD_EXTENSION, OPTUNA_DASHBOARD_EXTENSION)
-#: jupyter-scheduler ("Create Notebook Job", the Notebook Jobs list) with trainhub as its back end (:mod:`.notebookjobs`)
-SCHEDULER_EXTENSION = "jupyter_scheduler"
+#: jupyter-scheduler ("Create Notebook Job", the Notebook Jobs list) with trainhub as its back end: its server extension
+#: app subclassed so that a refusal keeps its status (:class:`.notebookjobs.TrainhubSchedulerApp`), enabled in place of
+#: jupyter-scheduler's own (:data:`REPLACED_EXTENSIONS`, switched off)
+SCHEDULER_EXTENSION = "trainhub.extensions.notebookjobs"
 ENABLED_EXTENSIONS = (*SERVER_EXTENSIONS, SCHEDULER_EXTENSION)
+REPLACED_EXTENSIONS = ("jupyter_scheduler",)
+#: ``ServerApp.jpserver_extensions`` as ``jupyter-config/trainhub.json`` sets it
+JPSERVER_EXTENSIONS = {**{m: True for m in ENABLED_EXTENSIONS}, **{m: False for m in REPLACED_EXTENSIONS}}
 #: The jupyter-server config file enabling :data:`SERVER_EXTENSIONS` (shipped as is in the wheel).
 SERVER_CONFIG = Path(__file__).parent / "jupyter-config" / "trainhub.json"
 #: Where the panel and the config file go, relative to an environment's prefix.

@@ -10,8 +10,12 @@ Enabled in every single-user server by ``jupyter-config/trainhub.json`` (``Sched
   trainhub job spec by :func:`trainhub.notebookjobs.job_spec` (papermill inside the job, outputs next to the input)
   and submitted (``POST /jobs``): it waits in trainhub's queue, counts against quotas and shows in ``trainhub jobs
   list`` like any job. Job definitions are the jobs service's notebook schedules (``/notebook-schedules``), so they
-  run while this server is stopped. jupyter-scheduler's handlers answer a :class:`SchedulerError` with a 500 whose
-  message is ours; the message says what to change.
+  run while this server is stopped.
+- :class:`TrainhubSchedulerApp`: jupyter-scheduler's own server extension, the same routes and handlers, each keeping
+  the status of a refusal of ours. jupyter-scheduler's handlers answer any :class:`SchedulerError` (and a body its
+  models refuse) with ``HTTPError(500, str(e)) from e``; :class:`Refused` is a ``SchedulerError`` carrying a status
+  (400 bad input, 403, 404 not there or not yours, 409, 429 queue cap...), which these handlers put back from the
+  cause of that 500. The ``{"message"}`` the lab shows is ours either way: it says what to change.
 
 A notebook in the user's storage area (under ``$TRAINHUB_STORAGE_PATH``, the notebook pod's storage mount, shown as
 ``~/storage``) is marked so in its spec: its job puts the outputs into the area, the only place a Kubernetes job pod
@@ -29,13 +33,16 @@ import os
 from datetime import datetime
 
 from jupyter_core.paths import jupyter_data_dir
+from jupyter_scheduler import handlers as sh
 from jupyter_scheduler.environments import EnvironmentManager
 from jupyter_scheduler.exceptions import SchedulerError
+from jupyter_scheduler.extension import SchedulerApp
 from jupyter_scheduler.models import (
     CountJobsQuery, CreateJob, CreateJobDefinition, CreateJobFromDefinition, DescribeJob, DescribeJobDefinition,
     JobFile, ListJobDefinitionsQuery, ListJobDefinitionsResponse, ListJobsQuery, ListJobsResponse,
     RuntimeEnvironment, Status, UpdateJob, UpdateJobDefinition,
 )
+from jupyter_scheduler.pydantic_v1 import ValidationError
 from jupyter_scheduler.scheduler import BaseScheduler
 
 from trainhub.client import TrainhubAPIError, TrainhubClient
@@ -45,6 +52,9 @@ from trainhub.notebookjobs import ENV, NotebookJobError, job_spec, load_notebook
 FORMATS = {"ipynb": "Notebook", "html": "HTML"}
 STATUS = {"queued": Status.QUEUED, "running": Status.IN_PROGRESS, "succeeded": Status.COMPLETED,
           "failed": Status.FAILED, "lost": Status.FAILED, "cancelled": Status.STOPPED}
+#: jupyter-scheduler's status -> the trainhub states it stands for (the list's status filter)
+STATES = {status: [s for s, st in STATUS.items() if st == status] for status in set(STATUS.values())}
+PAGE_MAX = 500  # the jobs API's largest page
 RUN_OPTIONS = ("workers", "gpus", "time_limit")
 
 
@@ -58,12 +68,26 @@ def _client() -> TrainhubClient:
     return TrainhubClient(retries=1)
 
 
+class Refused(SchedulerError):
+    """A request the back end refuses: ``status`` is what jupyter-scheduler's REST API answers with
+    (:class:`KeepsRefusalStatus`); the message says what to change."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+def refused(e: TrainhubError) -> Refused:
+    """A core refusal, with its ``status_code``, as jupyter-scheduler's error."""
+    return Refused(e.message, e.status_code)
+
+
 def _call(fn, *args, **kwargs):
-    """A client call, its refusal in the API's own words as a SchedulerError (what jupyter-scheduler shows)."""
+    """A client call; a refusal of the jobs API as :class:`Refused` with the API's status and words (unreachable: 503)."""
     try:
         return fn(*args, **kwargs)
     except TrainhubAPIError as e:
-        raise SchedulerError(e.message if hasattr(e, "message") else str(e)) from None
+        raise Refused(e.message, e.status if 400 <= e.status < 600 else 503) from None
 
 
 class TrainhubEnvironments(EnvironmentManager):
@@ -109,7 +133,7 @@ class TrainhubNotebookScheduler(BaseScheduler):
                 return rel, in_area
         rel = os.path.relpath(full, self._home())
         if rel.startswith(".."):
-            raise SchedulerError(f"{input_uri} is outside your home folder: only notebooks in your home can run as jobs")
+            raise Refused(f"{input_uri} is outside your home folder: only notebooks in your home can run as jobs", 403)
         return rel, None
 
     def _root_relative(self, home_rel: str) -> str:
@@ -122,13 +146,15 @@ class TrainhubNotebookScheduler(BaseScheduler):
             with open(full, "rb") as f:
                 text = f.read()
         except FileNotFoundError:
-            raise SchedulerError(f"{input_uri} does not exist") from None
+            raise Refused(f"{input_uri} does not exist", 404) from None
+        except IsADirectoryError:
+            raise Refused(f"{input_uri} is a folder, not a notebook") from None
         except OSError as e:
-            raise SchedulerError(f"cannot read {input_uri}: {e.strerror}") from None
+            raise Refused(f"cannot read {input_uri}: {e.strerror}", 403 if isinstance(e, PermissionError) else 400) from None
         options = dict(options or {})
         unknown = set(options) - set(RUN_OPTIONS)
         if unknown:
-            raise SchedulerError(f"unknown option(s) {', '.join(sorted(unknown))}: give {', '.join(RUN_OPTIONS)}")
+            raise Refused(f"unknown option(s) {', '.join(sorted(unknown))}: give {', '.join(RUN_OPTIONS)}")
         try:
             nb = load_notebook(text, input_uri)
             if profile:
@@ -138,7 +164,7 @@ class TrainhubNotebookScheduler(BaseScheduler):
                             gpus=_int(options.get("gpus"), "gpus"), time_limit=options.get("time_limit"),
                             storage_path=in_area)
         except TrainhubError as e:
-            raise SchedulerError(e.message) from None
+            raise refused(e) from None
 
     # -- the list of deleted jobs (trainhub keeps every job's record; a deleted notebook job leaves this list) -
     def _deleted_file(self) -> str:
@@ -172,7 +198,8 @@ class TrainhubNotebookScheduler(BaseScheduler):
         return DescribeJob(
             name=job.get("name") or os.path.basename(rel), input_filename=os.path.basename(rel),
             runtime_environment_name=job.get("profile") or "default", runtime_environment_parameters={
-                "workers": job.get("workers", 1), "gpus": job.get("gpus", 0)},
+                "workers": job.get("workers", 1), "gpus": job.get("gpus", 0),
+                **({"time_limit": f"{job['time_limit']:g}"} if job.get("time_limit") else {})},  # seconds, as the form takes them
             output_formats=info.get("output_formats") or ["ipynb"], job_definition_id=info.get("schedule"),
             parameters={k: str(v) for k, v in (info.get("parameters") or {}).items()}, compute_type=job.get("profile"),
             job_id=job["id"], job_files=files, url=f"scheduler/jobs/{job['id']}", create_time=_ms(job.get("created")) or 0,
@@ -180,17 +207,13 @@ class TrainhubNotebookScheduler(BaseScheduler):
             start_time=_ms(job.get("started")), end_time=_ms(job.get("finished")), status=status,
             status_message=job.get("reason") or None, downloaded=True)
 
-    def _notebook_jobs(self) -> list[tuple[dict, dict]]:
-        client, deleted, out, offset = _client(), self._deleted(), [], 0
-        while True:
-            page = _call(client.list, limit=500, offset=offset)
-            for job in page["items"]:
-                info = notebook_info(job)
-                if info is not None and job["id"] not in deleted:
-                    out.append((job, info))
-            offset += len(page["items"])
-            if not page["items"] or offset >= page["total"] or offset >= 5000:
-                return out
+    def _notebook_page(self, status: Status | None, limit: int, before: str | None) -> dict:
+        """One page of this user's notebook jobs, newest first (``GET /jobs?kind=notebook``: the jobs service's index of
+        them, so a page costs a page however many other jobs the user has); ``next_before`` is the next page's token."""
+        if status is not None and status not in STATES:  # CREATED: a trainhub job is queued as it is made
+            return {"items": [], "total": 0, "next_before": None}
+        return _call(_client().list, state=STATES[status] if status else None, user=os.environ.get("JUPYTERHUB_USER"),
+                     limit=max(1, min(int(limit), PAGE_MAX)), kind="notebook", before=before or None)
 
     async def create_job(self, model: CreateJob) -> str:
         def make():
@@ -203,11 +226,14 @@ class TrainhubNotebookScheduler(BaseScheduler):
     async def update_job(self, job_id: str, model: UpdateJob):
         if model.status == Status.STOPPED:
             return await self.stop_job(job_id)
-        raise SchedulerError("a trainhub job cannot be renamed or moved to another profile once submitted")
+        raise Refused("a trainhub job cannot be renamed or moved to another profile once submitted", 409)
 
     async def list_jobs(self, query: ListJobsQuery) -> ListJobsResponse:
+        """A page (``max_items``, at most the jobs API's 500) from ``next_token`` on. The status filter is the API's;
+        the definition, name and start-time filters and a sort other than newest first apply within the page."""
         def listing():
-            jobs = [self._describe(j, i) for j, i in self._notebook_jobs()]
+            page, deleted = self._notebook_page(query.status, query.max_items or PAGE_MAX, query.next_token), self._deleted()
+            jobs = [self._describe(j, i) for j in page["items"] if j["id"] not in deleted and (i := notebook_info(j))]
             if query.job_definition_id:
                 jobs = [j for j in jobs if j.job_definition_id == query.job_definition_id]
             if query.status:
@@ -219,21 +245,20 @@ class TrainhubNotebookScheduler(BaseScheduler):
             for sort in reversed(query.sort_by or []):
                 jobs.sort(key=lambda j: (getattr(j, sort.name, None) is None, getattr(j, sort.name, None) or 0)
                           if sort.name != "name" else j.name, reverse=sort.direction.value == "desc")
-            limit = int(query.max_items or 1000)
-            return ListJobsResponse(jobs=jobs[:limit], total_count=len(jobs))
+            return ListJobsResponse(jobs=jobs, total_count=page["total"], next_token=page.get("next_before"))
 
         return await asyncio.to_thread(listing)
 
     async def count_jobs(self, query: CountJobsQuery) -> int:
-        jobs = await asyncio.to_thread(self._notebook_jobs)
-        return sum(1 for j, _ in jobs if STATUS.get(j["state"]) == query.status)
+        """How many notebook jobs are in ``query.status`` (the API's count; one job asked for)."""
+        return (await asyncio.to_thread(lambda: self._notebook_page(query.status, 1, None)))["total"]
 
     async def get_job(self, job_id: str, job_files: bool | None = True) -> DescribeJob:
         def one():
             job = _call(_client().get, job_id)
             info = notebook_info(job)
             if info is None or job_id in self._deleted():
-                raise SchedulerError(f"no notebook job {job_id}")
+                raise Refused(f"no notebook job {job_id}", 404)
             return self._describe(job, info)
 
         return await asyncio.to_thread(one)
@@ -258,7 +283,8 @@ class TrainhubNotebookScheduler(BaseScheduler):
         return DescribeJobDefinition(
             name=s["name"], input_filename=os.path.basename(nb.get("input") or ""),
             runtime_environment_name=s.get("profile") or "default", runtime_environment_parameters={
-                "workers": s.get("workers") or 1, **({"time_limit": s["time_limit"]} if s.get("time_limit") else {})},
+                "workers": s.get("workers") or 1, **({"gpus": s["gpus"]} if s.get("gpus") is not None else {}),
+                **({"time_limit": s["time_limit"]} if s.get("time_limit") else {})},
             output_formats=nb.get("output_formats") or ["ipynb"],
             parameters={k: str(v) for k, v in (nb.get("parameters") or {}).items()}, compute_type=s.get("profile"),
             schedule=s["schedule"], timezone=s["timezone"], job_definition_id=s["id"],
@@ -267,7 +293,7 @@ class TrainhubNotebookScheduler(BaseScheduler):
     async def create_job_definition(self, model: CreateJobDefinition) -> str:
         def make():
             if not (model.schedule or "").strip():
-                raise SchedulerError("give a schedule (a cron expression such as '0 3 * * *'); to run once, create a job")
+                raise Refused("give a schedule (a cron expression such as '0 3 * * *'); to run once, create a job")
             spec = self._spec(model.input_uri, model.parameters, model.compute_type or _profile(model.runtime_environment_name),
                               model.runtime_environment_parameters, model.name, model.output_formats)
             info = json.loads(spec["env"][ENV])
@@ -306,12 +332,76 @@ class TrainhubNotebookScheduler(BaseScheduler):
 
     async def create_job_from_definition(self, job_definition_id: str, model: CreateJobFromDefinition):
         if model is not None and model.parameters:
-            raise SchedulerError("a run of a job definition takes the definition's parameters; change the definition "
-                                 "or create a job from the notebook to run it with others")
+            raise Refused("a run of a job definition takes the definition's parameters; change the definition "
+                          "or create a job from the notebook to run it with others")
         return (await asyncio.to_thread(lambda: _call(_client().run_schedule, job_definition_id)))["id"]
 
     def get_staging_paths(self, model) -> dict[str, str]:
         return {}  # nothing is staged: the job carries its copy of the notebook and writes its outputs itself
+
+
+# -- jupyter-scheduler's server extension, keeping the status of a refusal -------------------------------------
+class KeepsRefusalStatus:
+    """jupyter-scheduler's handlers raise ``HTTPError(500, str(e)) from e`` for every error of the back end: the
+    status of a :class:`Refused` cause is put back (a body its models refuse is a 400); the message stays ours."""
+
+    def send_error(self, status_code: int = 500, **kwargs):
+        exc = (kwargs.get("exc_info") or (None, None, None))[1]
+        cause = getattr(exc, "__cause__", None)
+        if status_code == 500 and isinstance(cause, Refused):
+            status_code = cause.status
+        elif status_code == 500 and isinstance(cause, ValidationError):
+            status_code = 400  # CreateJob(**payload) and the like refused the request's own fields
+        super().send_error(status_code, **kwargs)
+
+
+class JobHandler(KeepsRefusalStatus, sh.JobHandler):
+    pass
+
+
+class JobsCountHandler(KeepsRefusalStatus, sh.JobsCountHandler):
+    pass
+
+
+class FilesDownloadHandler(KeepsRefusalStatus, sh.FilesDownloadHandler):
+    pass
+
+
+class BatchJobHandler(KeepsRefusalStatus, sh.BatchJobHandler):
+    pass
+
+
+class JobDefinitionHandler(KeepsRefusalStatus, sh.JobDefinitionHandler):
+    pass
+
+
+class JobFromDefinitionHandler(KeepsRefusalStatus, sh.JobFromDefinitionHandler):
+    pass
+
+
+class RuntimeEnvironmentsHandler(KeepsRefusalStatus, sh.RuntimeEnvironmentsHandler):
+    pass
+
+
+class ConfigHandler(KeepsRefusalStatus, sh.ConfigHandler):
+    pass
+
+
+_OURS = {c.__name__: c for c in (JobHandler, JobsCountHandler, FilesDownloadHandler, BatchJobHandler, JobDefinitionHandler,
+                                 JobFromDefinitionHandler, RuntimeEnvironmentsHandler, ConfigHandler)}
+
+
+class TrainhubSchedulerApp(SchedulerApp):
+    """jupyter-scheduler's server extension with handlers that keep a refusal's status: the same name (so the same
+    ``jupyter_jupyter_scheduler_config.json`` and ``SchedulerApp`` settings) and routes. Enabled in place of
+    ``jupyter_scheduler`` by ``jupyter-config/trainhub.json``; a route of a later jupyter-scheduler not known here
+    keeps its own handler."""
+
+    handlers = [(route, _OURS.get(cls.__name__, cls)) for route, cls in SchedulerApp.handlers]
+
+
+def _jupyter_server_extension_points():
+    return [{"module": __name__, "app": TrainhubSchedulerApp}]
 
 
 def _profile(environment: str | None) -> str | None:
@@ -339,4 +429,4 @@ def _int(value, what: str) -> int | None:
         raise NotebookJobError(f"{what} must be a whole number, not {value!r}") from None
 
 
-__all__ = ["TrainhubEnvironments", "TrainhubNotebookScheduler"]
+__all__ = ["Refused", "TrainhubEnvironments", "TrainhubNotebookScheduler", "TrainhubSchedulerApp"]

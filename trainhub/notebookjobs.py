@@ -10,7 +10,8 @@
 - :func:`job_spec`: the ``POST /jobs`` spec of a notebook job. Its ``script`` carries a frozen copy of
   the notebook (taken when the job or the schedule is made, as jupyter-scheduler stages its input) and
   runs papermill on it **inside the job, as the user**: the executed notebook is written next to the
-  input (``<stem>-<job id>.ipynb``, saved after every cell, plus ``.html`` when asked), and the notebook
+  input (``<stem>-<job id>.ipynb``, saved after every cell, plus ``.html`` when asked; worker N > 0 of a job with
+  several writes ``<stem>-<job id>-worker<N>.ipynb``), and the notebook
   runs in the input's folder, so the files it writes land there too. Nothing is written by a process of
   the platform's. ``$TRAINHUB_NOTEBOOK`` (JSON: input, parameters, output formats, schedule) says what
   the job is, for the lists.
@@ -157,8 +158,9 @@ src = os.path.join(home, info["input"])
 folder = os.path.dirname(src)
 os.makedirs(folder, exist_ok=True)
 job = os.environ.get("TRAINHUB_JOB_ID", "local")
+rank = int(os.environ.get("RANK") or 0)  # each worker of a job with several runs the notebook: one output each
 stem = os.path.basename(src)[:-6] if src.endswith(".ipynb") else os.path.basename(src)
-out = os.path.join(folder, f"{{stem}}-{{job}}.ipynb")
+out = os.path.join(folder, f"{{stem}}-{{job}}.ipynb" if rank == 0 else f"{{stem}}-{{job}}-worker{{rank}}.ipynb")
 shown = os.path.join(os.path.dirname(info["input"]), os.path.basename(out))
 
 

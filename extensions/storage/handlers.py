@@ -28,7 +28,7 @@ from .snapshot import SnapshotHandler
 
 HOME, DATASETS = "home", "datasets"
 CHUNK = 1 << 20
-PROXIED = ("", "datasets", "models", "jobs", "sweeps", "usage", "openapi.json")
+PROXIED = ("", "datasets", "models", "jobs", "sweeps", "usage", "profiles", "openapi.json")
 
 
 class StorageBrowser(LoggingConfigurable):

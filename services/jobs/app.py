@@ -278,9 +278,7 @@ class JobsService(Application):
             profile = self.catalog.resolve(spec.profile, caller.groups, caller.admin)
         gpus = spec.gpus if spec.gpus is not None else (profile.gpus if profile else 0)
         demand = Demand(caller.name, tuple(caller.groups), spec.workers, gpus, kind)
-        pool = self.allocator.devices()
-        if profile and profile.gpu_model:
-            pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
+        pool = self.pool(profile)
         if demand.gpus > len(pool):  # the request is well formed: the pool, which an admin may grow, is the conflict
             raise Conflict(
                 f"{demand.what} needs {demand.gpus} GPUs ({spec.workers} worker(s) × {gpus}) but the pool has only {len(pool)}; "
@@ -289,6 +287,13 @@ class JobsService(Application):
         self.quota.admit(demand)
         self.launcher.check(spec)
         return profile, gpus
+
+    def pool(self, profile=None) -> list:
+        """The GPUs a job on ``profile`` may get (its ``gpu_model``'s, or all): the bound of a job's GPUs in all."""
+        pool = self.allocator.devices()
+        if profile and profile.gpu_model:
+            pool = [d for d in pool if profile.gpu_model.lower() in d.name.lower()]
+        return pool
 
     async def check_queued(self, user: str, submit_key: str | None = None, own: int = 0) -> None:
         """Refuse (429, :class:`~trainhub.exceptions.TooManyQueued`) one more queued job of ``user`` at

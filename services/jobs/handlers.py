@@ -15,7 +15,7 @@ from trainhub.workdir import size_text
 
 from trainhub.services.api import APIHandler
 
-from .models import parse_job_key
+from .models import KINDS, parse_job_key
 from .spec import validate_spec
 from .store import job_to_dict
 from .worker import MAX_LOG_LINE
@@ -86,8 +86,19 @@ class JobsHandler(JobAccessMixin, APIHandler):
         sweep_id = parse_id(sweep) if sweep is not None else None
         if sweep is not None and sweep_id is None:
             raise InvalidRequest(f"sweep must be a sweep's number, not {sweep[:40]!r}")
-        items, total = await self.service.store.lookup(self.service.store.list, who, states or None, limit, offset, sweep_id)
-        self.write_json({"items": [self.job_json(j) for j in items], "total": total, "limit": limit, "offset": offset})
+        kind = self.get_argument("kind", None)
+        if kind is not None and kind not in KINDS:
+            raise InvalidRequest(f"unknown kind {kind[:40]!r}; kinds are {list(KINDS)}")
+        before = self.get_argument("before", None)
+        before_id = parse_job_key(before) if before is not None else None
+        if before is not None and before_id is None:
+            raise InvalidRequest(f"before must be a job id such as j-000123 (the next_before of a page), not {before[:40]!r}")
+        items, total = await self.service.store.lookup(self.service.store.list, who, states or None, limit, offset, sweep_id,
+                                                       kind, before_id)
+        # a full page may have more after it: the cursor of the next (its older jobs), cheaper than a growing offset
+        after = items[-1].key if len(items) == limit else None
+        self.write_json({"items": [self.job_json(j) for j in items], "total": total, "limit": limit, "offset": offset,
+                         "next_before": after})
 
     async def post(self):
         caller = self.caller

@@ -61,6 +61,26 @@ class Job(Base):
         return job_key(self.id)
 
 
+#: the kinds of job ``GET /jobs?kind=`` selects (see :class:`JobKind`)
+KINDS = ("notebook",)
+
+
+class JobKind(Base):
+    """What a job is, for the kinds a listing selects by (``GET /jobs?kind=notebook``: the Notebook Jobs list of
+    JupyterLab asks for a page of these, never scanning a user's other jobs). Written with the job
+    (``JobStore.create``); a job of no such kind has no row. Indexed by kind, owner and id (newest first per user),
+    and by kind and id (an admin's listing of everyone's)."""
+
+    __tablename__ = "job_kinds"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32))
+
+    __table_args__ = (Index("ix_job_kinds_kind_user_job", "kind", "user", "job_id"),
+                      Index("ix_job_kinds_kind_job", "kind", "job_id"))
+
+
 class JobWorkdir(Base):
     """The working directory a job was sent with (trainhub.workdir): its archive, by SHA-256, in the jobs service's
     store (services/jobs/workdirs.py); unpacked as the job's working directory before its workers start."""

@@ -46,6 +46,7 @@ def _check_exec_limits(name: str, command: str | None, script: str | None, env: 
 MAX_COMMAND_CHARS = 32_000  # always under MAX_ARG_STRLEN, whatever the characters' UTF-8 length
 MAX_ENV_VARS, MAX_ENV_VALUE_CHARS = 100, 2048  # together with a command, always under MAX_EXEC_BYTES
 MAX_GPUS = 4096  # per worker; far above any node, so a too-large request hears about the pool instead
+MAX_WORKERS = 64  # per job
 
 
 def whole_number(spec: dict, name: str, default, minimum: int, maximum: int | None = None):
@@ -154,7 +155,7 @@ def validate_spec(spec) -> JobSpec:
     return JobSpec(
         workdir=workdir or None,
         name=name, command=command, script=script, gpus=gpus,
-        workers=whole_number(spec, "workers", 1, 1, 64), env=clean_env,
+        workers=whole_number(spec, "workers", 1, 1, MAX_WORKERS), env=clean_env,
         time_limit=parse_duration(spec.get("time_limit")), retries=whole_number(spec, "retries", 0, 0, 20),
         profile=profile or None, priority=priority, preemptible=preemptible,
         submit_key=(str(spec["submit_key"])[:255] if spec.get("submit_key") else None),

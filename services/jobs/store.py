@@ -21,16 +21,17 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
-from sqlalchemy import bindparam, func, insert, or_, select, update
+from sqlalchemy import String, bindparam, cast, func, insert, inspect, or_, select, update
 from sqlalchemy.orm import Session
 
 from trainhub.db import (SQLiteReader, get_engine, init_db, plain_in, plain_in_params, write_connection, write_now,
                          write_session)
 from trainhub.exceptions import NotFound
 from trainhub.fmt import fmt_size
+from trainhub.notebookjobs import notebook_info
 from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
-from .models import GPUSampleRow, Job, JobEvent, JobMetric, JobWorkdir, MetricOffset, job_key
+from .models import GPUSampleRow, Job, JobEvent, JobKind, JobMetric, JobWorkdir, MetricOffset, job_key
 
 
 METRICS_CHUNK = 1 << 20  # bytes of a metrics file read per pass
@@ -147,25 +148,44 @@ def _in_states_stmt(states: int):
         where = plain_in(_JOBS.c.state, states)
         _in_states[states] = select(*_JOBS.columns).where(where).order_by(_JOBS.c.id)
     return _in_states[states]
-_listings: dict[tuple[bool, int, bool], tuple] = {}
+_KINDS = JobKind.__table__
+_KIND_ROW = insert(_KINDS)
+_listings: dict[tuple[bool, int, bool, bool, bool], tuple] = {}
 
 
-def _listing(user: bool, states: int, sweep: bool) -> tuple:
+def job_kind(env: dict | None) -> str | None:
+    """The kind of a job by its spec's ``env`` (:data:`~.models.KINDS`): ``notebook`` when it is a notebook job
+    (``$TRAINHUB_NOTEBOOK``, set by ``trainhub.notebookjobs.job_spec``), else None."""
+    return "notebook" if notebook_info({"env": env or {}}) is not None else None
+
+
+def _listing(user: bool, states: int, sweep: bool, kind: bool = False, before: bool = False) -> tuple:
     """The (count, page) statements of a listing with these filters (``states``: how many states), built
     once: the same statement object each time keeps SQLAlchemy's compiled-statement cache from recomputing
     its key, and :class:`~trainhub.db.SQLiteReader` compiles each once. Plain parameters (``state0``, ``state1``...)
-    rather than an expanding one, so that a statement compiles to one SQL text."""
-    key = (user, states, sweep)
+    rather than an expanding one, so that a statement compiles to one SQL text.
+
+    With ``kind`` the jobs come from ``job_kinds`` (its ``(kind, user, job_id)`` index, newest first), so a page costs
+    the page whatever else the user ran; ``before`` (a job id) starts the page below it (a cursor: no offset to skip).
+    The count is not limited by ``before``: it is how many match in all."""
+    key = (user, states, sweep, kind, before)
     if key not in _listings:
-        where = []
+        where, order = [], _JOBS.c.id
+        source = _JOBS
+        if kind:
+            source = _KINDS.join(_JOBS, _JOBS.c.id == _KINDS.c.job_id)
+            where.append(_KINDS.c.kind == bindparam("kind"))
+            order = _KINDS.c.job_id
         if user:
-            where.append(_JOBS.c.user == bindparam("user"))
+            where.append((_KINDS.c.user if kind else _JOBS.c.user) == bindparam("user"))
         if states:
             where.append(plain_in(_JOBS.c.state, states))
         if sweep:
             where.append(_JOBS.c.sweep_id == bindparam("sweep_id"))
-        count = select(func.count()).select_from(_JOBS).where(*where)
-        page = (select(*_JOBS.columns).where(*where).order_by(_JOBS.c.id.desc())
+        count = select(func.count()).select_from(source).where(*where)
+        if before:
+            where.append(order < bindparam("before"))
+        page = (select(*_JOBS.columns).select_from(source).where(*where).order_by(order.desc())
                 .limit(bindparam("limit")).offset(bindparam("offset")))
         _listings[key] = (count, page)
     return _listings[key]
@@ -176,8 +196,11 @@ class JobStore:
         self.db_url = db_url
         from . import models  # noqa: F401  (registers the tables)
 
+        had_kinds = inspect(get_engine(db_url)).has_table(_KINDS.name)
         init_db(db_url)
         self.engine = get_engine(db_url)
+        if not had_kinds:  # a database from before job kinds: its notebook jobs get theirs, once
+            self._fill_kinds()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="trainhub-db-write")
         self._readers = ThreadPoolExecutor(4, thread_name_prefix="trainhub-db-read")
         # SQLite (WAL, see trainhub.db): readers never wait for a lock; another database is a network round trip
@@ -206,6 +229,16 @@ class JobStore:
     def session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
 
+    def _fill_kinds(self) -> None:
+        """Kind rows for the jobs made before ``job_kinds`` existed (those whose env could be a notebook job's)."""
+        with write_connection(self.db_url) as c:
+            known = select(_KINDS.c.job_id)
+            rows = c.execute(select(_JOBS.c.id, _JOBS.c.user, _JOBS.c.env).where(
+                cast(_JOBS.c.env, String).like("%TRAINHUB_NOTEBOOK%"), _JOBS.c.id.not_in(known))).all()
+            kinds = [{"job_id": r.id, "user": r.user, "kind": k} for r in rows if (k := job_kind(r.env))]
+            if kinds:
+                c.execute(_KIND_ROW, kinds)
+
     # -- jobs --------------------------------------------------------------
     def create(self, workdir: dict | None = None, **fields) -> JobRecord:
         """Queue a job (and its "submitted" event) in one write transaction; with a ``submit_key`` already used,
@@ -220,6 +253,9 @@ class JobStore:
                     return JobRecord(row)  # an idempotent retry of the same submission
             row = c.execute(_CREATE, fields).first()
             c.execute(_EVENT, {"job_id": row.id, "kind": "submitted", "message": f"submitted by {row.user}"})
+            kind = job_kind(fields.get("env"))
+            if kind:
+                c.execute(_KIND_ROW, {"job_id": row.id, "user": row.user, "kind": kind})
             if workdir:
                 c.execute(_WORKDIR, {"job_id": row.id, **workdir})
                 c.execute(_EVENT, {"job_id": row.id, "kind": "workdir", "message": (
@@ -261,11 +297,12 @@ class JobStore:
         return record
 
     def list(self, user: str | None, states: list[str] | None, limit: int, offset: int,
-             sweep_id: int | None = None) -> tuple[list[JobRecord], int]:
-        """A page of jobs, newest first, as :class:`JobRecord` s, and how many match (one read transaction)."""
+             sweep_id: int | None = None, kind: str | None = None, before: int | None = None) -> tuple[list[JobRecord], int]:
+        """A page of jobs, newest first, as :class:`JobRecord` s, and how many match (one read transaction);
+        ``kind``: only jobs of that kind; ``before``: only jobs older than that id (see :func:`_listing`)."""
         states = sorted(set(states or ()))
-        count, page = _listing(user is not None, len(states), sweep_id is not None)
-        params = {"user": user, "sweep_id": sweep_id, "limit": limit, "offset": offset,
+        count, page = _listing(user is not None, len(states), sweep_id is not None, kind is not None, before is not None)
+        params = {"user": user, "sweep_id": sweep_id, "limit": limit, "offset": offset, "kind": kind, "before": before,
                   **plain_in_params(states)}
         if self.fast_reads is not None:
             with self.fast_reads.snapshot():

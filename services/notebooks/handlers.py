@@ -1,6 +1,7 @@
 """REST handlers of notebook schedules and the caller's profiles (see openapi.json beside this file).
 
-- ``GET  /profiles``                          the profiles the caller may use (JupyterLab's environments / compute types)
+- ``GET  /profiles``                          the profiles the caller may use (JupyterLab's environments / compute types),
+                                              with a job's bounds on each (``max_gpus`` per worker, ``max_workers``)
 - ``GET|POST /notebook-schedules``            the caller's schedules (admins: ``?user=``); make one (201)
 - ``GET|PATCH|DELETE /notebook-schedules/{id}`` one schedule; change it (name, schedule, timezone, active, job); remove it
 - ``POST /notebook-schedules/{id}/runs``      submit one run now (201 job)
@@ -15,6 +16,7 @@ from tornado import web
 
 from trainhub.exceptions import InvalidRequest
 from trainhub.services.api import APIHandler
+from trainhub.services.jobs.spec import MAX_WORKERS
 from trainhub.services.jobs.store import iso, job_to_dict
 
 from .schedules import parse_key, schedule_dict
@@ -55,8 +57,11 @@ class ProfilesHandler(APIHandler):
         if not caller.may(READ, caller.name):
             raise web.HTTPError(403, f"missing scope {READ}")
         catalog = self.service.catalog
+        # what a job on each may ask for (the Create Notebook Job form's bounds): GPUs per worker up to its pool's
+        # size (a job's GPUs in all are checked against it at submission, with the quotas), workers up to the spec's
         items = [{"slug": p.slug, "display_name": p.display_name, "description": getattr(p, "description", "") or "",
-                  "gpus": p.gpus} for p in catalog.for_user(caller.groups, caller.admin)]
+                  "gpus": p.gpus, "max_gpus": len(self.service.pool(p)), "max_workers": MAX_WORKERS}
+                 for p in catalog.for_user(caller.groups, caller.admin)]
         default = catalog.default()
         self.write_json({"items": items, "default": default.slug if default else None})
 
@@ -120,7 +125,7 @@ class ClockHandler(ScheduleHandler):
             raise InvalidRequest('send {"now": "2027-01-01T00:00:00Z"} (ISO 8601)') from None
         if to.tzinfo is None:
             to = to.replace(tzinfo=timezone.utc)
-        now = self.schedules.move_clock(to)
+        now = await self.schedules.move_clock(to)
         fired = await self.schedules.run_pass()
         self.write_json({"now": iso(now), "fired": fired})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, DateTime, Integer, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from trainhub.db import Base
@@ -33,3 +33,14 @@ class NotebookSchedule(Base):
     runs: Mapped[int] = mapped_column(Integer, default=0)  # runs submitted
     missed: Mapped[int] = mapped_column(Integer, default=0)  # due runs not submitted (missed while down, or refused)
     message: Mapped[str] = mapped_column(Text, default="")  # the latest problem, in words; "" when the last run started
+
+
+class ScheduleClock(Base):
+    """The schedule clock's offset from real time (one row, ``id`` 1): an admin's ``POST /schedule-clock`` moved it
+    forward; kept here so a restart of the jobs service keeps it (a due time already passed is never owed again)."""
+
+    __tablename__ = "notebook_schedule_clock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    offset_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    moved: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -33,7 +33,7 @@ from trainhub.notebookjobs import ENV, check_schedule, due_times, next_time
 from trainhub.services.jobs.spec import validate_spec
 from trainhub.services.jobs.store import iso
 
-from .models import NotebookSchedule
+from .models import NotebookSchedule, ScheduleClock
 
 PREFIX = "ns-"
 
@@ -46,7 +46,8 @@ def schedule_dict(s: NotebookSchedule, now: datetime | None = None) -> dict:
     d = {
         "id": key(s.id), "user": s.user, "name": s.name, "schedule": s.schedule, "timezone": s.timezone,
         "active": s.active, "notebook": s.notebook or {}, "profile": (s.spec or {}).get("profile"),
-        "workers": (s.spec or {}).get("workers", 1), "time_limit": (s.spec or {}).get("time_limit"),
+        "workers": (s.spec or {}).get("workers", 1), "gpus": (s.spec or {}).get("gpus"),
+        "time_limit": (s.spec or {}).get("time_limit"),
         "created": iso(s.created), "updated": iso(s.updated), "checked": iso(s.checked),
         "last_due": iso(s.last_due), "last_job": f"j-{s.last_job:06d}" if s.last_job else None,
         "runs": s.runs, "missed": s.missed, "message": s.message or None, "next": None,
@@ -77,7 +78,7 @@ class ScheduleStore:
     def __init__(self, db_url: str):
         self.db_url = db_url
         self.engine = get_engine(db_url)
-        Base.metadata.create_all(self.engine, tables=[NotebookSchedule.__table__])
+        Base.metadata.create_all(self.engine, tables=[NotebookSchedule.__table__, ScheduleClock.__table__])
 
     def _session(self):
         from sqlalchemy.orm import Session
@@ -117,6 +118,23 @@ class ScheduleStore:
                 setattr(row, k, v)
         return row
 
+    def clock_offset(self) -> timedelta:
+        """How far an admin moved the schedule clock ahead of real time (0 until one did)."""
+        with self._session() as s:
+            row = s.get(ScheduleClock, 1)
+        return timedelta(seconds=row.offset_seconds) if row is not None else timedelta(0)
+
+    def move_clock_offset(self, offset: timedelta) -> timedelta:
+        """Keep the larger of ``offset`` and the stored one (the clock never goes back); returns what is stored."""
+        with write_session(self.db_url) as s:
+            row = s.get(ScheduleClock, 1)
+            if row is None:
+                row = ScheduleClock(id=1, offset_seconds=0.0)
+                s.add(row)
+            if offset.total_seconds() > row.offset_seconds:
+                row.offset_seconds, row.moved = offset.total_seconds(), datetime.now(timezone.utc)
+            return timedelta(seconds=row.offset_seconds)
+
     def delete(self, sid: int, user: str | None) -> None:
         with write_session(self.db_url) as s:
             row = s.get(NotebookSchedule, sid)
@@ -140,18 +158,20 @@ class NotebookSchedules(LoggingConfigurable):
         super().__init__(**kw)
         self.service = service
         self.store = ScheduleStore(service.db_url)
-        self.offset = timedelta(0)  # the schedule clock: real time plus what an admin moved it forward by
+        # the schedule clock: real time plus what an admin moved it forward by (kept in the database across restarts)
+        self.offset = self.store.clock_offset()
         self._loop: PeriodicLoop | None = None
         self._lock = asyncio.Lock()
 
     def now(self) -> datetime:
         return datetime.now(timezone.utc) + self.offset
 
-    def move_clock(self, to: datetime) -> datetime:
-        """Move the schedule clock forward to ``to`` (never back: a due time is considered once)."""
+    async def move_clock(self, to: datetime) -> datetime:
+        """Move the schedule clock forward to ``to`` (never back: a due time is considered once), stored before it
+        counts, so a restart of the service keeps it."""
         ahead = to - datetime.now(timezone.utc)
         if ahead > self.offset:
-            self.offset = ahead
+            self.offset = await self.service.store.write(self.store.move_clock_offset, ahead)
         return self.now()
 
     async def start(self) -> None:

@@ -126,3 +126,19 @@ def test_due_times_in_a_window_and_a_time_zone():
     assert len(many) == 10 and many[:9] == [t(2026, 1, 1, 0, m) for m in range(1, 10)] and many[-1] == t(2026, 1, 2)
     # a clock moved thousands of years costs at most `cap` steps
     assert due_times("* * * * *", None, t(2026, 1, 1), t(9000, 1, 1), cap=5)[-1] == t(9000, 1, 1)
+
+
+@pytest.mark.parametrize("status, want", [(400, 400), (403, 403), (404, 404), (409, 409), (429, 429), (0, 503), (502, 502)])
+def test_a_jobs_api_refusal_keeps_its_status_and_words_in_jupyter_schedulers_terms(status, want):
+    from jupyter_scheduler.exceptions import SchedulerError
+
+    from trainhub.client import TrainhubAPIError
+    from trainhub.extensions.notebookjobs import Refused, _call
+
+    def refuse():
+        raise TrainhubAPIError(status, "Too many queued jobs: cancel some")
+
+    with pytest.raises(Refused) as e:
+        _call(refuse)
+    assert isinstance(e.value, SchedulerError)  # what jupyter-scheduler's handlers catch, as a 500 raised from it
+    assert (e.value.status, str(e.value)) == (want, "Too many queued jobs: cancel some")

@@ -129,29 +129,52 @@ def test_cancel_a_running_notebook_job(platform, server):
     assert server.jobs_api("GET", f"/jobs/{job_id}").json()["state"] == "cancelled", end
 
 
-@pytest.mark.parametrize("body, says", [
-    ({"input_uri": "proj/broken.ipynb"}, "is not a notebook Jupyter can read"),
-    ({"compute_type": "gpu-99"}, "unknown profile 'gpu-99'"),
-    ({"parameters": {"epochs": "3"}}, "does not declare the parameter(s) epochs"),
-    ({"parameters": {"lr": "fast"}}, "parameter lr must be a float"),
-    ({"input_uri": "proj/missing.ipynb"}, "does not exist"),
+@pytest.mark.parametrize("body, status, says", [
+    ({"input_uri": "proj/broken.ipynb"}, 400, "is not a notebook Jupyter can read"),
+    ({"compute_type": "gpu-99"}, 400, "unknown profile 'gpu-99'"),
+    ({"parameters": {"epochs": "3"}}, 400, "does not declare the parameter(s) epochs"),
+    ({"parameters": {"lr": "fast"}}, 400, "parameter lr must be a float"),
+    ({"runtime_environment_parameters": {"workers": "two"}}, 400, "workers must be a whole number"),
+    ({"input_uri": "proj/missing.ipynb"}, 404, "does not exist"),
+    ({"input_uri": "../../../etc/x.ipynb"}, 403, "is outside your home folder"),
+    # refusals of the jobs API come through with its status and words: the pool (409), the GPU quota (403)
+    ({"compute_type": "gpu-1", "runtime_environment_parameters": {"gpus": 9}}, 409, "the pool has only 4"),
+    ({"compute_type": "gpu-1", "runtime_environment_parameters": {"gpus": 2, "workers": 2}}, 403, "GPU quota exceeded"),
+    ({"parameters": "lr=0.5"}, 400, "value is not a valid dict"),  # a body jupyter-scheduler's own model refuses
 ])
-def test_bad_input_is_refused_with_what_to_change_and_nothing_is_made(platform, server, body, says):
+def test_bad_input_is_refused_with_its_status_and_what_to_change_and_nothing_is_made(platform, server, body, status, says):
     server.put("proj/broken.ipynb", "{this is not json")
     before = server.jobs_api("GET", "/jobs").json()["total"]
     r = server.scheduler("POST", "jobs", json={"input_uri": "proj/train.ipynb", "runtime_environment_name": "cpu",
                                                "name": "bad", **body})
-    # jupyter-scheduler answers every back-end refusal with a 500 carrying the back end's message
-    assert r.status_code == 500 and says in r.json()["message"], r.text
+    # jupyter-scheduler's own REST API, through trainhub's handlers: the refusal's status, the back end's message
+    assert r.status_code == status and says in r.json()["message"], (r.status_code, r.text)
     assert server.jobs_api("GET", "/jobs").json()["total"] == before
 
 
-def test_a_bad_cron_expression_is_refused_and_no_definition_is_made(platform, server):
+@pytest.mark.parametrize("body, says", [
+    ({"schedule": "61 * * * *"}, "is not a cron expression"),
+    ({"schedule": "0 3 * * *", "timezone": "Mars/Olympus"}, "unknown time zone"),
+    ({"schedule": "0 3 * * *", "parameters": {"epochs": "3"}}, "does not declare the parameter(s) epochs"),
+])
+def test_a_bad_definition_is_refused_with_400_and_none_is_made(platform, server, body, says):
     r = server.scheduler("POST", "job_definitions", json={
-        "input_uri": "proj/train.ipynb", "runtime_environment_name": "cpu", "name": "bad-cron", "schedule": "61 * * * *"})
-    assert r.status_code == 500 and "is not a cron expression" in r.json()["message"], r.text
+        "input_uri": "proj/train.ipynb", "runtime_environment_name": "cpu", "name": "bad-def", **body})
+    assert r.status_code == 400 and says in r.json()["message"], (r.status_code, r.text)
     assert server.jobs_api("GET", "/notebook-schedules").json()["total"] == 0
     assert server.scheduler("GET", "job_definitions").json()["total_count"] == 0
+
+
+def test_another_users_job_or_definition_is_not_found(platform, server):
+    other = platform.token("nbjobs-bob")
+    job = server.jobs_api("POST", "/jobs", token=other, json={"command": "true", "name": "bobs"})
+    assert job.status_code == 201, job.text
+    for path in (f"jobs/{job.json()['id']}", "job_definitions/ns-999999", "jobs/j-999999"):
+        r = server.scheduler("GET", path)
+        assert r.status_code == 404 and r.json()["message"], (path, r.status_code, r.text)
+    r = server.scheduler("DELETE", f"jobs/{job.json()['id']}")
+    assert r.status_code == 404, r.text
+    assert server.jobs_api("GET", f"/jobs/{job.json()['id']}", token=other).json()["state"] != "cancelled"
 
 
 def test_a_schedule_fires_as_its_owner_while_the_server_is_stopped(platform, server):
@@ -200,6 +223,14 @@ def test_a_schedule_fires_as_its_owner_while_the_server_is_stopped(platform, ser
     assert server.read("proj/side-sched.txt").json()["content"] == "8.0"
     runs = server.scheduler("GET", "jobs", params={"job_definition_id": def_id}).json()["jobs"]
     assert {job_id, second} <= {j["job_id"] for j in runs}, runs
+    # the list pages with jupyter-scheduler's max_items / next_token over the jobs API's notebook-job index: a plain
+    # job of the user's, newer than both runs, is in neither page
+    plain = server.jobs_api("POST", "/jobs", json={"command": "true", "name": "not-a-notebook"}).json()["id"]
+    first = server.scheduler("GET", "jobs", params={"max_items": 1}).json()
+    assert [j["job_id"] for j in first["jobs"]] == [second] and first["next_token"] == second, first
+    page = server.scheduler("GET", "jobs", params={"max_items": 1, "next_token": first["next_token"]}).json()
+    assert [j["job_id"] for j in page["jobs"]] == [job_id] and page["total_count"] == first["total_count"], page
+    assert plain not in {j["job_id"] for j in first["jobs"] + page["jobs"]}
     # a run now, from the definition; then the definition goes
     r = server.scheduler("POST", f"job_definitions/{def_id}/jobs", json={})
     assert r.status_code == 200, r.text

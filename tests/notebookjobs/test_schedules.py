@@ -66,7 +66,7 @@ def test_due_runs_fire_missed_ones_are_reported_and_schedules_survive_a_restart(
         made = await s.create(owner(), {"name": "hourly", "schedule": "0 * * * *", "job": spec(),
                                         "notebook": {"input": "proj/a.ipynb"}})
         assert await s.run_pass() == []  # nothing due yet
-        s.move_clock(s.now() + timedelta(hours=3, minutes=1))
+        await s.move_clock(s.now() + timedelta(hours=3, minutes=1))
         report = await s.run_pass()
         assert len(report) == 1 and len(report[0]["missed"]) == 2 and report[0]["job"], report
         assert await s.run_pass() == []  # a due time is considered once
@@ -86,8 +86,13 @@ def test_due_runs_fire_missed_ones_are_reported_and_schedules_survive_a_restart(
         assert [j.key for j in jobs] == [job_key]
         info = json.loads(jobs[0].env[ENV])
         assert info["schedule"] == sid and info["parameters"] == {"lr": 0.2}, info
-        # the clock of the restarted service is real time again: the run due in an hour is not owed twice
-        s.move_clock(s.now() + offset + timedelta(hours=1))
+        # the restarted service keeps the clock where the admin moved it (its database): nothing is due again, and
+        # it never goes back
+        assert s.offset == offset, (s.offset, offset)
+        assert await s.run_pass() == []
+        assert await s.move_clock(s.now() - timedelta(hours=1)) >= s.now() - timedelta(seconds=1)
+        assert s.offset == offset
+        await s.move_clock(s.now() + timedelta(hours=1))
         report = await s.run_pass()
         assert len(report) == 1 and report[0]["missed"] == [] and report[0]["job"], report
 
@@ -102,13 +107,15 @@ def test_a_run_the_service_refuses_says_why_on_the_schedule(data_dir):
         from trainhub.services.jobs.spec import validate_spec
 
         await app.submit(owner(), validate_spec({"command": "sleep 100"}))  # the owner's one queued job
-        s.move_clock(s.now() + timedelta(minutes=6))
+        await s.move_clock(s.now() + timedelta(minutes=6))
         report = await s.run_pass()
         assert len(report) == 1 and "Too many queued jobs" in report[0]["error"], report
         from trainhub.services.notebooks.schedules import parse_key
 
         row = s.store.get(parse_key(made["id"]), None)
-        assert row.missed == 1 and row.runs == 0 and "could not start: Too many queued jobs" in row.message
+        # the refused run is missed, as is any earlier due time the moved clock passed
+        assert row.missed == 1 + len(report[0]["missed"]) and row.runs == 0, (row.missed, report)
+        assert "could not start: Too many queued jobs" in row.message
 
     asyncio.run(go())
 

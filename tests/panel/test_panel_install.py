@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trainhub.extensions import ENABLED_EXTENSIONS, LABEXTENSION_NAME, PANEL_DIR, install_labextension
+from trainhub.extensions import JPSERVER_EXTENSIONS, LABEXTENSION_NAME, PANEL_DIR, install_labextension
 
 
 def test_prebuilt_panel_is_shipped_and_small():
@@ -22,7 +22,7 @@ def test_install_into_a_prefix_is_idempotent(tmp_path):
     assert dest == tmp_path / "share/jupyter/labextensions/trainhub-panel"
     assert json.loads((dest / "package.json").read_text())["name"] == "trainhub-panel"
     conf = json.loads((tmp_path / "etc/jupyter/jupyter_server_config.d/trainhub.json").read_text())
-    assert conf == {"ServerApp": {"jpserver_extensions": {m: True for m in ENABLED_EXTENSIONS}}}
+    assert conf == {"ServerApp": {"jpserver_extensions": JPSERVER_EXTENSIONS}}
     scheduler = json.loads((tmp_path / "etc/jupyter/jupyter_jupyter_scheduler_config.json").read_text())
     assert scheduler["SchedulerApp"]["environment_manager_class"] == "trainhub.extensions.notebookjobs.TrainhubEnvironments"
     mtime = (dest / "package.json").stat().st_mtime_ns

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from trainhub.extensions import (LABEXTENSION_DEST, LABEXTENSION_NAME, PANEL_DIR, SERVER_CONFIG, SERVER_CONFIG_DEST,
-                                 ENABLED_EXTENSIONS, SCHEDULER_CONFIG, SCHEDULER_CONFIG_DEST)
+                                 JPSERVER_EXTENSIONS, SCHEDULER_CONFIG, SCHEDULER_CONFIG_DEST)
 
 REPO = Path(__file__).resolve().parents[2]
 # what the build reads: the project files and the folders that install as trainhub.*
@@ -80,7 +80,7 @@ def test_wheel_holds_the_panel_and_the_server_config(built):
         assert len(shipped) == len(panel_files), sorted(shipped)
         conf = z.read(f"{data}/{SERVER_CONFIG_DEST.as_posix()}").decode()
         assert conf == SERVER_CONFIG.read_text() == z.read("trainhub/extensions/jupyter-config/trainhub.json").decode()
-        assert json.loads(conf) == {"ServerApp": {"jpserver_extensions": {m: True for m in ENABLED_EXTENSIONS}}}
+        assert json.loads(conf) == {"ServerApp": {"jpserver_extensions": JPSERVER_EXTENSIONS}}
         scheduler = z.read(f"{data}/{SCHEDULER_CONFIG_DEST.as_posix()}").decode()
         assert scheduler == SCHEDULER_CONFIG.read_text()
         assert json.loads(scheduler)["SchedulerApp"]["scheduler_class"] == "trainhub.extensions.notebookjobs.TrainhubNotebookScheduler"
@@ -123,7 +123,7 @@ def test_installed_wheel_is_found_by_jupyterlab_and_jupyter_server(built):
     ext = exts[LABEXTENSION_NAME]
     assert (Path(ext["ext_path"]) / ext["jupyterlab"]["_build"]["load"]).is_file()
     manager = ExtensionConfigManager(read_config_path=[str(prefix / "etc" / "jupyter")])
-    assert manager.get_jpserver_extensions() == {m: True for m in ENABLED_EXTENSIONS}
+    assert manager.get_jpserver_extensions() == JPSERVER_EXTENSIONS
 
     site = Path(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
     assert (site / "trainhub" / "extensions" / "__init__.py").is_file()

@@ -53,10 +53,14 @@ class JobsAPI(ClientBase):
             return None
         return workdir.Limits(int(limits["workdir_bytes"]), int(limits["workdir_files"]))
 
-    def list(self, state=None, *, user: str | None = None, limit: int = 50, offset: int = 0) -> dict:
-        """GET /jobs: ``{"items": [...], "total", "limit", "offset"}``, newest first.
-        ``state`` is a state or a list of states."""
-        return self._json("GET", "/jobs", params=page_params(state, user=user, limit=limit, offset=offset))
+    def list(self, state=None, *, user: str | None = None, limit: int = 50, offset: int = 0, kind: str | None = None,
+             before: str | None = None) -> dict:
+        """GET /jobs: ``{"items": [...], "total", "limit", "offset", "next_before"}``, newest first.
+        ``state`` is a state or a list of states; ``kind`` only jobs of that kind ("notebook"); ``before`` only jobs
+        older than that id (a page's ``next_before``: the next page, by cursor)."""
+        params = page_params(state, user=user, limit=limit, offset=offset)
+        params.update({k: v for k, v in (("kind", kind), ("before", before)) if v})
+        return self._json("GET", "/jobs", params=params)
 
     def get(self, job_id: str) -> dict:
         """GET /jobs/{id}."""

@@ -68,6 +68,8 @@ def add_parser(sub):
     ls.add_argument("--user", metavar="NAME", help="only NAME's jobs (admins)")
     ls.add_argument("--limit", type=int, default=50, metavar="N", help="at most N jobs (default 50)")
     ls.add_argument("--offset", type=int, default=0, metavar="N", help="skip the N newest (paging)")
+    ls.add_argument("--kind", choices=["notebook"], help="only jobs of this kind (notebook: JupyterLab's notebook jobs)")
+    ls.add_argument("--before", metavar="ID", help="only jobs older than ID (paging: the last ID of the previous page)")
     ls.add_argument("--json", action="store_true", help="machine-readable output (the API's page object)")
     _conn(ls)
     ls.set_defaults(func=cmd_list)
@@ -261,7 +263,8 @@ def cmd_list(args):
     user = args.user
     if not user and not args.all:
         user = client.whoami()
-    page = _api(client.list, state=states or None, user=user, limit=args.limit, offset=args.offset)
+    page = _api(client.list, state=states or None, user=user, limit=args.limit, offset=args.offset, kind=args.kind,
+                before=args.before)
     if args.json:
         print(json.dumps(page, indent=2))
         return 0
@@ -277,7 +280,9 @@ def cmd_list(args):
                      fmt_duration(elapsed_seconds(j)), clip(j.get("reason"), 60)])
     print(text_table(rows, ["ID", "NAME", "USER", "STATE", "GPUSxW", "CREATED", "ELAPSED", "REASON"]))
     total = page.get("total", len(items))
-    if total > page.get("offset", 0) + len(items):
+    if args.before and page.get("next_before"):
+        print(f"(more with --before {page['next_before']})")
+    elif not args.before and total > page.get("offset", 0) + len(items):
         print(f"({len(items)} of {total}; more with --offset {page.get('offset', 0) + len(items)})")
     return 0
 

@@ -205,6 +205,19 @@ export class APIError extends Error {
   }
 }
 
+/** `GET {api}/profiles`: a profile the caller may use, with what a job on it may ask for. */
+export interface IProfile {
+  slug: string;
+  display_name: string;
+  description: string;
+  /** GPUs per worker a job gets by default */
+  gpus: number;
+  /** GPUs per worker a job may ask for at most (the GPUs of the pool this profile runs on) */
+  max_gpus: number;
+  /** workers a job may have at most */
+  max_workers: number;
+}
+
 export type Query = Record<string, string | number | undefined | null>;
 
 /** `path` under the server's base URL with the non-empty `query` values. */
@@ -288,6 +301,10 @@ export class TrainhubAPI {
 
   downloadUrl(area: string, path: string): string {
     return storageUrl(this.settings, 'files', { area, path });
+  }
+
+  profiles(): Promise<{ items: IProfile[]; default: string | null }> {
+    return request(this.settings, 'trainhub/api/profiles');
   }
 
   datasets(q = ''): Promise<IPage<IDataset>> {

@@ -4,7 +4,8 @@
  * warning (plugin `trainhub:culler-notification`, in culler.ts) and this server's GPUs in the status bar
  * (plugin `trainhub:gpu-status`, in gpustatus.ts), and moves of this server by trainhub (plugins `trainhub:server-move`
  * and `trainhub:connection-lost`, in move.ts: one notice with progress, no "Server unavailable" dialog, the page
- * reconnects by itself).
+ * reconnects by itself), and trainhub's fields (GPUs, workers, time limit) in JupyterLab's Create Notebook Job form
+ * (plugin `trainhub:notebook-job-options`, in jobform.ts).
  * Nothing is awaited in `activate`: the panel loads its data when first shown.
  *
  * Commands (also in the command palette, category "trainhub"): `trainhub:open-panel`,
@@ -21,6 +22,7 @@ import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { TrainhubAPI } from './api';
 import cullerNotification from './culler';
 import gpuStatus from './gpustatus';
+import notebookJobOptions from './jobform';
 import { connectionLost, serverMove } from './move';
 import { jobsIcon, trainhubIcon, usageIcon } from './icons';
 import { ILiveOutputActions, liveOutputFactory, LIVE_OUTPUT_RANK, NotebookWidgets } from './liveoutput';
@@ -147,4 +149,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [plugin, cullerNotification, gpuStatus, serverMove, connectionLost];
+export default [plugin, cullerNotification, gpuStatus, serverMove, connectionLost, notebookJobOptions];
