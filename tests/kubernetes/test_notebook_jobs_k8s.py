@@ -189,7 +189,7 @@ async def test_a_schedule_fires_as_its_owner_and_its_run_is_a_job_of_theirs_in_t
                             storage_path="exp/train.ipynb")
             made = await s.create(Owner(USER), {"name": "nightly", "schedule": "0 3 * * *", "job": spec,
                                                 "notebook": json.loads(spec["env"][ENV])})
-            s.move_clock(s.now() + timedelta(days=1, minutes=1))
+            await s.move_clock(s.now() + timedelta(days=1, minutes=1))
             report = await s.run_pass()
             assert len(report) == 1 and report[0]["job"], report
             items, _ = app.store.list(USER, None, 10, 0)
