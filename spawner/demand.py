@@ -27,7 +27,7 @@ from typing import Callable
 DAY = 86400.0
 
 
-class Demand:
+class PoolDemand:
     def __init__(self, floor: int, *, window: float = 900.0, per_arrival: float = 2.0, lead: float = 1800.0,
                  history_days: int = 14, clock: Callable[[], float] = time.time, path: str = ""):
         self.floor, self.window, self.per_arrival, self.lead = floor, window, per_arrival, lead

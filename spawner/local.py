@@ -50,7 +50,7 @@ from trainhub.boundary.warmsandbox import sandbox_mounts
 
 from .errors import spawn_failure, spawn_refusal
 from .profile_form import render_form
-from .demand import Demand
+from .demand import PoolDemand
 from .warm import DEFAULT_IMPORTS, WarmPool, WarmProcess, WarmUnavailable, claim_spec, launch_env, pool_for, startup_differences, warm_argv
 
 
@@ -742,7 +742,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
     def _follow_demand(self, pool: WarmPool) -> None:
         """The pool's demand model and bounds from this configuration; its periodic check started once a loop runs."""
         if pool.demand is None:
-            pool.demand = Demand(self.warm_pool_size, path=self.warm_pool_history_file)
+            pool.demand = PoolDemand(self.warm_pool_size, path=self.warm_pool_history_file)
         d = pool.demand
         d.window, d.per_arrival, d.lead = self.warm_pool_window, self.warm_pool_per_arrival, self.warm_pool_lead
         d.history_days = self.warm_pool_history_days

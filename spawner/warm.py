@@ -35,7 +35,7 @@ from trainhub.loops import PeriodicLoop
 from trainhub.boundary.warmsandbox import claim_answer, current_umask, send_claim
 from trainhub.boundary.warmsandbox import startup_differences as _startup_differences
 
-from .demand import Demand, budget_cap
+from .demand import PoolDemand, budget_cap
 
 # what a running interpreter cannot take on later: read by the interpreter, the loader or libc at start-up,
 # or by jupyterhub.singleuser when imported
@@ -90,7 +90,7 @@ class WarmProcess:
 
 class WarmPool:
     """Warm interpreters started with one launch command and environment (one pool per distinct launch in the hub
-    process: :func:`pool_for`). ``size`` is the target: fixed, or, with a :class:`~.demand.Demand`, what demand
+    process: :func:`pool_for`). ``size`` is the target: fixed, or, with a :class:`~.demand.PoolDemand`, what demand
     wants within the memory budget (:meth:`retarget`). At most ``parallel`` import at once: on a few cores the first
     of a refill is ready sooner than if all started together, and a rush takes them in order."""
 
@@ -99,7 +99,7 @@ class WarmPool:
         self.ready_timeout = ready_timeout
         self.waiting: list[WarmProcess] = []
         self.claims = 0
-        self.demand: Demand | None = None
+        self.demand: PoolDemand | None = None
         self.budget = 0  # bytes the waiting interpreters may hold together; 0: no bound
         self.parallel = os.cpu_count() or 1
         self.why = "warm_pool_size"  # what set the current size (for the log)

@@ -16,7 +16,7 @@ from traitlets import TraitError
 
 from trainhub.boundary.isolation import Isolation
 from trainhub.boundary.procs import tree_rss
-from trainhub.spawner.demand import DAY, Demand, budget_cap, load_arrivals
+from trainhub.spawner.demand import DAY, PoolDemand, budget_cap, load_arrivals
 from trainhub.spawner.warm import WarmPool, launch_env, warm_argv
 from waiting import await_for
 
@@ -39,14 +39,14 @@ def at(day: int, hour: int, minute: int = 0) -> float:
 
 def test_with_no_arrival_the_pool_keeps_its_floor():
     clock = Clock(datetime(2026, 11, 16, 9))
-    d = Demand(2, clock=clock)
+    d = PoolDemand(2, clock=clock)
     assert d.want() == (2, "the floor (warm_pool_size)")
-    assert Demand(0, clock=clock).want()[0] == 0
+    assert PoolDemand(0, clock=clock).want()[0] == 0
 
 
 def test_a_rush_grows_the_target_with_each_arrival_and_it_falls_back_once_the_window_passes():
     clock = Clock(datetime(2026, 11, 16, 14))
-    d = Demand(2, window=600, per_arrival=2, lead=0, clock=clock)
+    d = PoolDemand(2, window=600, per_arrival=2, lead=0, clock=clock)
     wants = []
     for _ in range(4):
         d.record()
@@ -58,7 +58,7 @@ def test_a_rush_grows_the_target_with_each_arrival_and_it_falls_back_once_the_wi
     assert d.recent() == 2 and d.want()[0] == 6
     clock.advance(60)
     assert d.recent() == 0 and d.want() == (2, "the floor (warm_pool_size)")  # idle: back to the floor
-    assert Demand(2, per_arrival=0, lead=0, clock=clock).want()[0] == 2  # no rush term
+    assert PoolDemand(2, per_arrival=0, lead=0, clock=clock).want()[0] == 2  # no rush term
 
 
 def test_the_usual_morning_arrivals_grow_the_pool_before_the_first_spawn_of_the_day():
@@ -66,7 +66,7 @@ def test_the_usual_morning_arrivals_grow_the_pool_before_the_first_spawn_of_the_
     pool wants what the next 30 minutes saw on the working days, not diluted by the empty weekend; at 14:00, or
     with no history, only its floor."""
     clock = Clock(datetime(2026, 11, 16))
-    d = Demand(2, window=900, per_arrival=2, lead=1800, history_days=14, clock=clock)
+    d = PoolDemand(2, window=900, per_arrival=2, lead=1800, history_days=14, clock=clock)
     for day in range(5):  # Monday..Friday of the first week
         for i in range(10):
             d.record(at(day, 9, 4 * i + 1))  # 9:01, 9:05, ..., 9:37
@@ -78,7 +78,7 @@ def test_the_usual_morning_arrivals_grow_the_pool_before_the_first_spawn_of_the_
     clock.now = at(7, 14, 0)
     assert d.usual() == 0 and d.want()[0] == 2
     # the same arrivals seen on one day only: the average is over the days anyone came
-    one = Demand(2, lead=1800, clock=Clock(datetime(2026, 11, 17)))
+    one = PoolDemand(2, lead=1800, clock=Clock(datetime(2026, 11, 17)))
     for i in range(10):
         one.record(at(0, 9, 4 * i + 1))
     one.clock.now = at(1, 9, 0)
@@ -92,13 +92,13 @@ def test_the_usual_morning_arrivals_grow_the_pool_before_the_first_spawn_of_the_
 def test_history_older_than_its_days_is_dropped_and_kept_across_a_restart(tmp_path):
     path = tmp_path / "arrivals.json"
     clock = Clock(datetime(2026, 11, 16, 9))
-    d = Demand(2, history_days=3, clock=clock, path=str(path))
+    d = PoolDemand(2, history_days=3, clock=clock, path=str(path))
     d.record(clock.now - 10 * DAY)
     d.record(clock.now - 1 * DAY)
     d.record()
     assert len(d.arrivals) == 2  # ten days ago is beyond three days of history
     d.save()
-    again = Demand(2, history_days=3, clock=clock, path=str(path))
+    again = PoolDemand(2, history_days=3, clock=clock, path=str(path))
     assert again.arrivals == pytest.approx(d.arrivals, abs=0.1)
     assert "user" not in path.read_text()  # times only
     path.write_text("{not json")
@@ -133,7 +133,7 @@ def plain_pool(floor: int, clock, **demand) -> WarmPool:
     iso = Isolation(sandbox="none", user_accounts=False)
     pool = WarmPool(lambda fd: iso.command(warm_argv(sys.executable, fd, ["json"]), account=None, cwd="/"),
                     launch_env(["LANG"], {}, "/usr/bin:/bin"), floor, logging.getLogger("test-warm-demand"))
-    pool.demand = Demand(floor, clock=clock, **demand)
+    pool.demand = PoolDemand(floor, clock=clock, **demand)
     return pool
 
 
