@@ -194,7 +194,7 @@ def test_a_notebook_job_runs_papermill_in_a_job_pod_and_the_executed_notebook_co
                 json={"type": "notebook", "format": "json", "content": _notebook_with_a_parameter()}).status_code in (200, 201)
     refused = call("POST", "scheduler/jobs", json={"input_uri": "home.ipynb", "runtime_environment_name": "cpu",
                                                    "name": "at-home", "output_formats": ["ipynb"]})
-    assert refused.status_code == 500 and "Move the notebook into your storage area" in refused.json()["message"], refused.text
+    assert refused.status_code == 400 and "Move the notebook into your storage area" in refused.json()["message"], refused.text
     made = call("POST", "scheduler/jobs", json={
         "input_uri": "storage/nbjobs/train.ipynb", "runtime_environment_name": "cpu", "name": "nb-on-k8s",
         "parameters": {"lr": "0.75"}, "output_formats": ["ipynb"], "compute_type": "cpu"})
