@@ -10,10 +10,8 @@ import sqlite3
 
 import pytest
 from sqlalchemy import text
-from tornado.httpclient import AsyncHTTPClient
 
 from trainhub.notebookjobs import ENV
-from trainhub.services import api as service_api
 from trainhub.services.jobs.store import JobStore, _listing
 from trainhub.states import QUEUED, SUCCEEDED
 
@@ -93,9 +91,9 @@ def test_a_database_from_before_kinds_gets_its_notebook_jobs_kinds(tmp_path):
 
 
 @pytest.fixture
-def service(tmp_path, monkeypatch):
+def service(tmp_path, monkeypatch, serve_jobs_api):
     """The real jobs service in process (no engine loop: nothing starts), its API on a tornado server; the hub's
-    authentication replaced by ``Authorization: token <user name>``. Yields ``start()``, which serves it and returns
+    authentication replaced by ``Authorization: token <user name>`` (serve_jobs_api). Returns ``start()``, which serves it and returns
     ``call(user, method, path, body=None) -> (status, body)``."""
     from traitlets.config import Config
 
@@ -112,33 +110,7 @@ def service(tmp_path, monkeypatch):
     app = JobsService(config=c)
     app.initialize(["--data-dir", str(tmp_path)])
 
-    async def identify(self):
-        name = self.request.headers.get("Authorization", "").removeprefix("token ")
-        model = {"name": name, "kind": "user", "admin": False, "groups": [],
-                 "scopes": [f"custom:trainhub:jobs:write!user={name}", f"custom:trainhub:jobs:read!user={name}"]}
-        self._hub_auth_user_cache = model
-        self.current_user = model
-
-    monkeypatch.setattr(service_api.APIHandler, "_identify", identify)
-    servers = []
-
-    def start():  # in the test's event loop
-        server = app.make_app().listen(0, "127.0.0.1")
-        servers.append(server)
-        port = next(iter(server._sockets.values())).getsockname()[1]
-        base = f"http://127.0.0.1:{port}{app.api_prefix}"
-
-        async def call(user, method, path, body=None):
-            r = await AsyncHTTPClient().fetch(base + path, method=method, raise_error=False,
-                                              body=None if body is None else json.dumps(body),
-                                              headers={"Authorization": f"token {user}", "Content-Type": "application/json"})
-            return r.code, json.loads(r.body)
-
-        return call
-
-    yield start
-    for server in servers:
-        server.stop()
+    return lambda: serve_jobs_api(app)
 
 
 async def test_get_jobs_of_kind_notebook_pages_by_cursor_over_http(service):

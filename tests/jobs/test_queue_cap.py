@@ -14,16 +14,13 @@ by ``Authorization: token <user name>``.
 from __future__ import annotations
 
 import asyncio
-import json
 from types import SimpleNamespace
 
 import pytest
-from tornado.httpclient import AsyncHTTPClient
 from traitlets.config import Config
 
 from trainhub.exceptions import TooManyQueued
 from trainhub.gpus import simulated_devices
-from trainhub.services import api as service_api
 from trainhub.services.jobs.spec import validate_spec
 from trainhub.settings import Runtime
 from trainhub.states import QUEUED, RUNNING, SUCCEEDED
@@ -50,36 +47,14 @@ def make_service(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def api(monkeypatch):
-    """``start(service)`` serves the service's API; returns ``post(user, spec) -> (status, body)``."""
-
-    async def identify(self):
-        name = self.request.headers.get("Authorization", "").removeprefix("token ")
-        model = {"name": name, "kind": "user", "admin": name == "root", "groups": [],
-                 "scopes": [f"custom:trainhub:jobs:write!user={name}", f"custom:trainhub:jobs:read!user={name}",
-                            f"custom:trainhub:sweeps:write!user={name}", f"custom:trainhub:sweeps:read!user={name}"]}
-        self._hub_auth_user_cache = model
-        self.current_user = model
-
-    monkeypatch.setattr(service_api.APIHandler, "_identify", identify)
-    servers = []
+def api(serve_jobs_api):
+    """``start(service)`` serves the service's API; returns ``post(user, path="jobs", **spec) -> (status, body)``."""
 
     def start(service):
-        server = service.make_app().listen(0, "127.0.0.1")
-        servers.append(server)
-        port = next(iter(server._sockets.values())).getsockname()[1]
-        base = f"http://127.0.0.1:{port}{service.api_prefix}"
+        call = serve_jobs_api(service)
+        return lambda user, path="jobs", **spec: call(user, "POST", path, spec)
 
-        async def post(user, path="jobs", **spec):
-            r = await AsyncHTTPClient().fetch(base + path, method="POST", body=json.dumps(spec), raise_error=False,
-                                              headers={"Authorization": f"token {user}", "Content-Type": "application/json"})
-            return r.code, json.loads(r.body)
-
-        return post
-
-    yield start
-    for server in servers:
-        server.stop()
+    return start
 
 
 def caller(name="alice", admin=False):
