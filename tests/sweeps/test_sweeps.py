@@ -492,7 +492,8 @@ def test_cli_sweep_sends_a_working_directory_every_trial_runs_in(platform, tmp_p
         "trainhub.report(step=0, loss=objective(x) + int(open('offset.txt').read()))\n")
     r = subprocess.run([sys.executable, "-m", "trainhub.cli", "sweeps", "create", str(folder / "trial.py"),
                         "--workdir", str(folder), "--exclude", "data/", "--trials", "2", "--parallel", "2",
-                        "--metric", "loss", "--mode", "min", "--sampler", "grid", "--param", "x=int:0:1", "--gpus", "0",
+                        "--metric", "loss", "--mode", "min", "--sampler", "grid", "--pruner", "none", "--param", "x=int:0:1",
+                        "--gpus", "0",
                         "--wait", "--url", sw.url, "--token", sw.token],
                        capture_output=True, text=True, timeout=180, env=platform.env)
     s, = requests.get(sw.url + "/sweeps", headers=sw.h, timeout=30).json()["items"]
