@@ -14,7 +14,9 @@ command, and alternates spawns between them (so a neighbour's load hits both ali
 
 Each measure is the time from the spawn POST to the hub reporting the server ``ready``
 (polled every 50 ms through the REST API); the server is stopped between spawns. One
-untimed warm-up spawn runs on each first. Prints both medians and the ratio; PASS when
+untimed warm-up spawn runs on each first. Before each spawn (and each rush wave) the benchmark waits until
+trainhub's warm pool has stopped importing, so that neither hub's spawns pay for its refills. Prints both
+medians and the ratio; PASS when
 trainhub's median is at most 0.5 x stock's (warm servers: LocalGPUSpawner.warm_start).
 
 Then the rush (``--rush-users``, 0 skips it): 10 users ask for a server within one minute
@@ -256,6 +258,38 @@ def pool_outcomes(log: Path, since: int) -> dict[str, str]:
     return seen
 
 
+def pool_cpu() -> float:
+    """CPU seconds used so far by every warm interpreter of trainhub's pool on this machine (their command line stays
+    ``python -m trainhub.spawner.warmstart``, claimed or not: call it while no trainhub server runs)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"trainhub.spawner.warmstart" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def settle_pool(limit: float = 90.0) -> float:
+    """Wait until trainhub's pool is not importing (its interpreters used under 0.05 CPU s in the last 0.5 s), so that
+    a refill never runs beside a spawn it is not part of: stock's spawns would pay for trainhub's pool otherwise.
+    Returns the seconds waited."""
+    began = time.perf_counter()
+    last = pool_cpu()
+    while time.perf_counter() - began < limit:
+        time.sleep(0.5)
+        now = pool_cpu()
+        if now - last < 0.05:
+            break
+        last = now
+    return time.perf_counter() - began
+
+
 def arrivals(users: int, window: float, seed: int) -> list[float]:
     """Seconds after the wave's start at which each user asks: uniform over ``window``, a fixed draw per seed."""
     rng = random.Random(seed)
@@ -314,8 +348,9 @@ def run_rush(hubs: list[Hub], args) -> tuple[dict, dict]:
         offsets = arrivals(args.rush_users, args.rush_window, args.rush_seed + wave)
         for hub in (hubs if wave % 2 == 0 else hubs[::-1]):
             since = hub.log.stat().st_size
-            print(f"  rush wave {wave + 1}: {hub.name.split()[0]}, {args.rush_users} users over {args.rush_window:.0f} s...",
-                  flush=True)
+            waited = settle_pool()
+            print(f"  rush wave {wave + 1}: {hub.name.split()[0]}, {args.rush_users} users over {args.rush_window:.0f} s "
+                  f"(after {waited:.1f} s for trainhub's pool to stop importing)...", flush=True)
             took = rush_wave(hub, users, offsets)
             times[hub.name] += [(wave + 1, u, at, took[u]) for u, at in zip(users, offsets)]
             if hub is hubs[0]:
@@ -373,9 +408,11 @@ def main(argv=None) -> int:
         stock_extensions = check_stock_is_clean(tmp / "stock-jupyterhub.log")
         print("stock single-user server loaded: " + ", ".join(stock_extensions) + " (no trainhub extension)", flush=True)
         times: dict[str, list[float]] = {h.name: [] for h in hubs}
+        settled = 0.0
         for i in range(args.spawns):
             order = hubs if i % 2 == 0 else hubs[::-1]
             for hub in order:
+                settled += settle_pool()
                 times[hub.name].append(hub.spawn_to_ready("bench"))
                 hub.stop_server("bench")
             print(f"  round {i + 1}/{args.spawns}: " + ", ".join(f"{n.split()[0]} {t[-1]:.2f} s" for n, t in times.items()), flush=True)
@@ -399,6 +436,8 @@ def main(argv=None) -> int:
     paired = statistics.median(a / b for a, b in zip(*(times[h.name] for h in hubs)))
     print(f"(for information: median of the per-round ratios = {paired:.3f}; load from elsewhere on the machine "
           "moves single spawns by seconds)")
+    print(f"before the spawns, {settled:.1f} s in all waiting for trainhub's pool to stop importing (its refills run "
+          "between spawns, not beside either hub's)")
     verdict = "PASS" if ratio <= args.target else "FAIL"
     print("stock: SimpleLocalProcessSpawner, same virtualenv, JUPYTER_CONFIG_DIR turning off trainhub's server and "
           "lab extensions; server extensions loaded: " + ", ".join(stock_extensions))
