@@ -23,11 +23,16 @@ import socket
 import sys
 import time
 
-from trainhub.boundary.warmsandbox import attach_mounts, become, enter_netns, serve_claim, show_environ
+from trainhub.boundary.warmsandbox import attach_mounts, become, claim_notes, enter_netns, serve_claim, show_environ
+from trainhub.cpupriority import session_nice, set_session_nice
 
 
 def apply_claim(spec: dict, fds: list[int]) -> str:
     """Make this process the server ``spec`` describes; returns the module to run."""
+    if session_nice():  # the hub had put the pool's imports behind a starting server
+        why = set_session_nice(0)
+        if why:
+            claim_notes.append(f"its session's CPU priority stays lowered: {why}")
     enter_netns(spec, fds)  # the user's own network namespace (trainhub.boundary.network), before anything listens
     attach_mounts(spec.get("mounts", []), fds)
     os.chdir(spec["cwd"])

@@ -14,21 +14,31 @@ and users' jobs and servers keep the default. It costs users' work little: the p
 of a core at most. Lowering a niceness needs CAP_SYS_NICE (root, as ``trainhub up`` runs for isolation); without it,
 or without autogroups (a Kubernetes pod's CPU share is its cgroup's, set by its requests), nothing changes and the
 reason is logged.
+
+The other way round, work nobody waits for runs behind: a warm server interpreter importing for the pool
+(trainhub.spawner.warm) asks for :data:`BACKGROUND_NICE` while a user's server starts, so the server it would
+slow gets the cores; raising a niceness needs no privilege, and the interpreter (or the hub) lowers it back to 0.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 
 #: the autogroup niceness the platform's services ask for (each step about 1.25x the CPU weight of the one above)
 PLATFORM_NICE = -10
 
+#: the autogroup niceness of work that waits for idle cores (a warm interpreter importing while a server starts)
+BACKGROUND_NICE = 19
+
 AUTOGROUP_SWITCH = "/proc/sys/kernel/sched_autogroup_enabled"
 
 
-def set_session_nice(nice: int, pid: int | None = None) -> str | None:
+def set_session_nice(nice: int, pid: int | None = None, tries: int = 5) -> str | None:
     """Give the session (autogroup) of ``pid`` (None: this process) the niceness ``nice``. Returns None when it was
-    set, else why not (no autogroups, not allowed, the process is gone): the caller logs it, nothing else changes."""
+    set, else why not (no autogroups, not allowed, the process is gone): the caller logs it, nothing else changes.
+    Without CAP_SYS_ADMIN the kernel takes one such change per 0.1 s machine-wide (EAGAIN): tried ``tries`` times."""
     try:
         with open(AUTOGROUP_SWITCH) as f:
             if f.read().strip() != "1":
@@ -36,13 +46,17 @@ def set_session_nice(nice: int, pid: int | None = None) -> str | None:
     except OSError:
         return "this kernel has no autogroups"
     path = f"/proc/{pid or 'self'}/autogroup"
-    try:
-        with open(path, "w") as f:
-            f.write(str(int(nice)))
-    except PermissionError:
-        return f"not allowed to set {path} to {nice} (a niceness below 0 needs CAP_SYS_NICE, e.g. root)"
-    except OSError as e:
-        return f"could not set {path} to {nice}: {e.strerror or e}"
+    for attempt in range(max(1, tries)):
+        try:
+            with open(path, "w") as f:
+                f.write(str(int(nice)))
+            return None
+        except PermissionError:
+            return f"not allowed to set {path} to {nice} (a niceness below 0 needs CAP_SYS_NICE, e.g. root)"
+        except OSError as e:
+            if e.errno != errno.EAGAIN or attempt == max(1, tries) - 1:
+                return f"could not set {path} to {nice}: {e.strerror or e}"
+            time.sleep(0.05)
     return None
 
 

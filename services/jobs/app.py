@@ -170,7 +170,7 @@ class JobsService(Application):
         machine (Linux autogroup niceness, -20..19; trainhub.cpupriority), e.g. -10: each of users' jobs and servers runs
         in a session of its own and otherwise weighs as much as the jobs API, which then waits for a core behind them on
         a busy machine (measured at load 11-14 on 2 cores: a request's own time p50 35-141 ms for 1-3 ms of CPU; 3.6 ms
-        with -10). `trainhub up` gives the proxy's session the same. Below 0 needs CAP_SYS_NICE (root); where it is not
+        with -10). `trainhub up` gives the hub's and the proxy's sessions the same. Below 0 needs CAP_SYS_NICE (root); where it is not
         allowed, or the kernel has no autogroups, nothing changes and the reason is logged. 0 = leave it.""").tag(config=True)
     freeze_after_start = Bool(True, help="""Once the service is up, collect once and move what is left, the imports'
         and the set-up's objects, out of reach of the cycle collector's later passes (``gc.freeze``). Each full

@@ -4,6 +4,7 @@ Each check runs in a child process in a session of its own, so the test's own se
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -52,3 +53,26 @@ app.tune_interpreter()
 print(session_nice())
 """
     assert in_own_session(code).splitlines()[-1] == "3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a niceness below 0 needs root (CI runs as root)")
+def test_trainhub_up_gives_the_hub_and_the_proxy_the_platform_priority(tmp_path):
+    """`trainhub up` (platform_priority, after each start of the hub): the hub's session and the proxy's (its pid
+    file) run at JobsService.session_nice, so a spawn's own work in the hub does not wait behind the servers it starts."""
+    from trainhub.app.up import platform_priority
+    from trainhub.cpupriority import PLATFORM_NICE, session_nice
+    from trainhub.gpus import simulated_devices
+    from trainhub.settings import DataDir, Runtime
+
+    Runtime(data_dir=str(tmp_path), devices=[d.to_dict() for d in simulated_devices(1)], simulated=True).save()
+    hub, proxy = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+                  for _ in range(2))
+    try:
+        (tmp_path / "proxy.pid").write_text(f"{proxy.pid}\n")
+        assert (session_nice(hub.pid), session_nice(proxy.pid)) == (0, 0)
+        platform_priority(DataDir(tmp_path), hub.pid)
+        assert (session_nice(hub.pid), session_nice(proxy.pid)) == (PLATFORM_NICE, PLATFORM_NICE)
+    finally:
+        for p in (hub, proxy):
+            p.kill()
+            p.wait()

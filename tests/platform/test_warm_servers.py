@@ -393,3 +393,63 @@ def test_no_default_keeps_the_home_the_warm_interpreter_imported_under(tmp_path)
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+
+
+def _autogroups() -> bool:
+    from trainhub.cpupriority import AUTOGROUP_SWITCH
+
+    try:
+        with open(AUTOGROUP_SWITCH) as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _autogroups(), reason="this kernel shares the CPU by process, not by session")
+def test_a_refill_imports_behind_a_starting_server_and_a_claimed_server_runs_at_normal_priority(tmp_path):
+    """Issue 35 (rush hour): while a server starts, the pool's interpreters that still import run at
+    BACKGROUND_NICE, and at 0 again once none starts; one a spawn takes while it imports is put back to 0 at once; a
+    claimed interpreter's session is at 0 whatever the hub had given it, so no user's server is left behind others."""
+    from trainhub.cpupriority import BACKGROUND_NICE, session_nice
+    from trainhub.spawner.warm import renice_sessions
+
+    go = tmp_path / "go"
+    (tmp_path / "slowimport.py").write_text(  # an import that lasts until the test says so
+        f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n")
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    iso = Isolation(sandbox="none", user_accounts=False)
+
+    async def scenario():
+        pool = WarmPool(lambda fd: iso.command(warm_argv(sys.executable, fd, ["slowimport"]), account=None, cwd="/"),
+                        launch_env(["LANG"], {"PYTHONPATH": str(tmp_path)}, "/usr/bin:/bin"), 2,
+                        logging.getLogger("test-warm"))
+        pool.fill()
+        first, second = pool.waiting
+        try:
+            assert [session_nice(wp.pid) for wp in (first, second)] == [0, 0]
+            async with pool.server_starting():
+                await await_for(lambda: [session_nice(wp.pid) for wp in (first, second)],
+                                lambda n: n == [BACKGROUND_NICE] * 2, what="the importing interpreters behind the start")
+                async with pool.server_starting():  # a second start at once: still behind
+                    pass
+                assert session_nice(second.pid) == BACKGROUND_NICE
+                go.write_text("")
+                taken = await pool.take()  # the oldest: the spawn no longer waits behind anyone
+                assert taken is first and session_nice(first.pid) == 0
+            assert session_nice(second.pid) == 0  # no server starting: the refill takes any idle core again
+
+            renice_sessions([second.pid], BACKGROUND_NICE)  # as if the hub had left it behind
+            second.nice = BACKGROUND_NICE
+            taken = await pool.take()
+            assert taken is second and session_nice(second.pid) == 0
+            # and even an interpreter the hub could not put back starts its server at 0 (warmstart.apply_claim)
+            renice_sessions([second.pid], BACKGROUND_NICE)
+            spec = claim_spec([sys.executable, "-m", "sleeper"], {"HOME": str(tmp_path), "PYTHONPATH": str(tmp_path)},
+                              str(tmp_path), None, False)
+            await pool.claim(second, spec, [], 30)
+            assert session_nice(second.pid) == 0
+        finally:
+            for wp in (first, second, *pool.waiting):
+                wp.discard()
+
+    asyncio.run(scenario())

@@ -164,8 +164,9 @@ def serve_claim(sock: socket.socket, apply):
         finally:
             os._exit(1)
     reply = {"ok": True, "pid": os.getpid(), "uid": os.getuid()}
-    if environ_note:
-        reply["notes"] = [environ_note]
+    notes = [n for n in (environ_note, *claim_notes) if n]
+    if notes:
+        reply["notes"] = notes
     sock.sendall(json.dumps(reply).encode() + b"\n")
     sock.close()
     return result
@@ -229,6 +230,7 @@ def attach_mounts(described: list[dict], fds: list[int]) -> None:
 
 
 environ_note = ""  # why /proc/self/environ could not be made the claimer's ("" when it was, or never asked)
+claim_notes: list[str] = []  # anything else the claim could not do and the server runs without (for the hub's log)
 
 
 def environ_block(env: dict) -> bytes:
