@@ -205,10 +205,14 @@ class WarmPool:
             self.starting -= 1
             await self._follow_starts()
 
-    async def _follow_starts(self) -> None:
+    def _priority_lock(self) -> asyncio.Lock:
+        """One change of the interpreters' niceness at a time (made on the loop that uses the pool)."""
         if self._nice_lock is None:
             self._nice_lock = asyncio.Lock()
-        async with self._nice_lock:  # the latest count decides, whatever order the changes came in
+        return self._nice_lock
+
+    async def _follow_starts(self) -> None:
+        async with self._priority_lock():  # the latest count decides, whatever order the changes came in
             nice = BACKGROUND_NICE if self.starting else 0
             todo = [wp for wp in self.waiting if wp.nice != nice and (nice == 0 or not wp.ready.done())]
             for wp in todo:
@@ -221,9 +225,7 @@ class WarmPool:
     async def _normal_priority(self, wp: WarmProcess) -> None:
         """``wp`` (taken out of ``waiting``) at niceness 0 before anything of a user reaches it: after any change
         under way (the lock), so none can lower it later; a spawn waiting for its imports has them run at 0."""
-        if self._nice_lock is None:
-            self._nice_lock = asyncio.Lock()
-        async with self._nice_lock:
+        async with self._priority_lock():
             if wp.nice:
                 wp.nice = 0
                 await asyncio.to_thread(renice_sessions, [wp.pid], 0)
