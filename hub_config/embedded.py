@@ -178,6 +178,11 @@ def configure(c, data_dir: str) -> None:
     c.LocalGPUSpawner.home_dir_template = str(dd.homes / "{username}")
     if "prepare_home_hook" not in c.LocalGPUSpawner:
         c.LocalGPUSpawner.prepare_home_hook = install_kernel_startup
+    if "warm_imports" not in c.LocalGPUSpawner:  # the platform's own server extensions are warm too
+        from trainhub.extensions import ENABLED_EXTENSIONS
+        from trainhub.spawner.warm import DEFAULT_IMPORTS
+
+        c.LocalGPUSpawner.warm_imports = [*DEFAULT_IMPORTS, *ENABLED_EXTENSIONS]
     if runtime.service_ports.get("trainhub"):
         # notebooks (and their kernels: %%train, the job panel's streams) call the jobs service straight on loopback:
         # every call one process hop and the proxy's CPU less than through the public URL

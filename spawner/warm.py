@@ -49,16 +49,13 @@ DEFAULT_IMPORTS = (
     "jupyter_server_terminals",
     "notebook_shim.shim",
     "jupyterhub.services.auth",
-    # the rest of what a server of this platform imports when it starts: its imports and ServerApp.initialize took
-    # 0.87 CPU s after the claim on the 2-core test machine, 0.15 s with these, for 27 MB more per waiting interpreter
-    # (JUPYTERHUB_SINGLEUSER_*, which jupyterhub.singleuser reads on import, are start-up variables above)
+    # the rest of what a server imports when it starts (the platform's configuration adds trainhub's own server
+    # extensions, hub_config.embedded): with them, its imports and ServerApp.initialize took 0.87 CPU s after the claim
+    # on the 2-core test machine, 0.15 s, for 27 MB more per waiting interpreter (JUPYTERHUB_SINGLEUSER_*, which
+    # jupyterhub.singleuser reads on import, are start-up variables above)
     "jupyterhub.singleuser",
     "jupyter_server_proxy",
-    "trainhub.extensions.notebookjobs",
-    "trainhub.extensions.storage",
-    "trainhub.extensions.optunadash",
-    "trainhub.extensions.tensorboard",
-    # ... and what their loading imports (jupyter-scheduler's executors pull in nbconvert: 0.23 CPU s alone)
+    # ... and what loading the extensions imports (jupyter-scheduler's executors pull in nbconvert: 0.23 CPU s alone)
     "jupyter_scheduler.executors",
     "jupyter_scheduler.job_files_manager",
     "jupyter_server.nbconvert",

@@ -57,6 +57,24 @@ def test_an_admins_own_hook_is_kept(tmp_path, monkeypatch):
     assert not startup_path(s.home_dir).exists()
 
 
+def test_the_platforms_server_extensions_are_warm_imports_unless_the_admin_chose(tmp_path, monkeypatch, hub_config):
+    """The spawner names no extension module (its layer is their sibling's): the composition root adds them to the
+    warm interpreters' imports, so a claimed server does not import them on a rush's critical path (issue 35)."""
+    from trainhub.extensions import ENABLED_EXTENSIONS
+    from trainhub.spawner.warm import DEFAULT_IMPORTS
+
+    assert spawner(hub_config).warm_imports == [*DEFAULT_IMPORTS, *ENABLED_EXTENSIONS]
+    admin_file = tmp_path / "admin_config.py"
+    admin_file.write_text("c.LocalGPUSpawner.warm_imports = ['json']\n")
+    monkeypatch.setenv("TRAINHUB_CONFIG", str(admin_file))
+    data = tmp_path / "data"
+    DataDir(data).ensure()
+    Runtime(data_dir=str(data)).save()
+    c = Config()
+    configure(c, str(data))
+    assert spawner(c, "dave").warm_imports == ["json"]
+
+
 def test_a_start_that_fails_on_the_platforms_side_says_why(hub_config):
     """No spawn ends in a bare "500 Internal Server Error": a failure while preparing the server (here the start-up
     hook meets a file the user's account cannot read) reaches the REST API caller and the spawn page with its cause,

@@ -363,8 +363,9 @@ def test_through_the_hub_the_next_users_warm_server_sees_nothing_of_the_previous
 
 SCAN_DEFAULTS = r"""
 import os, sys, json
+from trainhub.extensions import ENABLED_EXTENSIONS
 from trainhub.spawner.warm import DEFAULT_IMPORTS
-for name in DEFAULT_IMPORTS:
+for name in (*DEFAULT_IMPORTS, *ENABLED_EXTENSIONS):  # as the platform's configuration has them
     __import__(name)
 import jupyterlab.labapp  # the lab application, which the warm server imports when it starts
 from traitlets import HasTraits
