@@ -405,21 +405,28 @@ class JobPanel(StaticForm):
         return (self.job.get("state"), self.job.get("reason"), self.job.get("attempt"))
 
     def update(self, job: dict | None = None, metrics: dict | None = None, logs: str | None = None,
-               now: datetime | None = None) -> None:
+               now: datetime | None = None, force: bool = False) -> None:
+        """Set what the panel shows. The static form goes out first (at once on a state change or with ``force``,
+        else every static_every seconds), then the widgets: iopub keeps the order, so a frontend showing the widget's
+        new state already holds a static form that says as much, and a notebook saved then keeps it (saved just
+        after the widget said "succeeded", it kept "queued" on a loaded machine)."""
         if job is not None:
             self.job = job
+        if metrics is not None:
+            self.metrics = metrics
+        if logs is not None:
+            self.log_text = logs
+        self.publish(force)
+        if job is not None:
             self.header.value = render_header(job, now, self.resumed)
             terminal = job.get("state") in JOB_TERMINAL
             self.cancel_button.disabled = terminal
             self.cancel_button.layout.display = "none" if terminal else None
             self.tensorboard.value = render_tensorboard_link(job)
         if metrics is not None:
-            self.metrics = metrics
             self.chart.value = render_chart(metrics)
         if logs is not None:
-            self.log_text = logs
             self.logs.value = render_logs(logs, self.log_lines)
-        self.publish()  # the static form: at once on a state change, else every static_every seconds
 
     def cancel(self) -> None:
         try:
@@ -511,7 +518,7 @@ class JobPanel(StaticForm):
         if self._follower is None:
             return  # no follow: the refresh read the tail
         self._follower.join(wait)
-        self.update(logs=self.client.logs(self.job["id"], tail=self.log_lines * 4))
+        self.update(logs=self.client.logs(self.job["id"], tail=self.log_lines * 4), force=True)
 
     def stop(self) -> None:
         self._stop.set()
