@@ -35,6 +35,15 @@ BACKGROUND_NICE = 19
 AUTOGROUP_SWITCH = "/proc/sys/kernel/sched_autogroup_enabled"
 
 
+def autogroups_enabled() -> bool:
+    """Whether this kernel shares the CPU by session (autogroups on), so that a session's niceness means anything."""
+    try:
+        with open(AUTOGROUP_SWITCH) as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
 def set_session_nice(nice: int, pid: int | None = None, tries: int = 5) -> str | None:
     """Give the session (autogroup) of ``pid`` (None: this process) the niceness ``nice``. Returns None when it was
     set, else why not (no autogroups, not allowed, the process is gone): the caller logs it, nothing else changes.

@@ -10,17 +10,9 @@ import sys
 
 import pytest
 
-from trainhub.cpupriority import AUTOGROUP_SWITCH
+from trainhub.cpupriority import autogroups_enabled
 
-def _autogroups() -> bool:
-    try:
-        with open(AUTOGROUP_SWITCH) as f:
-            return f.read().strip() == "1"
-    except OSError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _autogroups(), reason="this kernel shares the CPU by process, not by session")
+pytestmark = pytest.mark.skipif(not autogroups_enabled(), reason="this kernel shares the CPU by process, not by session")
 
 
 def in_own_session(code: str) -> str:

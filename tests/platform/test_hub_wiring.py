@@ -24,6 +24,20 @@ def hub_config(tmp_path, monkeypatch):
     return c
 
 
+def admin_configured(tmp_path, monkeypatch, admin_config: str) -> Config:
+    """The embedded hub's configuration of a platform under ``tmp_path/data`` with the admin's own file
+    ($TRAINHUB_CONFIG) holding ``admin_config``."""
+    admin_file = tmp_path / "admin_config.py"
+    admin_file.write_text(admin_config)
+    monkeypatch.setenv("TRAINHUB_CONFIG", str(admin_file))
+    data = tmp_path / "data"
+    DataDir(data).ensure()
+    Runtime(data_dir=str(data)).save()
+    c = Config()
+    configure(c, str(data))
+    return c
+
+
 def spawner(config, name="alice") -> LocalGPUSpawner:
     return LocalGPUSpawner(config=config, user=SimpleNamespace(name=name, groups=[], admin=False, url=f"/user/{name}/"))
 
@@ -43,14 +57,8 @@ def test_without_the_hook_the_spawner_writes_no_startup_file(hub_config):
 
 
 def test_an_admins_own_hook_is_kept(tmp_path, monkeypatch):
-    admin_file = tmp_path / "admin_config.py"
-    admin_file.write_text("c.LocalGPUSpawner.prepare_home_hook = lambda spawner, home: home.write_bytes('hooked', spawner.user.name.encode())\n")
-    monkeypatch.setenv("TRAINHUB_CONFIG", str(admin_file))
-    data = tmp_path / "data"
-    DataDir(data).ensure()
-    Runtime(data_dir=str(data)).save()
-    c = Config()
-    configure(c, str(data))
+    c = admin_configured(tmp_path, monkeypatch, "c.LocalGPUSpawner.prepare_home_hook = lambda spawner, home: "
+                         "home.write_bytes('hooked', spawner.user.name.encode())\n")
     s = spawner(c, "carol")
     s._prepare_home()
     assert (tmp_path / "data" / "homes" / "carol" / "hooked").read_text() == "carol"
@@ -64,14 +72,7 @@ def test_the_platforms_server_extensions_are_warm_imports_unless_the_admin_chose
     from trainhub.spawner.warm import DEFAULT_IMPORTS
 
     assert spawner(hub_config).warm_imports == [*DEFAULT_IMPORTS, *ENABLED_EXTENSIONS]
-    admin_file = tmp_path / "admin_config.py"
-    admin_file.write_text("c.LocalGPUSpawner.warm_imports = ['json']\n")
-    monkeypatch.setenv("TRAINHUB_CONFIG", str(admin_file))
-    data = tmp_path / "data"
-    DataDir(data).ensure()
-    Runtime(data_dir=str(data)).save()
-    c = Config()
-    configure(c, str(data))
+    c = admin_configured(tmp_path, monkeypatch, "c.LocalGPUSpawner.warm_imports = ['json']\n")
     assert spawner(c, "dave").warm_imports == ["json"]
 
 

@@ -23,6 +23,7 @@ import pytest
 
 from trainhub.boundary.accounts import UserAccounts, own_dir
 from trainhub.boundary.isolation import Isolation
+from trainhub.cpupriority import autogroups_enabled
 from trainhub.spawner.warm import STARTUP_VARS, WarmPool, claim_spec, launch_env, startup_differences, warm_argv
 from waiting import await_for
 
@@ -396,17 +397,7 @@ def test_no_default_keeps_the_home_the_warm_interpreter_imported_under(tmp_path)
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
 
 
-def _autogroups() -> bool:
-    from trainhub.cpupriority import AUTOGROUP_SWITCH
-
-    try:
-        with open(AUTOGROUP_SWITCH) as f:
-            return f.read().strip() == "1"
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _autogroups(), reason="this kernel shares the CPU by process, not by session")
+@pytest.mark.skipif(not autogroups_enabled(), reason="this kernel shares the CPU by process, not by session")
 def test_a_refill_imports_behind_a_starting_server_and_a_claimed_server_runs_at_normal_priority(tmp_path):
     """Issue 35 (rush hour): while a server starts, the pool's interpreters that still import run at
     BACKGROUND_NICE, and at 0 again once none starts; one a spawn takes while it imports is put back to 0 at once; a
