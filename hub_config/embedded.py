@@ -89,11 +89,11 @@ def install_kernel_startup(spawner, home) -> None:
 
 def reconcile_ledger(c) -> None:
     """On hub start, free devices whose server process is gone (crash, reboot, SIGKILL), then keep doing so every
-    ``Spawner.poll_interval`` while the hub runs (``trainhub.spawner.local.start_ledger_reconciler``)."""
+    ``Spawner.poll_interval`` while the hub runs (``trainhub.spawner.reconcile.start_ledger_reconciler``)."""
     import asyncio
     import logging
 
-    from trainhub.spawner.local import start_ledger_reconciler
+    from trainhub.spawner.reconcile import start_ledger_reconciler
 
     allocator = LocalGPUAllocator(config=c)
     allocator.reconcile(lambda h: h.kind != "server" or pid_alive(h.pid, h.pid_started))

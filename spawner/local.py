@@ -29,7 +29,7 @@ from subprocess import Popen
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
 from jupyterhub.utils import random_port
-from traitlets import Bool, Callable, Dict, Float, Instance, Integer, List, TraitError, Type, Unicode, Union, default, validate
+from traitlets import Bool, Callable, Dict, Instance, Integer, List, Type, Unicode, default
 
 from trainhub.boundary import keeper, procs, userenv
 from trainhub.boundary.accounts import Account
@@ -38,54 +38,25 @@ from trainhub.boundary.credentials import CredentialBroker, storage_credentials_
 from trainhub.boundary.network import GATE_SOCKET_VAR, GateError, UserNetworks
 from trainhub.backoff import Backoff, WaitTimeout, apoll
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, QuotaExceeded, TrainhubError
-from trainhub.fmt import fmt_duration, parse_size
+from trainhub.fmt import fmt_duration
 from trainhub.boundary.isolation import Isolation
-from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator, pid_alive, server_holder
-from trainhub.loops import PeriodicLoop
+from trainhub.ledger import GPUAllocator, LocalGPUAllocator, server_holder
 from trainhub.boundary.procs import HOLDER_VAR, INSTANCE_VAR, terminate_tagged
 from trainhub.profiles import Profile, ProfileCatalog
 from trainhub.quotas import Demand, QuotaPolicy
 from trainhub.serverqueue import GRANTED, QueueView, ServerQueue
 from trainhub.storage import StorageConfig
-from trainhub.boundary.warmsandbox import sandbox_mounts
 
 from .errors import spawn_failure, spawn_refusal
 from .profile_form import render_form
-from .demand import PoolDemand
-from .warm import DEFAULT_IMPORTS, WarmPool, WarmProcess, WarmUnavailable, claim_spec, launch_env, pool_for, startup_differences, warm_argv
+from .reconcile import starting_holders, reserved_holders, start_ledger_reconciler
+from .warm import WarmPool
+from .warm_starts import WarmStarts
 
 
 #: seconds JupyterHub's limit on a start that may wait in line gets beyond start_timeout + max_queue_wait: the
 #: spawner's own limits, which say why, come first (LocalGPUSpawner.start)
 QUEUE_MARGIN = 60
-# holders whose server this hub is starting right now (allocated, no process recorded yet)
-_starting: set[str] = set()
-# one ledger reconciler per allocator class in the hub process (see LocalGPUSpawner._ensure_reconciler)
-_reconcilers: dict[str, PeriodicLoop] = {}
-# the server queue of each ledger database, for the reconciler's look at granted requests
-_queues: dict[str, ServerQueue] = {}
-
-
-def server_alive(h: Holding) -> bool:
-    """A server holding is live while its process lives, or while this hub is starting it; job
-    holdings are the jobs service's to reconcile."""
-    if h.kind != "server":
-        return True
-    if h.pid:
-        return pid_alive(h.pid, h.pid_started)
-    return h.holder in _starting
-
-
-def reserved_holders(allocator: GPUAllocator) -> set[str]:
-    """Servers whose GPUs were granted in the queue and wait, with no process yet, for the server's restart
-    on a GPU profile (the culler's "get a GPU again"): not gone, whatever their ledger rows say."""
-    db_url = getattr(allocator, "db_url", "")
-    if not db_url:
-        return set()
-    queue = _queues.get(db_url)
-    if queue is None:
-        queue = _queues[db_url] = ServerQueue(db_url)  # creates the table once, under the write lock
-    return queue.granted_holders()
 
 
 def fill_warm_pool(config, log) -> WarmPool | None:
@@ -99,34 +70,12 @@ def fill_warm_pool(config, log) -> WarmPool | None:
     return pool
 
 
-def start_ledger_reconciler(allocator: GPUAllocator, interval, log) -> PeriodicLoop:
-    """The hub's loop that frees, every ``interval()`` seconds, the devices of servers that are gone (a release
-    that failed on a locked database, a crash); one per allocator class in the hub process. Needs a running loop."""
-    key = f"{type(allocator).__module__}.{type(allocator).__qualname__}"
-    loop = _reconcilers.get(key)
-    if loop is None:
-        async def reconcile():
-            reserved = await asyncio.to_thread(reserved_holders, allocator)
-            await asyncio.to_thread(allocator.reconcile, lambda h: server_alive(h) or h.holder in reserved)
-
-        loop = _reconcilers[key] = PeriodicLoop("trainhub-ledger-reconcile", reconcile, interval, log)
-        loop.start()
-    return loop
-
-
-def budget_bytes(value) -> int:
-    """``warm_pool_memory_budget`` in bytes: 0 (or "0", "") for no bound, else trainhub.fmt.parse_size's reading."""
-    if value in (0, "0", ""):
-        return 0
-    return parse_size(value)
-
-
 def _apply_profile_option(spawner, user_options):
     """JupyterHub's apply_user_options hook: validate the profile before start() (400/403 on error)."""
     spawner.profile_slug = spawner._selected_profile().slug
 
 
-class LocalGPUSpawner(SimpleLocalProcessSpawner):
+class LocalGPUSpawner(WarmStarts, SimpleLocalProcessSpawner):
     allocator_class = Type(
         LocalGPUAllocator,
         klass=GPUAllocator,
@@ -183,111 +132,6 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         120,
         help="Seconds a started server has to listen on its port. Spawner.start_timeout defaults to this plus 60 s.",
     ).tag(config=True)
-
-    warm_start = Bool(
-        True,
-        help="Start servers from a small pool of warm interpreters that have imported the server's modules "
-        "(trainhub.spawner.warm; docs/isolation.md says why nothing passes between users): each is claimed by one "
-        "spawn, given the user's mounts, environment, token, devices, working folder and account, then runs "
-        "`python -m <module>` as a cold start would. A spawn starts cold when the pool is empty, the claim fails, "
-        "Spawner.cmd is not `<this interpreter> -m <module>`, popen_kwargs are set, a start-up variable (PYTHON*, "
-        "LD_*, locale) differs, or the sandbox runs without root. False: every server starts cold.",
-    ).tag(config=True)
-
-    warm_pool_size = Integer(
-        2,
-        help="Warm interpreters always kept waiting (about 140 MB of memory each, with keeper and sandbox): the pool's floor; it grows beyond "
-        "it with demand (warm_pool_per_arrival, warm_pool_lead) within warm_pool_memory_budget. 0 = none (as "
-        "warm_start = False).",
-    ).tag(config=True)
-
-    warm_pool_memory_budget = Union(
-        [Integer(), Unicode()], default_value="1GiB",
-        help="Memory the waiting warm interpreters may hold together, in bytes or with a unit (\"1GiB\", \"800MB\"): "
-        "the pool never grows past what fits, measured from the resident memory of its own interpreters (with their "
-        "keeper and sandbox) as they become ready. 0 = no bound. It bounds the floor too.",
-    ).tag(config=True)
-
-    warm_pool_window = Float(
-        900.0,
-        help="Seconds a spawn counts as recent for the pool's rush term (warm_pool_per_arrival); with no spawn for this "
-        "long (and none usual ahead, warm_pool_lead) the pool shrinks back to warm_pool_size.",
-    ).tag(config=True)
-
-    warm_pool_per_arrival = Float(
-        2.0,
-        help="Warm interpreters the pool's target grows by for each spawn of the last warm_pool_window seconds, above "
-        "warm_pool_size: users arrive together, so each one who came predicts more. 0 = no rush term.",
-    ).tag(config=True)
-
-    warm_pool_lead = Float(
-        1800.0,
-        help="Seconds ahead the time-of-day term looks: the pool holds as many interpreters as past days saw spawns in "
-        "the coming warm_pool_lead seconds at this time of day (averaged over the days anyone came, "
-        "warm_pool_history_days back), so it grows before the usual morning arrivals. 0 = no time-of-day term.",
-    ).tag(config=True)
-
-    warm_pool_history_days = Integer(
-        14,
-        help="Days of spawn times (times only, no user names) the time-of-day term learns from.",
-    ).tag(config=True)
-
-    warm_pool_history_file = Unicode(
-        help="File keeping the spawn times across hub restarts. Default: $TRAINHUB_DATA_DIR/warm-pool-arrivals.json "
-        "(none without a data dir: the history is then the hub process's).",
-    ).tag(config=True)
-
-    warm_pool_parallel_starts = Integer(
-        help="Warm interpreters importing at once while the pool refills (default: the machine's CPU count): the "
-        "first of a refill is ready sooner than if all started together.",
-    ).tag(config=True)
-
-    warm_pool_interval = Float(
-        60.0,
-        help="Seconds between the pool's own checks of its target (grow before the usual arrivals, shrink when idle); "
-        "spawns retarget it at once besides.",
-    ).tag(config=True)
-
-    @default("warm_pool_history_file")
-    def _warm_pool_history_file_default(self):
-        data = os.environ.get("TRAINHUB_DATA_DIR", "")
-        return os.path.join(data, "warm-pool-arrivals.json") if data else ""
-
-    @default("warm_pool_parallel_starts")
-    def _warm_pool_parallel_default(self):
-        return os.cpu_count() or 1
-
-    @validate("warm_pool_memory_budget")
-    def _check_budget(self, proposal):
-        try:
-            return budget_bytes(proposal["value"])
-        except ValueError as e:
-            raise TraitError(f"LocalGPUSpawner.warm_pool_memory_budget: {e} (0 = no bound)") from None
-
-    @validate("warm_pool_size", "warm_pool_history_days", "warm_pool_window", "warm_pool_per_arrival", "warm_pool_lead")
-    def _check_not_negative(self, proposal):
-        if proposal["value"] < 0:
-            raise TraitError(f"LocalGPUSpawner.{proposal['trait'].name} must be zero or more, not {proposal['value']}")
-        return proposal["value"]
-
-    @validate("warm_pool_parallel_starts", "warm_pool_interval")
-    def _check_positive(self, proposal):
-        if proposal["value"] <= 0:
-            raise TraitError(f"LocalGPUSpawner.{proposal['trait'].name} must be more than zero, not {proposal['value']}")
-        return proposal["value"]
-
-    warm_imports = List(
-        Unicode(), list(DEFAULT_IMPORTS),
-        help="Modules a warm interpreter imports while it waits (before any user's identity): the server's heavy "
-        "modules. Only modules whose import reads nothing of a user belong here.",
-    ).tag(config=True)
-
-    warm_claim_timeout = Float(
-        15.0,
-        help="Seconds a warm interpreter has to take on its server (mounts, identity) before the spawn starts cold.",
-    ).tag(config=True)
-
-    started_warm = Bool(False, help="The server started from a warm interpreter (state, for the log and tests).")
 
     gate_socket = Unicode(
         help="""Unix socket of the network gate (trainhub.boundary.network, run by `trainhub up` as root): each user's
@@ -501,7 +345,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         pool = self._warm_pool()
         if pool is not None:  # demand learns of this spawn; a rush grows the pool now, not after this server is up
             pool.arrive()
-        _starting.add(self.holder)
+        starting_holders.add(self.holder)
         try:
             try:
                 devices = await asyncio.to_thread(
@@ -542,7 +386,7 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
                     raise spawn_failure(self.user.name, e) from e
                 raise
         finally:
-            _starting.discard(self.holder)
+            starting_holders.discard(self.holder)
         self.log.info(
             "Started %s profile=%s devices=%s pid=%s as %s (%s, %s)", self._log_name, profile.slug, devices, self.pid,
             self.account.name if self.account else "the hub's account", self.isolation.mode,
@@ -727,84 +571,6 @@ class LocalGPUSpawner(SimpleLocalProcessSpawner):
         kwargs["preexec_fn"] = None if self.sandboxed else functools.partial(os.chdir, self.home_dir)
         self.proc = Popen(argv, **kwargs)
         self.pid = self.proc.pid
-
-    # -- warm starts (trainhub.spawner.warm) --------------------------------------------------------
-    def _warm_pool(self) -> WarmPool | None:
-        """The hub's pool for this spawner's launch, or None where warm starts cannot be as correct as cold ones."""
-        if not self.warm_start or self.warm_pool_size <= 0:
-            return None
-        if self.isolation.use_sandbox and os.geteuid() != 0:
-            return None  # an unprivileged sandbox cannot take on mounts made outside it
-        path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", os.defpath)
-        env = launch_env(self.env_keep, self.environment, path)
-        python, imports = sys.executable, list(self.warm_imports)
-
-        def argv_for(fd: int) -> list[str]:  # under a keeper, as a cold server: it may become one
-            return keeper.argv(self.isolation.command(warm_argv(python, fd, imports), account=None, cwd="/"))
-
-        pool = pool_for(argv_for, env, self.warm_pool_size, self.log)
-        self._follow_demand(pool)
-        return pool
-
-    def _follow_demand(self, pool: WarmPool) -> None:
-        """The pool's demand model and bounds from this configuration; its periodic check started once a loop runs."""
-        if pool.demand is None:
-            pool.demand = PoolDemand(self.warm_pool_size, path=self.warm_pool_history_file)
-        d = pool.demand
-        d.window, d.per_arrival, d.lead = self.warm_pool_window, self.warm_pool_per_arrival, self.warm_pool_lead
-        d.history_days = self.warm_pool_history_days
-        pool.budget = budget_bytes(self.warm_pool_memory_budget)  # the default is not validated: "1GiB" as given
-        pool.parallel = self.warm_pool_parallel_starts
-        pool.retarget()
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        pool.start_loop(lambda: self.warm_pool_interval)
-
-    def _warm_refusal(self, pool: WarmPool, cmd: list[str], env: dict) -> str:
-        """Why this server cannot start warm ("" when it can)."""
-        if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m":
-            return f"Spawner.cmd {cmd[:3]} is not '{sys.executable} -m <module>'"
-        if self.popen_kwargs:
-            return "popen_kwargs are set"
-        diff = startup_differences(env, pool.env)
-        if diff:
-            return f"start-up variables differ from the warm interpreters': {', '.join(diff)}"
-        return ""
-
-    async def _start_warm(self, pool: WarmPool, rw: list[str], ro: list[str]) -> bool:
-        """Claim a warm interpreter for this server; False (the caller starts it cold) when none can be."""
-        cmd = list(self.cmd) + self.get_args()
-        refusal = self._warm_refusal(pool, cmd, self.get_env())
-        if refusal:
-            self.log.info("%s starts cold: %s", self._log_name, refusal)
-            return False
-        wp = await pool.take()
-        if wp is None:
-            self.log.info("%s starts cold: no warm interpreter waiting (%s)", self._log_name, pool.describe())
-            return False
-        cold_token, self.spawn_token = self.spawn_token, wp.token  # the marker it was started with
-        try:
-            await self._claim(pool, wp, cmd, rw, ro)
-        except WarmUnavailable as e:
-            self.spawn_token = cold_token
-            self.log.warning("%s starts cold: the warm interpreter failed its claim (%s)", self._log_name, e)
-            return False
-        self.proc, self.pid = wp.proc, wp.pid
-        self.log.info("Spawning %s from warm interpreter %s (claim %d; %s)", self._log_name, wp.pid, pool.claims,
-                      f"waited {wp.waited:.1f} s for its imports" if wp.waited > 0.05 else "it was ready")
-        return True
-
-    async def _claim(self, pool: WarmPool, wp: WarmProcess, cmd: list[str], rw: list[str], ro: list[str]) -> None:
-        env = self.get_env()
-        mounts: list[tuple[str, bool, bool]] = []
-        cwd = self.home_dir
-        if self.sandboxed:  # what a cold sandbox binds beyond the warm one's (Isolation.sandbox_argv), parents first
-            cwd = os.path.realpath(self.home_dir)
-            mounts = sandbox_mounts(rw, ro, self.isolation.device_nodes(self.devices))
-        await pool.claim(wp, claim_spec(cmd, env, cwd, self.account, self.sandboxed), mounts, self.warm_claim_timeout,
-                         netns=self.netns or None)
 
     def _listening(self, port: int) -> bool:
         code = self.proc.poll()

@@ -17,7 +17,7 @@ import pytest
 from trainhub.exceptions import Conflict, InvalidRequest
 from trainhub.ledger import server_holder
 from trainhub.serverqueue import GRANTED, WAITING, ServerQueue
-from trainhub.spawner.local import reserved_holders
+from trainhub.spawner.reconcile import reserved_holders
 
 from test_culler_service_unit import InProcessHubClient, rig  # noqa: F401  (the fixture)
 
@@ -196,7 +196,7 @@ async def test_a_granted_reservation_survives_the_hub_reconciler_while_looked_af
     queue.enqueue(holder, user="frank", groups=[], gpus=1, profile="gpu-1", gpu_model=None, reason="x")
     grant(mover, holder, 1)
     assert queue.get(holder).state == GRANTED and reserved_holders(mover.allocator) == {holder}
-    from trainhub.spawner.local import server_alive
+    from trainhub.spawner.reconcile import server_alive
 
     mover.allocator.reconcile(lambda h: server_alive(h) or h.holder in reserved_holders(mover.allocator))
     assert [h.holder for h in mover.allocator.holdings()] == [holder]
