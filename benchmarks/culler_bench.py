@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from trainhub.profiles import Profile
-from trainhub.services.culler.policy import NONE, WARN, CullPolicy, IdleGapLog, ServerInfo, UtilizationHistory
+from trainhub.services.culler.habits import IdleGapLog
+from trainhub.services.culler.policy import NONE, WARN, CullPolicy, ServerInfo, UtilizationHistory
 
 STEP = 300  # seconds per slot
 SLOTS_PER_DAY = 86400 // STEP

@@ -15,11 +15,11 @@ the laptop went to sleep), the shorter ``away_timeout`` applies. A release that 
 clock, ``release_timeout``, with ``release_warning_period`` before it; after GPU use by
 something other than a notebook kernel (a script from a terminal, which pauses for
 evaluation or checkpoints without the kernel knowing) that clock waits at least
-``external_use_timeout``. When the service feeds each user's past idle gaps (:class:`IdleGapLog`, learned
+``external_use_timeout``. When the service feeds each user's past idle gaps (:class:`~.habits.IdleGapLog`, learned
 from the culler's own decisions, which it keeps in the audit trail), the release clock is the user's own
-(:func:`learned_release_clock`): the clock that would have paid best over that user's past idle gaps, the
+(:func:`~.habits.learned_release_clock`): the clock that would have paid best over that user's past idle gaps, the
 idle time it reclaims less ``reversal_price`` for each gap that ended with the user back within
-``reversal_window`` of it (:func:`priced_clock`); a user with too little history gets
+``reversal_window`` of it (:func:`~.habits.priced_clock`); a user with too little history gets
 the conservative ``new_user_release_timeout``. Nothing is warned about or acted on in a server's first
 ``start_grace_period``. An executing kernel,
 running jobs that depend on the server, or anything unknown (kernel state, jobs, GPU
@@ -32,6 +32,7 @@ import inspect
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from traitlets import Bool, Callable, Dict, Enum, Float, Integer, Unicode, validate
 from traitlets.config import LoggingConfigurable
@@ -40,13 +41,17 @@ from trainhub.fmt import fmt_duration
 from trainhub.models import utcnow
 from trainhub.profiles import Profile
 
+if TYPE_CHECKING:
+    from .habits import UserHabits
+
 NONE, WARN, STOP, RELEASE = "none", "warn", "stop", "release"
 ACTIONS = (NONE, WARN, STOP, RELEASE)
 #: what a release keeps of each notebook kernel (trainhub.kernels.snapshot), in the warning's words
 KEPT_SUMMARY = "picklable values; tensors moved to CPU"
 
 
-def _ts(dt: datetime | None) -> float | None:
+def posix_ts(dt: datetime | None) -> float | None:
+    """POSIX seconds of a datetime (naive ones are UTC, as SQLite hands them back); None stays None."""
     if dt is None:
         return None
     if dt.tzinfo is None:  # SQLite hands back naive datetimes; the platform stores UTC
@@ -155,171 +160,6 @@ SKIP_LABELS = (
     "running jobs unknown", "running job", "no recent GPU metrics", "GPU busy", "idle",
     "warned", "vetoed by cull_hook", "cull_hook failed", "grace",
 )
-
-
-@dataclass(frozen=True)
-class IdleGap:
-    """One past run of GPU idleness on a user's server, as the culler's passes saw it.
-
-    length: seconds from the start of the idle run (the idle clock's start) to the user's return (a cell
-    ran, the GPU was used, the user asked for a GPU again after a release, the server held GPUs again).
-    away: nobody was connected at the run's last pass (the browser closed, the machine asleep).
-    released: the run ended in a release (its length then counts to the user's return).
-    ended_at: when it ended (the days a user used the platform are the dates their gaps ended on).
-    """
-
-    length: float
-    away: bool = False
-    released: bool = False
-    ended_at: float = 0.0  # POSIX seconds
-
-
-class UserHabits:
-    """One user's idle gaps (oldest first), immutable, with the clocks computed from them memoised."""
-
-    __slots__ = ("gaps", "_memo")
-
-    def __init__(self, gaps=()):
-        self.gaps: tuple[IdleGap, ...] = tuple(gaps)
-        self._memo: dict = {}
-
-    def clock(self, away: bool, **kw) -> float | None:
-        key = (away, *sorted(kw.items()))
-        if key not in self._memo:
-            self._memo[key] = learned_release_clock(self.gaps, away, **kw)
-        return self._memo[key]
-
-    def summary(self) -> dict:
-        return {"gaps": len(self.gaps), "away_gaps": sum(g.away for g in self.gaps)}
-
-
-def learned_release_clock(gaps, away: bool, *, floor: float, ceiling: float, step: float, window: float,
-                          max_per_day: float, min_gaps: int, min_same: int = 3, price: float = 0.0) -> float | None:
-    """The user's own release clock (seconds) from their past idle gaps; None = too little history.
-
-    With a ``price`` (seconds), :func:`priced_clock` of those gaps. Without, the shortest clock c (floor,
-    floor + step, ..., ceiling) at which the user's past gaps would have given at most ``max_per_day`` quick
-    reversals per day they used the platform: gaps longer than c (a release at c
-    would have ended them) that ended with the user back within ``window`` of c. The days are the distinct
-    UTC dates the gaps ended on. Gaps in the same situation (nobody connected, or someone connected) are used
-    when there are ``min_same`` of them, else all the user's gaps; fewer than ``min_gaps`` in all: None.
-    When no clock up to ``ceiling`` is that safe, ``ceiling``.
-    """
-    gaps = list(gaps)
-    if len(gaps) < min_gaps or step <= 0:
-        return None
-    days = len({int(g.ended_at // 86400) for g in gaps}) or 1
-    same = [g.length for g in gaps if g.away == away]
-    lengths = same if len(same) >= min_same else [g.length for g in gaps]
-    if price > 0:
-        return priced_clock(lengths, floor=floor, ceiling=ceiling, step=step, window=window, price=price)
-    c = floor
-    while c < ceiling:
-        if sum(c < x <= c + window for x in lengths) <= max_per_day * days:
-            return c
-        c += step
-    return ceiling
-
-
-def priced_clock(lengths, *, floor: float, ceiling: float, step: float, window: float, price: float) -> float:
-    """The clock c (floor, floor + step, ..., ceiling) that would have paid best over these past gap lengths:
-    the idle seconds a release at c reclaims (each gap longer than c, from c to its end) less ``price`` seconds
-    for each quick reversal (a gap that ended within ``window`` after c). The shortest of equals.
-
-    One price for all users and situations, not one reversal budget per user: where a user's gaps are mostly
-    long (the browser closed, the server left for the night) the clock stays short even if some reversals come
-    with it, and where short gaps crowd just past a clock (a coder's 10-minute pauses) it moves past them."""
-    best_c, best = floor, None
-    c = floor
-    while c <= ceiling:
-        value = sum(max(0.0, x - c) for x in lengths) - price * sum(c < x <= c + window for x in lengths)
-        if best is None or value > best:
-            best, best_c = value, c
-        c += step
-    return best_c
-
-
-# what ends an idle run: the user (or their work) is back. Unknown states (no metrics, no answer) end nothing.
-_RETURN_REASONS = ("kernel executing", "GPU busy", "running job")
-
-
-class IdleGapLog:
-    """Each user's past idle gaps, learned from the culler's decisions in order (live, or replayed from the
-    audit trail's rows at start): the history :attr:`CullPolicy.learn_release_clock` chooses clocks from.
-
-    Per server, a run of passes with the same ``idle_since`` is one idle run. It ends when the clock restarts
-    (a new ``idle_since``: a cell ran, keep was pressed, the GPUs were taken again), when a pass finds the GPU or
-    a kernel busy, or, after a release or stop, at the user's "get a GPU again" (an audit row ``regain``) or the
-    server's next pass on GPUs. ``keep`` gaps per user (the latest), none older than ``max_age`` seconds.
-    """
-
-    def __init__(self, keep: int = 300, max_age: float = 28 * 86400):
-        self.keep, self.max_age = keep, max_age
-        self._runs: dict[tuple[str, str], dict] = {}  # (user, server) -> the open run
-        self._gaps: dict[str, deque] = {}  # user -> deque of (ended at, IdleGap)
-        self._habits: dict[str, UserHabits] = {}
-
-    def _close(self, user: str, run: dict, end: float) -> None:
-        length = max(end - run["since"], run["idle"])
-        q = self._gaps.setdefault(user, deque())
-        q.append((end, IdleGap(length, away=run["away"], released=run["released"] is not None, ended_at=end)))
-        while len(q) > self.keep:
-            q.popleft()
-        self._habits.pop(user, None)
-
-    def observe(self, user: str, server: str, at: float, action: str, measurements: dict, *, acted: bool = True) -> None:
-        """Take in one decision (an audit row: its time, action, and measurements; ``reason`` via measurements
-        is not needed: a pass that found the server idle carries ``idle_since``/``idle_s``)."""
-        key = (user, server)
-        run = self._runs.get(key)
-        if action == "regain":
-            if run is not None and run["released"] is not None:
-                self._close(user, run, at - float(measurements.get("seconds") or 0))  # asked at, not restarted at
-                del self._runs[key]
-            return
-        since = measurements.get("idle_since")
-        if run is not None and run["released"] is not None:
-            # a pass on GPUs again after a release or stop: the user got GPUs back by then
-            self._close(user, run, at)
-            del self._runs[key]
-            run = None
-        if since is None:
-            if run is not None and measurements.get("returned"):
-                self._close(user, run, at)
-                del self._runs[key]
-            return
-        since_ts = _ts(datetime.fromisoformat(since))
-        if run is not None and since_ts != run["since"]:
-            self._close(user, run, since_ts)  # the clock restarted then
-            run = None
-        if run is None:
-            run = self._runs[key] = {"since": since_ts, "idle": 0.0, "away": False, "released": None}
-        run["idle"] = max(run["idle"], float(measurements.get("idle_s") or 0.0))
-        run["away"] = measurements.get("connections") == 0
-        if action in (STOP, RELEASE) and acted:
-            run["released"] = at
-
-    def habits(self, user: str, now: float | None = None) -> UserHabits:
-        """The user's gaps as the policy takes them (the same object until they change)."""
-        h = self._habits.get(user)
-        if h is None:
-            q = self._gaps.get(user, ())
-            if now is not None:
-                while q and q[0][0] < now - self.max_age:
-                    q.popleft()
-            h = self._habits[user] = UserHabits(g for _, g in q)
-        return h
-
-    def observe_row(self, row: dict) -> None:
-        """Take in one audit row (``CullerEvent.to_dict()`` or the service's row dict)."""
-        at = row["at"]
-        at = _ts(at if isinstance(at, datetime) else datetime.fromisoformat(at))
-        m = dict(row.get("measurements") or {})
-        if row.get("action") == NONE and str(row.get("reason", "")).removeprefix("dry run: ").removeprefix(
-                "not culled: ").startswith(_RETURN_REASONS):
-            m["returned"] = True
-        self.observe(row["user"], row.get("server") or "", at, row.get("action") or NONE, m,
-                     acted=bool(row.get("acted", True)) and not row.get("dry_run"))
 
 
 class UtilizationHistory:
@@ -607,9 +447,9 @@ class CullPolicy(LoggingConfigurable):
         if not (self.release_timeout and self.releases_keep_variables):
             return None
         timeout = self.learned_clock(server)
-        ext = _ts(server.external_use_at)
+        ext = posix_ts(server.external_use_at)
         if ext is not None and self.external_use_timeout:
-            later = [_ts(x) for x in (server.last_activity if self.count_kernel_activity else None,
+            later = [posix_ts(x) for x in (server.last_activity if self.count_kernel_activity else None,
                                       server.kept_at, server.held_since) if x is not None]
             if not later or ext >= max(later):
                 timeout = max(timeout, self.external_use_timeout)
@@ -676,11 +516,11 @@ class CullPolicy(LoggingConfigurable):
         # every device is under the threshold now: since when, and what restarted the clock?
         starts = {"GPU idle since": max(history.idle_since(d, thr, self.max_sample_gap) for d in devices)}
         if server.held_since:
-            starts["GPUs taken"] = _ts(server.held_since)
+            starts["GPUs taken"] = posix_ts(server.held_since)
         if server.kept_at:
-            starts["keep pressed"] = _ts(server.kept_at)
+            starts["keep pressed"] = posix_ts(server.kept_at)
         if self.count_kernel_activity and server.last_activity:
-            starts["kernel activity"] = _ts(server.last_activity)
+            starts["kernel activity"] = posix_ts(server.last_activity)
         clock_by, start = max(starts.items(), key=lambda kv: kv[1])
         where = f"under {thr:g}% on GPU{'s' if len(devices) > 1 else ''} {_gpus(devices)}"
         warning_period = self.warning_period
@@ -694,16 +534,16 @@ class CullPolicy(LoggingConfigurable):
                 m.update(learned_clock_s=base, habit_gaps=len(server.habits.gaps))
             if short > base:
                 where += ", GPU last used outside the notebooks"
-                m["external_use_at"] = iso_ts(_ts(server.external_use_at))
-        m.update(connections=server.connections, last_seen=iso_ts(_ts(server.last_seen)))
+                m["external_use_at"] = iso_ts(posix_ts(server.external_use_at))
+        m.update(connections=server.connections, last_seen=iso_ts(posix_ts(server.last_seen)))
         if self.away_timeout and server.connections == 0 and server.last_seen is not None:
             # nobody is there: the shorter timeout, counted from when someone was last seen
-            away_start = max(start, _ts(server.last_seen))
+            away_start = max(start, posix_ts(server.last_seen))
             if away_start + self.away_timeout < start + timeout:
                 if away_start > start:
                     clock_by = "last seen"
                 start, timeout = away_start, self.away_timeout
-                where += f", nobody connected for {fmt_duration(now_ts - _ts(server.last_seen), 'coarse')}"
+                where += f", nobody connected for {fmt_duration(now_ts - posix_ts(server.last_seen), 'coarse')}"
                 m.update(timeout_s=timeout, away=True)
         idle = now_ts - start
         m.update(idle_s=round(idle, 1), idle_since=iso_ts(start), clock_reset_by=clock_by)
@@ -713,7 +553,7 @@ class CullPolicy(LoggingConfigurable):
         if idle < warn_after:
             return none(f"idle {fmt_duration(idle, 'coarse')} of {fmt_duration(timeout, 'coarse')} {where}")
 
-        warned = _ts(server.warned_at)
+        warned = posix_ts(server.warned_at)
         verb = "release" if self.action == RELEASE else "stop"
         # a warning stands until the clock restarts; on the release clock a cell that ran (on the CPU)
         # only postpones the release: the warning of this GPU-idle run stays, so it is not given on every pass
@@ -721,7 +561,7 @@ class CullPolicy(LoggingConfigurable):
         if m.get("release_clock") and clock_by == "kernel activity":
             valid_since = max(v for k, v in starts.items() if k != "kernel activity")
         if warned is None or warned < valid_since:
-            held = _ts(server.held_since)
+            held = posix_ts(server.held_since)
             grace_left = (held + self.start_grace_period - now_ts) if (self.start_grace_period and held is not None) else 0
             if grace_left > 0:
                 # no warning in a server's first minutes: the clock runs, the warning waits for the grace's end
@@ -772,7 +612,7 @@ class CullPolicy(LoggingConfigurable):
             "running": running, "reason": d.reason, "dry_run": bool(self.dry_run),
             "action": RELEASE if self.action == RELEASE and self.cpu_profile else STOP,
             "timeout_s": m.get("timeout_s"), "idle_since": m.get("idle_since"), "idle_s": m.get("idle_s"),
-            "away": bool(m.get("away")), "warned_at": iso_ts(_ts(server.warned_at)), "act_at": None,
+            "away": bool(m.get("away")), "warned_at": iso_ts(posix_ts(server.warned_at)), "act_at": None,
         }
         if not running:
             return out
@@ -781,7 +621,7 @@ class CullPolicy(LoggingConfigurable):
         elif "act_in_s" in m:  # warned, or about to be
             act = now.timestamp() + m["act_in_s"]
         else:  # the warning comes at timeout - warning_period, the action warning_period later
-            act = _ts(datetime.fromisoformat(m["idle_since"])) + m["timeout_s"]
+            act = posix_ts(datetime.fromisoformat(m["idle_since"])) + m["timeout_s"]
         out["act_at"] = iso_ts(act)
         return out
 

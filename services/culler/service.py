@@ -40,9 +40,8 @@ from trainhub.metrics.scripted import default_metrics_class
 from trainhub.profiles import ProfileCatalog
 from trainhub.services.culler import DECISIONS_SCOPE, KEEP_SCOPE
 from trainhub.services.culler.hubclient import HubClient
-from trainhub.services.culler.policy import (
-    NONE, RELEASE, WARN, CullPolicy, Decision, IdleGapLog, ServerInfo, UtilizationHistory, iso_ts,
-)
+from trainhub.services.culler.habits import IdleGapLog
+from trainhub.services.culler.policy import NONE, RELEASE, WARN, CullPolicy, Decision, ServerInfo, UtilizationHistory, iso_ts
 from trainhub.services.culler.regain import RegainMixin
 
 # As jupyter-server's own kernel culler (cull_busy): only "busy" means a cell is executing. A kernel

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from trainhub.profiles import Profile
-from trainhub.services.culler.policy import CullPolicy, IdleGap, IdleGapLog, ServerInfo, UserHabits, UtilizationHistory, \
-    learned_release_clock
+from trainhub.services.culler.habits import IdleGap, IdleGapLog, UserHabits, learned_release_clock
+from trainhub.services.culler.policy import CullPolicy, ServerInfo, UtilizationHistory
 
 T0 = datetime(2026, 11, 21, 8, 0, tzinfo=timezone.utc)
 GPU1 = Profile(slug="gpu-1", display_name="1 GPU", gpus=1)
