@@ -31,8 +31,10 @@ seed 1-5 (the default): trainhub reclaims >= 90 % of the bound with 0 wrongful c
 quick reversals (released, GPU asked back within 30 min) per user per workday; exit status 0 when
 every seed passes, 1 otherwise. Printed per seed: the bound, trainhub's and the activity culler's
 share of it, wrongful culls, busy GPU-hours killed and quick returns; each release's charged cost
-and what is not charged; the frontier of the policies tried and the ceiling of clocks chosen
-knowing the week in advance.
+and what is not charged; the frontier of the policies tried, the ceiling of clocks chosen
+knowing the week in advance, and the foresight rows: what a policy that knows when every user
+comes back could take (the bound also counts GPU-idle time while the user works in the
+notebook, which no release takes without a quick reversal).
 
 Reported: idle GPU-hours reclaimed (GPU-hours the server would have held with every device
 under the threshold and no kernel executing, that the culled server did not hold), wrongful
@@ -413,6 +415,52 @@ def ceiling(traces, p: Params, idle_gpu_h: float) -> list[tuple[float, float, fl
     return rows
 
 
+def return_stretches(tr: Trace) -> list[tuple[int, bool]]:
+    """What a release can take at best between two of the user's return events (an interaction, a server start, the
+    server's end: the replay's "back"): ``(slots, quick)`` for the idle slots after the stretch's last GPU work (a
+    release before it would kill work), ``quick`` when even a release at the first of them is asked back within 30 min.
+    Releasing later in a stretch only takes less and makes a quick reversal likelier, so this is each stretch's best."""
+    n, window, out = len(tr.held), 30 * 60 // STEP, []
+    first = last_work = None
+    for t in range(n + 1):
+        back = t == n or not tr.held[t] or tr.interact[t] or tr.start[t]
+        if back and first is not None:
+            release = first if last_work is None else last_work + 1
+            if t > release:
+                out.append((t - release, t < n and tr.held[t] and t - release <= window))
+            first = None
+        if t < n and tr.held[t]:
+            if first is None:
+                first, last_work = t, None
+            if tr.working(t):
+                last_work = t
+    return out
+
+
+def foresight(traces, p: Params, idle_gpu_h: float) -> list[tuple[str, float, float]]:
+    """Upper bounds no policy can pass, from policies that know when every user comes back (not policies):
+    - releasing at the best slot of every stretch between returns, with 0 quick reversals and with the target's
+      budget of them spent on the largest stretches that would reverse (the most any policy can reclaim there);
+    - releasing only after 5 or 10 min of quiet (no work, output or interaction), as any policy that waits to see
+      a gap must, in every gap that will not reverse and, within the same budget, the largest that will.
+    ``(label, share of the bound, quick reversals per user per workday)``."""
+    window, budget = 30 * 60 // STEP, int(TARGET_REVERSALS * p.users * workdays(p))
+
+    def best(options) -> tuple[float, float]:  # (GPU-h, quick) per release: all that do not reverse, then the budget
+        free = sum(h for h, quick in options if not quick)
+        spent = sorted((h for h, quick in options if quick), reverse=True)[:budget]
+        return (free + sum(spent)) / idle_gpu_h, len(spent) / p.users / workdays(p)
+
+    stretches = [(tr.gpus * slots * STEP / 3600, quick) for tr in traces for slots, quick in return_stretches(tr)]
+    rows = [("foresight, 0 reversals", sum(h for h, quick in stretches if not quick) / idle_gpu_h, 0.0),
+            ("foresight, best moment", *best(stretches))]
+    for quiet in (1, 2):
+        gaps = [(tr.gpus * (n - quiet + 1) * STEP / 3600, back and n - quiet + 1 <= window)
+                for tr in traces for n, _, back in idle_gaps(tr) if n >= quiet]
+        rows.append((f"foresight, {quiet * STEP // 60} min quiet", *best(gaps)))
+    return rows
+
+
 def workdays(p: Params) -> int:
     return sum(1 for d in range(p.days) if d % 7 < 5) or 1
 
@@ -481,6 +529,7 @@ def run(p: Params, timeout=3600, cull_every=600, policy_kw=None, *, frontier=Fal
     if frontier:
         out["frontier"] = {name: trainhub({**(policy_kw or {}), **kw}) for name, kw in frontier_policies().items()}
         out["ceiling"] = ceiling(traces, p, idle)
+        out["foresight"] = foresight(traces, p, idle)
     return out
 
 
@@ -553,11 +602,16 @@ def table(out: dict, p: Params, timeout, cull_every, policy: CullPolicy) -> str:
     if "ceiling" in out:
         lines.append(CEILING_NOTE + ": " + "; ".join(f"{price:g} h per reversal: {100 * sh:.1f}% at {rev:.2f}"
                                                      for price, sh, rev in out["ceiling"]))
+    if "foresight" in out:
+        lines.append(FORESIGHT_NOTE + ": " + "; ".join(f"{label.removeprefix('foresight, ')}: {100 * sh:.1f}% at {rev:.2f}"
+                                                       for label, sh, rev in out["foresight"]))
     return "\n".join(lines)
 
 
 CEILING_NOTE = ("ceiling (a clock per user and situation chosen knowing the whole week, no warning or grace; "
                 "% of bound at reversals/user/wd)")
+FORESIGHT_NOTE = ("foresight (knows when every user comes back: what no policy can pass; the bound also counts "
+                  "GPU-idle time while the user works in the notebook; % of bound at reversals/user/wd)")
 
 
 def share(out: dict, key: str) -> float:
@@ -674,6 +728,12 @@ def frontier_table(outs: dict) -> str:
             rev_max = max(o["ceiling"][i][2] for o in outs.values())
             lines.append(f"{f'ceiling {price:g} h':<24} {100 * share_min:>9.1f}% {rev_max:>18.2f} {'':>23} {'':>9}  "
                          f"(knows the week in advance)")
+    if all("foresight" in o for o in outs.values()):
+        for i, (label, _, _) in enumerate(next(iter(outs.values()))["foresight"]):
+            share_min = min(o["foresight"][i][1] for o in outs.values())
+            rev_max = max(o["foresight"][i][2] for o in outs.values())
+            lines.append(f"{label:<24} {100 * share_min:>9.1f}% {rev_max:>18.2f} {'':>23} {'':>9}  "
+                         f"(knows every return: no policy passes it)")
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ def test_quick_benchmark(capsys):
         share, wrongful, reversals = float(r[2].rstrip("%")), int(r[5].split("/")[0]), float(r[-2])
         assert r[-1] == ("PASS" if share >= 90 and wrongful == 0 and reversals <= 0.5 else "FAIL"), r
     assert "not charged:" in out and "frontier over seeds 1, 2, 3, 4, 5" in out and "ceiling 1 h" in out
+    assert "foresight, 0 reversals" in out and "knows every return" in out
     assert all(name in out for name in ("fixed 5 min", "fixed 60 min", "learned budget 0.3/day", bench.DEFAULT))
     final = [line for line in out.splitlines() if line.startswith("target: >= 90 % of the bound")][0]
     assert code == (0 if final.split(": ")[-1].startswith("PASS") else 1), out
@@ -82,3 +83,29 @@ def test_release_clocks_trade_reclaim_for_reversals_and_a_stop_reclaims_less():
     assert bench.share(stop, "trainhub") < 0.80 and stop["trainhub"].wrongful == 0
     costs = bench.charged_h(out, fixed5)
     assert costs["restart"] > 0 and costs["lost state"] > 0 and costs["wait"] >= 0
+
+
+def test_foresight_bounds_every_policy_and_accounts_for_the_whole_bound():
+    """The foresight rows are upper bounds: no policy of the frontier that kills no work passes the one with its number
+    of quick reversals, and the stretches between returns hold the whole bound (none of it is left out of them)."""
+    import random
+
+    bench = load()
+    p = bench.Params(users=12, days=7, seed=2)
+    out = bench.run(p, frontier=True)
+    rows = {label: (share, reversals) for label, share, reversals in out["foresight"]}
+    zero, budget = rows["foresight, 0 reversals"], rows["foresight, best moment"]
+    assert zero[0] < budget[0] <= 1 and 0 < budget[1] <= bench.TARGET_REVERSALS
+    assert rows["foresight, 10 min quiet"][0] < rows["foresight, 5 min quiet"][0] < budget[0]
+    assert all(rev <= bench.TARGET_REVERSALS for _, rev in rows.values())
+    for name, r in out["frontier"].items():
+        assert r.busy_gpu_h_killed == 0, name
+        reversals = bench.per_user_day(out, r.restarts_within_30m)
+        if reversals <= bench.TARGET_REVERSALS:
+            assert r.idle_gpu_h_reclaimed / out["idle_gpu_h"] <= budget[0], (name, r, budget)
+        if reversals == 0:
+            assert r.idle_gpu_h_reclaimed / out["idle_gpu_h"] <= zero[0], (name, r, zero)
+    rng = random.Random(p.seed)
+    traces = [bench.make_trace(f"user{i:02d}", p, rng) for i in range(p.users)]
+    covered = sum(tr.gpus * slots for tr in traces for slots, _ in bench.return_stretches(tr)) * bench.STEP / 3600
+    assert 0.99 * out["idle_gpu_h"] <= covered <= out["idle_gpu_h"] + 1e-9
