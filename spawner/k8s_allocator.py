@@ -47,6 +47,7 @@ from typing import Iterable, Mapping
 from traitlets import Bool, Dict, Float, Instance, List, Unicode, default
 
 from trainhub.exceptions import InvalidRequest, NoFreeGPUs, TrainhubError
+from trainhub.fmt import as_utc
 from trainhub.gpus import GPUDevice
 from trainhub.ledger import GPUAllocator, Holding, _model_ok, job_holder, server_holder
 from trainhub.metrics.prometheus import GPUTarget, PrometheusDCGMSource
@@ -111,7 +112,7 @@ def _parse_time(value: str | None) -> datetime:
     if not value:
         return datetime.now(timezone.utc)
     dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    return as_utc(dt)
 
 
 def pod_since(pod: Mapping) -> datetime:

@@ -104,6 +104,11 @@ def fmt_number(v, digits: int = 6, none: str = "-") -> str:
 
 
 # -- times ----------------------------------------------------------------------------------------
+def as_utc(dt: datetime) -> datetime:
+    """``dt`` with its zone; a naive one is UTC (SQLite hands datetimes back naive; the platform stores UTC)."""
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
 def parse_time(value) -> datetime | None:
     """An ISO 8601 time from the API (``...Z`` or an offset; naive = UTC) as an aware datetime;
     None when empty or not a time."""
@@ -113,7 +118,7 @@ def parse_time(value) -> datetime | None:
         t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return as_utc(t)
 
 
 def elapsed_seconds(job: dict, now: datetime | None = None) -> float | None:

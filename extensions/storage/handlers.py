@@ -20,6 +20,7 @@ from traitlets.config import LoggingConfigurable
 
 from trainhub.data.listing import list_page
 from trainhub.exceptions import Conflict, Forbidden, InsufficientStorage, InvalidRequest, NotFound, TooLarge
+from trainhub.fmt import as_utc
 from trainhub.httpapi import JSONErrors
 from trainhub.storage import resolve_in_area
 
@@ -137,9 +138,7 @@ def _iso(value) -> str | None:
     if isinstance(value, (int, float)):
         value = datetime.fromtimestamp(value, timezone.utc)
     if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.isoformat().replace("+00:00", "Z")
+        return as_utc(value).isoformat().replace("+00:00", "Z")
     return str(value)
 
 

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 from sqlalchemy import JSON, Boolean, DateTime, Integer, String, Text, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from trainhub.db import Base, get_engine, session_factory, write_session
+from trainhub.fmt import as_utc
 from trainhub.models import utcnow
-
-
-def _utc(dt: datetime) -> datetime:
-    """SQLite hands back naive datetimes; the platform stores UTC (API clients need the offset)."""
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
 class CullerEvent(Base):
@@ -33,7 +29,7 @@ class CullerEvent(Base):
 
     def to_dict(self) -> dict:
         return {
-            "id": self.id, "at": _utc(self.at).isoformat() if self.at else None, "user": self.user,
+            "id": self.id, "at": as_utc(self.at).isoformat() if self.at else None, "user": self.user,
             "server": self.server, "action": self.action, "reason": self.reason, "devices": self.devices,
             "dry_run": self.dry_run, "acted": self.acted, "error": self.error, "measurements": self.measurements,
         }

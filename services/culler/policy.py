@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from traitlets import Bool, Callable, Dict, Enum, Float, Integer, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from trainhub.fmt import fmt_duration
+from trainhub.fmt import as_utc, fmt_duration
 from trainhub.models import utcnow
 from trainhub.profiles import Profile
 
@@ -52,11 +52,7 @@ KEPT_SUMMARY = "picklable values; tensors moved to CPU"
 
 def posix_ts(dt: datetime | None) -> float | None:
     """POSIX seconds of a datetime (naive ones are UTC, as SQLite hands them back); None stays None."""
-    if dt is None:
-        return None
-    if dt.tzinfo is None:  # SQLite hands back naive datetimes; the platform stores UTC
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
+    return None if dt is None else as_utc(dt).timestamp()
 
 
 def iso_ts(ts: float | None) -> str | None:

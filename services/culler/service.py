@@ -10,7 +10,8 @@ devices; every ``check_interval`` (once at start, then on a timer with jitter) i
 2. asks the jobs service whether the user has running jobs (unknown = don't cull),
 3. asks :class:`~trainhub.services.culler.policy.CullPolicy` (plus the admin hook),
 4. warns, stops or releases (the server's kernels save their variables, then stop, then start on the
-   CPU profile: each notebook's next kernel gets its variables back),
+   CPU profile: each notebook's next kernel gets its variables back; :mod:`.moves`, with the users' "keep my GPU"
+   and "give my GPU back"),
 5. logs the decision as one JSON line and appends it to the ``culler_events`` table.
 
 The reverse move, a released server's "get a GPU again", is :mod:`trainhub.services.culler.regain`.
@@ -25,14 +26,13 @@ import os
 import random
 import signal
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from traitlets import Any, Bool, Float, Instance, Integer, Type, Unicode, default
 from traitlets.config import Application
 
-from trainhub.backoff import within
-from trainhub.exceptions import Conflict
+from trainhub.fmt import as_utc
 from trainhub.httpapi import MAX_SERVER_BODY_BYTES
 from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator
 from trainhub.metrics import GPUMetricsSource, MetricsUnavailable, NVMLMetricsSource, ScriptedMetricsSource
@@ -41,25 +41,10 @@ from trainhub.profiles import ProfileCatalog
 from trainhub.services.culler import DECISIONS_SCOPE, KEEP_SCOPE
 from trainhub.services.culler.hubclient import HubClient
 from trainhub.services.culler.habits import IdleGapLog
-from trainhub.services.culler.policy import NONE, RELEASE, WARN, CullPolicy, Decision, ServerInfo, UtilizationHistory, iso_ts
+from trainhub.services.culler.policy import NONE, WARN, CullPolicy, Decision, ServerInfo, UtilizationHistory, iso_ts
+from trainhub.services.culler.moves import MovesMixin
+from trainhub.services.culler.observe import ObserveMixin
 from trainhub.services.culler.regain import RegainMixin
-
-# As jupyter-server's own kernel culler (cull_busy): only "busy" means a cell is executing. A kernel
-# started over REST and never connected stays "starting" for ever, so that state cannot count.
-BUSY_KERNEL_STATES = {"busy"}
-
-
-def parse_date(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)  # naive = UTC, as the idle culler assumes
-
-
-def _aware(dt: datetime) -> datetime:
-    """SQLite returns naive datetimes; the platform stores UTC."""
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-
 
 def parse_holder(holder: str) -> tuple[str, str] | None:
     """"server:alice/gpu" -> ("alice", "gpu"); anything else -> None."""
@@ -87,7 +72,7 @@ class CullerMetrics:
         self.last_pass = Gauge("trainhub_culler_last_pass_timestamp_seconds", "End of the last check pass", registry=self.registry)
 
 
-class GPUCuller(RegainMixin, Application):
+class GPUCuller(ObserveMixin, MovesMixin, RegainMixin, Application):
     """Idle-GPU culler service for trainhub."""
 
     name = "trainhub-culler"
@@ -414,12 +399,7 @@ class GPUCuller(RegainMixin, Application):
         results = [r for r in await asyncio.gather(*tasks) if r]
         self.prom.pending_warnings.set(len(self.warnings))
         self.prom.last_pass.set(now.timestamp())
-        if self.audit is not None:
-            try:
-                await asyncio.to_thread(self.audit.append, [row for _, _, row in results])
-            except Exception:
-                self.prom.errors.labels("audit").inc()
-                self.log.exception("cannot write %d decisions to the audit trail (they are in this log)", len(results))
+        await self._write_audit([row for _, _, row in results], f"{len(results)} decisions")
         return [(info, d) for info, d, _ in results]
 
     async def _guarded(self, user_model, server_name, server_model, holdings, now):
@@ -433,62 +413,6 @@ class GPUCuller(RegainMixin, Application):
                                   devices=tuple(h.device for h in holdings))
                 row = self._row(info, Decision(NONE, f"not culled: error ({e})"), acted=False, error=repr(e))
                 return info, Decision(NONE, f"not culled: error ({e})"), row
-
-    async def _kernel_state(self, server_model) -> tuple[bool | None, int, datetime | None, int | None]:
-        """(any kernel busy, kernel count, latest kernel activity, open kernel websockets); None = unknown."""
-        try:
-            kernels = await self.client.kernels(server_model.get("url") or "")
-        except Exception as e:
-            self.prom.errors.labels("kernels").inc()
-            self.log.warning("kernels API of %s did not answer: %s", server_model.get("url"), e)
-            return None, 0, None, None
-        busy = any(k.get("execution_state") in BUSY_KERNEL_STATES for k in kernels)
-        activity = [parse_date(k.get("last_activity")) for k in kernels]
-        activity = [a for a in activity if a]
-        connections = sum(int(k.get("connections") or 0) for k in kernels)
-        return busy, len(kernels), max(activity) if activity else None, connections
-
-    async def _last_request(self, server_model) -> datetime | None:
-        """The server's own last_activity (API requests, kernels, terminals); None = unknown."""
-        try:
-            status = await self.client.status(server_model.get("url") or "")
-            return parse_date(status.get("last_activity"))
-        except Exception as e:
-            self.prom.errors.labels("status").inc()
-            self.log.warning("status API of %s did not answer: %s", server_model.get("url"), e)
-            return None
-
-    def _last_seen(self, holder: str, connections: int | None, last_request: datetime | None,
-                   now: datetime) -> datetime | None:
-        """When someone was last at the server: a connection seen by a pass, or the server's own activity.
-
-        The clock starts no earlier than this process first saw the server (after a restart
-        it cannot know how long nobody was connected), so ``away_timeout`` errs late.
-        """
-        if connections is None or last_request is None:
-            return None
-        if connections > 0 or holder not in self.seen_at:
-            self.seen_at[holder] = now
-        return max(self.seen_at[holder], last_request)
-
-    def _note_external_use(self, holder: str, devices: tuple[int, ...]) -> None:
-        """No kernel executes now: a latest sample at or over the threshold is GPU work outside the notebooks
-        (a terminal, a script). Its time feeds CullPolicy.external_use_timeout."""
-        thr = self.policy.utilization_threshold
-        busy = [s[0] for s in (self.history.latest(d) for d in devices) if s is not None and s[1] >= thr]
-        if busy:
-            at = datetime.fromtimestamp(max(busy), timezone.utc)
-            if holder not in self.external_use_at or at > self.external_use_at[holder]:
-                self.external_use_at[holder] = at
-
-    async def _running_jobs(self, user: str) -> int | None:
-        try:
-            n = await self.client.running_jobs(user)
-        except Exception as e:
-            self.prom.errors.labels("jobs").inc()
-            self.log.warning("jobs service did not answer for %s (treated as unknown: not culling): %s", user, e)
-            return None
-        return 0 if n is None else n
 
     async def handle_server(self, user_model, server_name, server_model, holdings, now) -> tuple:
         user = user_model["name"]
@@ -513,7 +437,7 @@ class GPUCuller(RegainMixin, Application):
         info = ServerInfo(
             user=user, server_name=server_name, profile=profile,
             devices=devices,
-            held_since=_aware(min(h.since for h in holdings)), pending=pending or (None if server_model.get("ready", True) else "not ready"),
+            held_since=as_utc(min(h.since for h in holdings)), pending=pending or (None if server_model.get("ready", True) else "not ready"),
             kernels_busy=busy, kernels=nkernels, last_activity=activity, connections=connections, last_seen=last_seen,
             running_jobs=jobs,
             kept_at=self.kept_at.get(holder), warned_at=self.warned_at.get(holder),
@@ -522,7 +446,7 @@ class GPUCuller(RegainMixin, Application):
         )
         self.infos[holder] = info
         culled = self.culled_at.get(holder)
-        if culled is not None and _aware(info.held_since) <= culled:
+        if culled is not None and info.held_since <= culled:
             # the same ledger rows as before our stop: the spawner did not free them; never act twice
             self.log.warning("%s still holds GPUs %s in the ledger after the cull at %s; leaving it to ledger reconcile",
                              holder, list(info.devices), culled.isoformat())
@@ -555,88 +479,38 @@ class GPUCuller(RegainMixin, Application):
                     self.dry_run_culled[holder] = idle_since
                     self.prom.culls.labels("dry_run", decision.action).inc()
             else:
-                # the stop starts now: "keep" can no longer help, so the warning is withdrawn first
-                # (if the action fails, the next pass warns again before any retry)
-                self._clear_warning(holder)
-                try:
-                    snap = await self._act(info, decision, server_model.get("url") or "")
-                    acted = True
-                    if snap is not None:
-                        decision = replace(decision, measurements={**decision.measurements, "snapshot": snap})
-                except Exception as e:
-                    error = repr(e)
-                    self.prom.errors.labels(decision.action).inc()
-                    self.log.exception("%s of %s failed", decision.action, holder)
-                else:
-                    self.prom.culls.labels("gpu_idle", decision.action).inc()
-                    self.prom.gpus_released.inc(len(info.devices))
+                decision, acted, error = await self.carry_out(info, decision, server_model.get("url") or "",
+                                                              cause="gpu_idle", stage=decision.action)
+                if acted:
                     # reclaimed GPU time counts from when the action finished (the devices are free by then)
                     done = self.policy.utcnow()
                     self.released[holder] = {"at": done, "devices": len(info.devices), "counted_until": done}
                     self.culled_at[holder] = now
                     self._clear_warning(holder)
-                    self.kept_at.pop(holder, None)
         row = self._row(info, decision, acted=acted, error=error)
         self.habits.observe_row({**row, "at": now})
-        self.latest[holder] = row
-        self.log.info(json.dumps({"event": "culler.decision", **{k: v for k, v in row.items() if k != "at"},
-                                  "at": now.isoformat()}, default=str))
+        self._record(holder, row, now)
         return info, decision, row
-
-    async def _act(self, info: ServerInfo, decision: Decision, server_url: str = "") -> dict | None:
-        """Stop (and for release, save the kernels' variables first, restart on the CPU profile).
-
-        Returns what the snapshot did (None when none was asked for), for the audit row.
-        """
-        # Unsaved browser buffers cannot be saved from here (they live in the browser);
-        # JupyterLab autosaves open documents (every 120 s by default) during the warning period.
-        snap = None
-        if decision.action == RELEASE and server_url:
-            await self._announce_move(info, server_url, "release", decision.target_profile)
-        if decision.action == RELEASE and self.snapshot_on_release and server_url:
-            snap = await self._snapshot(info, server_url)
-        stopped = await self.client.stop_server(info.user, info.server_name)
-        if decision.action == RELEASE:
-            if not stopped:
-                await self.client.wait_stopped(info.user, info.server_name, self.stop_timeout)
-            await self.client.start_server(info.user, info.server_name, decision.target_profile)
-        return snap
-
-    async def _announce_move(self, info: ServerInfo, server_url: str, action: str, profile: str) -> None:
-        """Tell the server's open pages that it moves now (trainhub/move), then give them ``move_notice_grace`` to save
-        their documents; never raises: the move goes on whatever the pages heard."""
-        kept = self.snapshot_on_release
-        what = "onto the CPU" if action == "release" else f"onto {profile}"
-        message = (f"trainhub is moving this server {what} (profile {profile}): "
-                   + ("your variables are kept; " if kept else "kernel state is lost; ")
-                   + "the page reconnects by itself.")
-        try:
-            await within(self.client.announce_move(server_url, {"action": action, "profile": profile, "message": message,
-                                                                "variables": kept}), 10)
-        except Exception as e:
-            self.log.info("could not tell the pages of %s/%s about the move (%r); it goes on", info.user, info.server_name, e)
-            return
-        if self.move_notice_grace > 0:  # the pages save their documents (a save cut by the stop would hang it)
-            await asyncio.sleep(self.move_notice_grace)
-
-    async def _snapshot(self, info: ServerInfo, server_url: str) -> dict:
-        """The server's kernels save their variables; never raises (a release goes on without them)."""
-        try:
-            result = await within(self.client.snapshot(server_url, self.snapshot_timeout), self.snapshot_timeout + 30)
-        except Exception as e:
-            self.prom.errors.labels("snapshot").inc()
-            self.log.warning(json.dumps({"event": "culler.snapshot", "user": info.user, "server": info.server_name,
-                                         "ok": False, "error": repr(e)}))
-            return {"ok": False, "error": repr(e)[:500]}
-        kernels = [{k: v for k, v in kernel.items() if k in ("session_path", "notebook", "kept", "not_kept", "error", "skipped")}
-                   for kernel in result.get("kernels") or []]
-        summary = {"ok": True, "saved": result.get("saved", 0), "failed": result.get("failed", 0), "kernels": kernels}
-        self.log.info(json.dumps({"event": "culler.snapshot", "user": info.user, "server": info.server_name, **summary}))
-        return summary
 
     def _clear_warning(self, holder: str) -> None:
         self.warned_at.pop(holder, None)
         self.warnings.pop(holder, None)
+
+    def _record(self, holder: str, row: dict, at: datetime) -> None:
+        """The decision becomes the server's latest (the admin view) and one JSON line of this log."""
+        self.latest[holder] = row
+        self.log.info(json.dumps({"event": "culler.decision", **{k: v for k, v in row.items() if k != "at"},
+                                  "at": at.isoformat()}, default=str))
+
+    async def _write_audit(self, rows: list[dict], what: str) -> None:
+        """Append to the audit trail; a failure is counted and logged (the rows are in this log already)."""
+        if self.audit is None:
+            return
+        try:
+            await asyncio.to_thread(self.audit.append, rows)
+        except Exception:
+            self.prom.errors.labels("audit").inc()
+            self.log.exception("cannot write %s to the audit trail (they are in this log)", what)
 
     def _row(self, info: ServerInfo, d: Decision, *, acted: bool, error: str | None) -> dict:
         return {
@@ -655,84 +529,6 @@ class GPUCuller(RegainMixin, Application):
                 r["counted_until"] = end
             if holder in holding_now or end >= cap_end:
                 del self.released[holder]
-
-    # -- user actions (HTTP API) -----------------------------------------------------
-
-    def keep(self, user: str, server_name: str = "") -> dict:
-        """The user pressed "keep my GPU": restart their idle clock, withdraw the warning."""
-        holder = f"server:{user}/{server_name}"
-        now = self.policy.utcnow()
-        self.kept_at[holder] = now
-        self._clear_warning(holder)
-        self.prom.pending_warnings.set(len(self.warnings))
-        row = {"at": now, "user": user, "server": server_name, "action": "keep",
-               "reason": "user pressed keep: idle clock restarted", "devices": [], "dry_run": False,
-               "acted": True, "error": None, "measurements": {}}
-        self.log.info(json.dumps({"event": "culler.keep", "user": user, "server": server_name, "at": now.isoformat()}))
-        return row
-
-    async def give_back(self, user: str, server_name: str = "") -> dict:
-        """The user's "give my GPU back": the release the culler would do, at once, in the background.
-
-        The kernels save their variables, the server restarts on the CPU profile (as a release does);
-        answers before that starts (the request may come through the very server being restarted).
-        Raises Conflict when the server holds no GPU, is not running, or there is no CPU profile.
-        """
-        holder = f"server:{user}/{server_name}"
-        if holder in self._regain_tasks:  # a grant for it may already be in the ledger: not the server's to give
-            raise Conflict("this server is waiting to be moved to GPUs (get a GPU again); cancel that first")
-        holdings = [h for h in await self._holdings() if h.kind == "server" and h.holder == holder]
-        if not holdings:
-            raise Conflict("this server holds no GPU: there is nothing to give back")
-        if not self.policy.cpu_profile:
-            raise Conflict("there is no CPU-only profile to move this server to; stop it from the hub instead")
-        if holder in self._giving_back:
-            raise Conflict("this server's GPUs are already being given back")
-        model = await self.client.server_model(user, server_name)
-        if not model or not model.get("ready") or model.get("pending"):
-            raise Conflict("this server is not running (or is starting or stopping)")
-        now = self.policy.utcnow()
-        info = ServerInfo(user=user, server_name=server_name, devices=tuple(sorted(h.device for h in holdings)),
-                          held_since=_aware(min(h.since for h in holdings)))
-        decision = Decision(RELEASE, "the user gave the GPU back: releasing",
-                            {"devices": list(info.devices), "at": now.isoformat(), "requested_by": "user"},
-                            target_profile=self.policy.cpu_profile)
-        self._giving_back[holder] = asyncio.create_task(self._give_back(info, decision, model.get("url") or ""))
-        return {"user": user, "server": server_name, "devices": list(info.devices), "profile": self.policy.cpu_profile,
-                "at": now.isoformat(),
-                "message": f"Giving your GPUs back: the server restarts on the {self.policy.cpu_profile} profile; "
-                           + self.policy.kept_text().replace("will be kept", "will be restored in each notebook's kernel", 1)}
-
-    async def _give_back(self, info: ServerInfo, decision: Decision, server_url: str) -> None:
-        holder = info.holder
-        acted, error = False, None
-        self._clear_warning(holder)
-        try:
-            snap = await self._act(info, decision, server_url)
-            acted = True
-            if snap is not None:
-                decision = replace(decision, measurements={**decision.measurements, "snapshot": snap})
-        except Exception as e:
-            error = repr(e)
-            self.prom.errors.labels("give_back").inc()
-            self.log.exception("give-back of %s failed", holder)
-        else:
-            self.prom.culls.labels("user", RELEASE).inc()
-            self.prom.gpus_released.inc(len(info.devices))
-            self.culled_at[holder] = self.policy.utcnow()
-            self.kept_at.pop(holder, None)
-        finally:
-            self._giving_back.pop(holder, None)
-        row = self._row(info, decision, acted=acted, error=error)
-        self.latest[holder] = row
-        self.log.info(json.dumps({"event": "culler.decision", **{k: v for k, v in row.items() if k != "at"},
-                                  "at": row["at"].isoformat()}, default=str))
-        if self.audit is not None:
-            try:
-                await asyncio.to_thread(self.audit.append, [row])
-            except Exception:
-                self.prom.errors.labels("audit").inc()
-                self.log.exception("cannot write the give-back of %s to the audit trail (it is in this log)", holder)
 
     def warnings_for(self, user: str) -> list[dict]:
         return [w for w in self.warnings.values() if w["user"] == user]

@@ -40,7 +40,7 @@ from traitlets.config import LoggingConfigurable
 
 from trainhub.db import write_now
 from trainhub.exceptions import TrainhubError
-from trainhub.fmt import REQUEUED, fmt_duration, restart_causes
+from trainhub.fmt import REQUEUED, as_utc, fmt_duration, restart_causes
 from trainhub.jobarea import JOB_URL_VAR
 from trainhub.ledger import GPUAllocator, job_holder
 from trainhub.loops import PeriodicLoop
@@ -313,7 +313,7 @@ class JobEngine(LoggingConfigurable):
         stop_reason = None
         if job.cancel_requested:
             stop_reason = "cancel"
-        elif job.time_limit and job.started and (now_utc() - _aware(job.started)).total_seconds() > job.time_limit:
+        elif job.time_limit and job.started and (now_utc() - as_utc(job.started)).total_seconds() > job.time_limit:
             stop_reason = "time-limit"
         elif any((s.exit_code or 0) != 0 or s.lost for s in ended) and len(ended) < len(statuses):
             stop_reason = "gang-failure"
@@ -688,12 +688,8 @@ def _ended_before(state: dict, when: float) -> bool:
         return False
 
 
-def _aware(dt: datetime) -> datetime:
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-
-
 def _ts(dt: datetime | None) -> float:
-    return _aware(dt).timestamp() if dt else time.time()
+    return as_utc(dt).timestamp() if dt else time.time()
 
 
 def _devices_text(per_worker: list[list[int]]) -> str:

@@ -15,11 +15,11 @@ Only the columns the scheduler needs are read (no JSON blobs, no ORM objects).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timezone
 
 from sqlalchemy import bindparam, func, select
 
 from trainhub.db import SQLiteReader, get_engine
+from trainhub.fmt import as_utc
 from trainhub.scheduler import JobRequest, PendingQueue
 from trainhub.states import QUEUED
 
@@ -48,7 +48,7 @@ def request(row) -> JobRequest:
     if created is None:
         submitted = 0.0
     else:
-        submitted = (created if created.tzinfo else created.replace(tzinfo=timezone.utc)).timestamp()
+        submitted = as_utc(created).timestamp()
     return JobRequest(id=job_key(row.id), user=row.user, groups=tuple(row.groups or ()), workers=row.workers,
                       gpus_per_worker=row.gpus, priority=row.priority, submitted_at=submitted,
                       time_limit=row.time_limit, preemptible=bool(row.preemptible), restarts=max(row.attempt - 1, 0))

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from trainhub.db import (SQLiteReader, get_engine, init_db, plain_in, plain_in_params, write_connection, write_now,
                          write_session)
 from trainhub.exceptions import NotFound
-from trainhub.fmt import fmt_size
+from trainhub.fmt import as_utc, fmt_size
 from trainhub.notebookjobs import notebook_info
 from trainhub.states import CANCELLED, JOB_TERMINAL, QUEUED
 
@@ -92,9 +92,7 @@ def _spread(s: Session, model, job_id: int, limit: int, series: tuple) -> tuple[
 def iso(dt: datetime | None) -> str | None:
     if dt is None:
         return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.isoformat().replace("+00:00", "Z")
+    return as_utc(dt).isoformat().replace("+00:00", "Z")
 
 
 def job_to_dict(job: Job, base: str = "") -> dict:

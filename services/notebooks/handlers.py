@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from tornado import web
 
 from trainhub.exceptions import InvalidRequest
+from trainhub.fmt import as_utc
 from trainhub.services.api import APIHandler
 from trainhub.services.jobs.spec import MAX_WORKERS
 from trainhub.services.jobs.store import iso, job_to_dict
@@ -123,9 +124,7 @@ class ClockHandler(ScheduleHandler):
             to = datetime.fromisoformat(str(body["now"]).replace("Z", "+00:00"))
         except (KeyError, ValueError):
             raise InvalidRequest('send {"now": "2027-01-01T00:00:00Z"} (ISO 8601)') from None
-        if to.tzinfo is None:
-            to = to.replace(tzinfo=timezone.utc)
-        now = await self.schedules.move_clock(to)
+        now = await self.schedules.move_clock(as_utc(to))
         fired = await self.schedules.run_pass()
         self.write_json({"now": iso(now), "fired": fired})
 

@@ -27,6 +27,7 @@ from traitlets.config import LoggingConfigurable
 
 from trainhub.db import Base, get_engine, write_session
 from trainhub.exceptions import Forbidden, InvalidRequest, NotFound, TrainhubError
+from trainhub.fmt import as_utc
 from trainhub.httpapi import parse_id
 from trainhub.loops import PeriodicLoop
 from trainhub.notebookjobs import ENV, check_schedule, due_times, next_time
@@ -53,12 +54,8 @@ def schedule_dict(s: NotebookSchedule, now: datetime | None = None) -> dict:
         "runs": s.runs, "missed": s.missed, "message": s.message or None, "next": None,
     }
     if s.active and now is not None:
-        d["next"] = iso(next_time(s.schedule, s.timezone, max(now, _aware(s.checked))))
+        d["next"] = iso(next_time(s.schedule, s.timezone, max(now, as_utc(s.checked))))
     return d
-
-
-def _aware(t: datetime) -> datetime:
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 @dataclass
@@ -272,7 +269,7 @@ class NotebookSchedules(LoggingConfigurable):
             return report
 
     async def _fire_due(self, row: NotebookSchedule, now: datetime) -> dict | None:
-        checked = _aware(row.checked)
+        checked = as_utc(row.checked)
         if now <= checked:
             return None
         due = due_times(row.schedule, row.timezone, checked, now)

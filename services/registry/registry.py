@@ -14,6 +14,7 @@ from traitlets.config import LoggingConfigurable
 from trainhub.backoff import within
 from trainhub.boundary.asuser import storage_tree
 from trainhub.exceptions import Conflict, Forbidden, InvalidRequest, NotFound
+from trainhub.fmt import as_utc
 from trainhub.loops import PeriodicLoop
 from trainhub.services.jobs.models import Job, JobEvent, parse_job_key
 from trainhub.states import JOB_TERMINAL
@@ -268,7 +269,7 @@ class Registry(LoggingConfigurable):
         with store.session() as s:
             done = {r for r in s.scalars(select(JobEvent.job_id).where(JobEvent.kind == "outputs_expired"))}
             jobs = [j for j in s.scalars(select(Job).where(Job.state.in_(tuple(JOB_TERMINAL)), Job.finished.is_not(None)))
-                    if j.id not in done and j.outputs_url and _aware(j.finished) < cutoff]
+                    if j.id not in done and j.outputs_url and as_utc(j.finished) < cutoff]
         expired = []
         for job in jobs:
             try:
@@ -323,8 +324,6 @@ class Registry(LoggingConfigurable):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _aware(dt):
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
 def has_files(source) -> bool:

@@ -6,8 +6,6 @@ the write lock up front, so two registrations of the same name get distinct vers
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
@@ -281,5 +279,3 @@ def _pick_model(versions, version, name: str):
     return _pick(versions, version, f"model {name}")
 
 
-def utc(dt: datetime) -> datetime:
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)

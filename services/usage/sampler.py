@@ -25,6 +25,7 @@ from sqlalchemy import func, or_, select
 from traitlets import Bool, Float, Instance
 from traitlets.config import LoggingConfigurable
 
+from trainhub.fmt import as_utc
 from trainhub.loops import PeriodicLoop
 from trainhub.db import session_factory, write_session
 from trainhub.models import GPUAllocationRecord
@@ -40,7 +41,7 @@ STATE_KEY = "accounted_until"
 def _ts(dt: datetime | None) -> float | None:
     if dt is None:
         return None
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+    return as_utc(dt).timestamp()
 
 
 def iso(ts: float) -> str:

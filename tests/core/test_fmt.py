@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from trainhub.fmt import (clip, elapsed_seconds, fmt_duration, fmt_number, fmt_size, last_log_line, parse_time, text_table,
+from trainhub.fmt import (as_utc, clip, elapsed_seconds, fmt_duration, fmt_number, fmt_size, last_log_line, parse_time, text_table,
                           wait_reason_text)
 
 
@@ -46,6 +46,9 @@ def test_parse_time_and_elapsed():
     assert parse_time("2026-11-21T20:01:02Z") == datetime(2026, 11, 21, 20, 1, 2, tzinfo=timezone.utc)
     assert parse_time("2026-11-21T20:01:02") == datetime(2026, 11, 21, 20, 1, 2, tzinfo=timezone.utc)  # naive = UTC
     assert parse_time("") is None and parse_time(None) is None and parse_time("soon") is None
+    plus_one = timezone(timedelta(hours=1))
+    assert as_utc(datetime(2026, 11, 21, 20, 1, 2)) == datetime(2026, 11, 21, 20, 1, 2, tzinfo=timezone.utc)  # SQLite's naive
+    assert as_utc(datetime(2026, 11, 21, 21, 1, 2, tzinfo=plus_one)).tzinfo is plus_one  # a zone given is kept
     job = {"started": "2026-11-21T20:00:00Z", "finished": "2026-11-21T20:01:05Z"}
     assert elapsed_seconds(job) == 65.0 and fmt_duration(elapsed_seconds(job)) == "01:05"
     assert elapsed_seconds({"started": None}) is None

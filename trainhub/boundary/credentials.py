@@ -49,6 +49,7 @@ from traitlets.config import LoggingConfigurable
 from trainhub.backoff import Backoff, WaitTimeout
 from trainhub.boundary.accounts import Account
 from trainhub.exceptions import TrainhubError
+from trainhub.fmt import as_utc
 from trainhub.storage import StorageConfig, safe_username
 
 #: where a sandbox (or a pod) binds a user's credentials folder, read-only
@@ -92,7 +93,7 @@ class CredentialsError(TrainhubError):
 
 def _utc(value) -> datetime:
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return as_utc(value)
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(timezone.utc)
 
 

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 
 from trainhub.cli import CommandError
 from trainhub.commands import add_data_dir
+from trainhub.fmt import as_utc
 
 
 def add_parser(sub):
@@ -21,9 +22,7 @@ def add_parser(sub):
 
 
 def _ago(since: datetime) -> str:
-    if since.tzinfo is None:
-        since = since.replace(tzinfo=timezone.utc)
-    s = int((datetime.now(timezone.utc) - since).total_seconds())
+    s = int((datetime.now(timezone.utc) - as_utc(since)).total_seconds())
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
