@@ -15,10 +15,8 @@ Select it with ``c.TrainhubService.launcher_class = "trainhub.services.jobs.kube
 * ``poll``: from two list-and-watch caches (this launcher's Jobs and their pods, selected by the
   ``app.kubernetes.io/managed-by=trainhub-jobs`` label) — no API call per poll, except a direct
   read when a Job is missing from the cache (just created, or gone). Worker logs are read from
-  the pods API (``timestamps=true``, ``sinceSeconds``, rate-limited per pod, and once more when a
-  pod ends) and appended to ``<job_dir>/attempt-N/worker-R.log`` in the local launcher's format;
-  the metrics lines the in-pod wrapper forwards go to ``metrics-R.jsonl``. The engine's log,
-  metrics and output-sync code therefore works unchanged.
+  the pods API into ``<job_dir>/attempt-N/worker-R.log`` in the local launcher's format (``k8s_logs``),
+  so the engine's log, metrics and output-sync code works unchanged.
 * ``terminate``: delete the Job with ``propagationPolicy: Foreground`` and
   ``gracePeriodSeconds = grace`` (pods get SIGTERM, SIGKILL after the grace period).
 * ``adopt``: after a restart, find the attempt's Job again (by name, from the cache).
@@ -58,6 +56,7 @@ from trainhub.profiles import ProfileCatalog
 from trainhub.storage import StorageConfig
 
 from . import k8s_job_manifests as jm
+from .k8s_logs import PodLogs, log_resume_points
 from .launcher import JobView, Launcher, WorkerStatus
 
 if TYPE_CHECKING:
@@ -67,19 +66,12 @@ _NS_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 @dataclass
-class _Cursor:
-    after: tuple | None = None  # ts_key of the last line taken
-    skip: int = 0  # lines taken at exactly that key
-    fetched: float = 0.0  # time.time() of the last read
-
-
-@dataclass
 class _Run:
     """What this process knows about one attempt (rebuilt by ``adopt`` after a restart)."""
 
     terminating: bool = False
     last: list = field(default_factory=list)
-    cursors: dict = field(default_factory=dict)  # pod uid -> _Cursor
+    cursors: dict = field(default_factory=dict)  # pod uid -> where its log was read up to (k8s_logs)
     resume: dict = field(default_factory=dict)  # rank -> ts_key: lines up to it are in the log already
     done: set = field(default_factory=set)  # pod uids whose final log was read
     next_read: dict = field(default_factory=dict)  # pod uid -> monotonic time of the next read
@@ -89,7 +81,7 @@ class _Run:
 MIN_SERVER_VERSION = (1, 26)  # the Indexed form: completionMode Indexed (1.21), podFailurePolicy (beta, on by default: 1.26)
 
 
-class KubernetesLauncher(Launcher):
+class KubernetesLauncher(PodLogs, Launcher):
     """Runs each job attempt as an Indexed Job (see the module docstring)."""
 
     namespace = Unicode(
@@ -200,8 +192,6 @@ class KubernetesLauncher(Launcher):
     ).tag(config=True)
     request_timeout = Float(10.0, help="Seconds one API request may take.").tag(config=True)
     retry_timeout = Float(30.0, help="Seconds a failing request (5xx, 429, timeout) is retried, with capped exponential backoff.").tag(config=True)
-    log_interval = Float(2.0, help="Seconds between reads of a running pod's log (a pod's final log is read as soon as it ends).").tag(config=True)
-    log_overlap = Float(5.0, help="Seconds of overlap between log reads (clock skew margin; repeated lines are dropped by timestamp).").tag(config=True)
 
     catalog = Instance(ProfileCatalog, help="Profiles (c.ProfileCatalog): GPU resource, node selector, tolerations, image, CPU and memory of a job.")
 
@@ -663,7 +653,7 @@ class KubernetesLauncher(Launcher):
         run = self._runs.setdefault(name, _Run())
         adir = state.get("dir")
         if adir:
-            run.resume = await asyncio.to_thread(_log_resume_points, Path(adir), job.workers)
+            run.resume = await asyncio.to_thread(log_resume_points, Path(adir), job.workers)
         self._remember_devices(name, [w.get("devices") or [] for w in state.get("workers") or []])
         return True
 
@@ -702,93 +692,8 @@ class KubernetesLauncher(Launcher):
                 out[d] = GPUTarget(self.namespace, pods[0]["metadata"]["name"], slot)
         return out
 
-    # -- logs ------------------------------------------------------------------------------------
-
-    async def _collect_logs(self, job: JobView, state: dict, pods: list[dict], run: _Run, force: bool = False) -> None:
-        adir = state.get("dir")
-        if not adir:
-            return
-        now = time.monotonic()
-        for pod in pods:
-            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-            uid, rank = meta.get("uid"), jm.pod_index(pod)
-            if rank is None or uid in run.done:
-                continue
-            ended = status.get("phase") in ("Succeeded", "Failed")
-            started = any(cs.get("name") == jm.CONTAINER and ((cs.get("state") or {}).get("running") or (cs.get("state") or {}).get("terminated"))
-                          for cs in status.get("containerStatuses") or [])
-            if not started:
-                continue
-            if not (ended or force) and now < run.next_read.get(uid, 0):
-                continue
-            run.next_read[uid] = now + self.log_interval
-            try:
-                await self._read_log(meta["name"], rank, Path(adir), run, uid)
-            except Exception as e:  # a log read must never stop the status poll
-                self.log.warning("kubernetes: reading the log of pod %s failed: %s", meta["name"], e)
-                continue
-            if ended:
-                run.done.add(uid)
-
-    async def _read_log(self, pod: str, rank: int, adir: Path, run: _Run, uid: str) -> None:
-        from kubernetes_asyncio.client.rest import ApiException
-
-        cursor = run.cursors.get(uid)
-        if cursor is None:
-            cursor = run.cursors[uid] = _Cursor(after=run.resume.get(rank), skip=0)
-        kwargs = {"container": jm.CONTAINER, "timestamps": True, "_preload_content": False}
-        if cursor.fetched:
-            kwargs["since_seconds"] = max(1, int(math.ceil(time.time() - cursor.fetched + self.log_overlap)))
-        fetched = time.time()
-        try:
-            resp = await self._request(f"read log of pod {pod}", self._core.read_namespaced_pod_log, pod, self.namespace, **kwargs)
-        except ApiException as e:
-            if e.status in (400, 404):  # container not started yet, or the pod is gone
-                return
-            raise
-        body = await resp.read()
-        if resp.status >= 400:  # _preload_content=False: errors come back as responses
-            if resp.status in (400, 404):
-                return
-            raise ApiException(status=resp.status, reason=resp.reason)
-        text = body.decode("utf-8", errors="replace")
-        lines, metrics, cursor.after, cursor.skip = jm.split_pod_log(text, rank, cursor.after, cursor.skip)
-        cursor.fetched = fetched
-        if lines or metrics:
-            await asyncio.to_thread(_append, adir, rank, lines, metrics)
-
-
 def _prepare_dir(jdir: Path, adir: Path, job: JobView) -> None:
     adir.mkdir(parents=True, exist_ok=True)
     (jdir / "outputs").mkdir(exist_ok=True)
     if job.script is not None:
         (jdir / "script.py").write_text(job.script)
-
-
-def _append(adir: Path, rank: int, lines: list[str], metrics: list[str]) -> None:
-    if lines:
-        with open(adir / f"worker-{rank}.log", "a", encoding="utf-8") as f:
-            f.writelines(lines)
-    if metrics:
-        with open(adir / f"metrics-{rank}.jsonl", "a", encoding="utf-8") as f:
-            f.writelines(metrics)
-
-
-def _log_resume_points(adir: Path, workers: int) -> dict[int, tuple]:
-    """After a restart: per rank, the end of the millisecond of the last line already in its log."""
-    out = {}
-    for rank in range(workers):
-        path = adir / f"worker-{rank}.log"
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, os.path.getsize(path) - 4096))
-                tail = f.read().decode("utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in reversed(tail):
-            ts = line.split(" ", 1)[0]
-            key = jm.ts_key(ts)
-            if key[0]:
-                out[rank] = (key[0], key[1] + 999_999)  # the whole millisecond was read
-                break
-    return out
