@@ -454,14 +454,16 @@ def _rclone_mount(remote: str, path: str, *, read_only: bool, uid: int | None, g
 def fuse_sidecar_pod_storage(
     *, image: str, home_url: str, datasets_url: str, mount_root: str, secret_name: str | None,
     endpoint_url: str | None = None, uid: int | None = 1000, gid: int | None = 100,
-    resources: Mapping | None = None, native: bool = True,
+    resources: Mapping | None = None, native: bool = True, credentials: tuple[dict, Mapping] | None = None,
 ) -> dict:
     """Native sidecars (init containers with restartPolicy Always) running ``rclone mount``.
 
     The sidecars mount the user's prefix and the datasets (read-only) inside an emptyDir with
     Bidirectional propagation (this needs a privileged container and /dev/fuse); the notebook
     sees them through HostToContainer propagation. A startup probe holds the notebook back
-    until the mount is there. Credentials come from the Secret by ``envFrom``.
+    until the mount is there. Credentials come from the Secret by ``envFrom``; with ``credentials``
+    (``(volume mount, environment)``: the user's own, ``trainhub.kube.credentials``) from the Secret's files
+    instead, which rclone's AWS SDK reads through the config's ``credential_process`` as the notebook does.
 
     ``native=False``, for API servers without native sidecars (before 1.28, which drop
     ``restartPolicy`` from init containers and then refuse their probes): the same containers as
@@ -491,6 +493,10 @@ def fuse_sidecar_pod_storage(
         }
         if secret_name:
             container["envFrom"] = [{"secretRef": {"name": secret_name}}]
+        if credentials is not None:
+            creds_mount, creds_env = credentials
+            container["volumeMounts"].append(dict(creds_mount))
+            container["env"] = [{"name": k, "value": v} for k, v in sorted(creds_env.items()) if k.startswith("AWS_")]
         if resources:
             container["resources"] = dict(resources)
         mounts.append(container)

@@ -7,13 +7,18 @@ come from the pure builders in ``trainhub.spawner.k8s_manifests``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from kubernetes_asyncio.client.rest import ApiException
 from traitlets import Bool, Dict, Enum, Instance, Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from trainhub.boundary.credentials import CredentialMinter
+from trainhub.exceptions import TrainhubError
+from trainhub.kube import credentials as kc
 from trainhub.spawner import k8s_manifests as m
+from trainhub.spawner.errors import spawn_refusal
 from trainhub.storage import StorageConfig
 
 
@@ -54,11 +59,14 @@ class KubeStorage(LoggingConfigurable):
         ["managed", "existing", "none"],
         "managed",
         help="""Where per-user storage credentials come from. "managed": the hub writes a Secret named by
-        storage_secret_name_template with the user's credentials (StorageConfig.user_credentials_hook,
-        else the platform's) before each start; "existing": the Secret is made by someone else (for
-        example an external-secrets operator) and is referenced with optional keys; "none": credentials
-        go into plain environment values (development only). With a Secret, the pod spec holds
-        secretKeyRef references and never the values.""",
+        storage_secret_name_template before each start. With S3 it holds the user's own short-lived credentials,
+        limited to the user's prefix and datasets/ (minted by c.CredentialMinter or StorageConfig.user_credentials_hook;
+        a start is refused with what to set when neither is), as files the pod mounts read-only at
+        /run/trainhub/credentials, minted again by the hub's poll before they expire; only with
+        StorageConfig.share_platform_credentials (one-person set-ups) the platform's key as AWS_* keys.
+        "existing": the Secret is made by someone else (for example an external-secrets operator) and its AWS_*
+        keys are referenced, optional. "none": credentials go into plain environment values (development only).
+        With a Secret, the pod spec holds references and never the values.""",
     ).tag(config=True)
 
     storage_secret_name_template = Unicode(
@@ -152,9 +160,24 @@ class KubeStorage(LoggingConfigurable):
         return KubeStorage._server_versions[host] >= (1, 28)
 
     def storage_pod_fragments(self) -> dict:
-        """volumes / volume_mounts / init_containers for the configured storage mount."""
-        if self.storage_mount == "none" or not self.storage_enabled:
+        """volumes / volume_mounts / init_containers for the configured storage mount, and the user's own
+        credentials (a Secret volume) where the pods get them."""
+        if not self.storage_enabled:
             return {}
+        own = self.own_storage_credentials
+        creds_volume, creds_mount = kc.volume_parts(self.storage_secret_name()) if own else (None, None)
+        if self.storage_mount == "none":
+            return {"volumes": [creds_volume], "volume_mounts": [creds_mount]} if own else {}
+        frag = self._mount_fragments(creds_mount if own else None)
+        if own:
+            frag["volumes"] = [*frag.get("volumes", []), creds_volume]
+            frag["volume_mounts"] = [*frag.get("volume_mounts", []), creds_mount]
+        return frag
+
+    def _mount_fragments(self, creds_mount: dict | None) -> dict:
+        """The storage mount's part of storage_pod_fragments (``creds_mount``: the user's own credentials, which the
+        fuse sidecars read as the notebook does)."""
+        own = creds_mount is not None
         root = self.storage_mount_root.rstrip("/")
         if self.storage_mount == "csi":
             names = self._storage_names()
@@ -165,7 +188,8 @@ class KubeStorage(LoggingConfigurable):
                 home_url=self.storage.user_url(self.user.name),
                 datasets_url=self.storage.datasets_url(),
                 mount_root=root,
-                secret_name=self.storage_secret_name() if self.storage_secret != "none" else None,
+                secret_name=self.storage_secret_name() if self.storage_secret != "none" and not own else None,
+                credentials=(creds_mount, self._pod_credentials().env(self.user.name)) if own else None,
                 endpoint_url=self.storage.endpoint_url or None,
                 uid=self.storage_uid, gid=self.storage_gid,
                 resources=self.storage_sidecar_resources,
@@ -175,11 +199,50 @@ class KubeStorage(LoggingConfigurable):
             frag["lifecycle_hooks"] = m.storage_link_hooks(f"{root}/home", self.storage_link)
         return frag
 
+    # -- the user's own credentials (trainhub.kube.credentials) ---------------------------------------
+    @property
+    def own_storage_credentials(self) -> bool:
+        """Whether this server's pod gets its user's own minted credentials in the managed Secret (S3 storage,
+        storage_secret "managed", the platform's key not shared on purpose)."""
+        return self.storage_secret == "managed" and kc.pods_get_own_credentials(self.storage)
+
+    def _pod_credentials(self) -> kc.PodCredentials:
+        if getattr(self, "_pod_creds", None) is None:
+            self._pod_creds = kc.PodCredentials(self.storage, CredentialMinter(parent=self))
+        return self._pod_creds
+
+    async def _mint_credentials(self) -> None:
+        """Mint the user's credentials for the Secret (on a worker thread: STS or the admin's hook)."""
+        data, expires = await asyncio.to_thread(self._pod_credentials().secret_data, self.user.name)
+        self._credentials_data, self._credentials_expire = data, expires
+
+    async def refresh_storage_credentials(self) -> bool:
+        """Mint the user's credentials again and replace the Secret when they are due (the hub's poll of a running
+        server calls this); True when it did. A failure is logged: the Secret keeps what it has until the next poll."""
+        if not (self.storage_enabled and self.own_storage_credentials):
+            return False
+        if not self._pod_credentials().due(getattr(self, "_credentials_expire", None)):
+            return False
+        try:
+            await self._mint_credentials()
+            await self._put_secret(self._credentials_secret())
+        except Exception as e:
+            self.log.warning("trainhub: could not refresh the storage credentials of %s: %s", self.user.name, e)
+            return False
+        self.log.info("trainhub: storage credentials of %s refreshed (valid until %s)", self.user.name,
+                      self._credentials_expire.isoformat())
+        return True
+
+    def _credentials_secret(self) -> dict:
+        labels = {"app.kubernetes.io/managed-by": "trainhub", "app.kubernetes.io/component": "storage"}
+        return m.make_storage_secret(self.storage_secret_name(), self.namespace, self._credentials_data, labels)
+
     def _storage_user_env(self) -> dict:
-        """StorageConfig.env_for with the AWS_* values the Secret carries. Pods do not get minted, refreshed
-        credentials yet (trainhub.boundary.credentials delivers them to local processes only; docs/storage.md,
-        "On Kubernetes", says what is left): until then they keep the old delivery, the admin's
-        user_credentials_hook or else the platform's key ("one S3 key for everyone"), named here on purpose."""
+        """StorageConfig.env_for for the pod: with its own credentials, the config file in the mounted Secret and
+        nothing secret; otherwise ("existing" or "none" Secrets, or the platform's key shared on purpose) the AWS_*
+        values the Secret or the pod spec carries (the admin's user_credentials_hook or else the platform's key)."""
+        if self.own_storage_credentials:
+            return self._pod_credentials().env(self.user.name)
         return self.storage.env_for(self.user.name, platform_credentials=True)
 
     def storage_env(self) -> dict:
@@ -209,7 +272,11 @@ class KubeStorage(LoggingConfigurable):
             return []
         out = []
         labels = {"app.kubernetes.io/managed-by": "trainhub", "app.kubernetes.io/component": "storage"}
-        if self.storage_secret == "managed":
+        if self.own_storage_credentials:
+            if getattr(self, "_credentials_data", None) is None:
+                self._credentials_data, self._credentials_expire = self._pod_credentials().secret_data(self.user.name)
+            out.append(self._credentials_secret())
+        elif self.storage_secret == "managed":
             env = self._storage_user_env()
             _, secret = m.split_secret_env(env)
             if secret:  # no credentials configured (IAM roles, anonymous): nothing to store
@@ -217,8 +284,11 @@ class KubeStorage(LoggingConfigurable):
         if self.storage_mount == "csi":
             names = self._storage_names()
             bucket, root_prefix = m.s3_bucket_prefix(self.storage.root() + "/")
+            # the driver reads AWS_* keys from a node-publish Secret once, at mount: never the users' own credentials,
+            # which expire (with them the driver's own identity mounts: docs/storage.md, "On Kubernetes")
             publish = (self.namespace, self.storage_secret_name()) if (
-                self.storage_csi_node_publish_secret and self.storage_secret != "none") else None
+                self.storage_csi_node_publish_secret and self.storage_secret != "none"
+                and not self.own_storage_credentials) else None
             for which, url, read_only in (
                 ("home", self.storage.user_url(self.user.name), False),
                 ("datasets", self.storage.datasets_url(), True),
@@ -242,18 +312,30 @@ class KubeStorage(LoggingConfigurable):
                                             capacity=self.storage_capacity, labels=labels))
         return out
 
+    async def _put_secret(self, obj: dict) -> None:
+        """Create the Secret, or replace the one there."""
+        name = obj["metadata"]["name"]
+        try:
+            await self._k8s_request(f"create secret {name}", self.api.create_namespaced_secret, self.namespace, obj)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            await self._k8s_request(f"replace secret {name}", self.api.replace_namespaced_secret, name, self.namespace, obj)
+
     async def ensure_storage_objects(self) -> None:
-        """Create (or, for the managed Secret, replace) the storage objects; existing PV/PVC are kept."""
+        """Create (or, for the managed Secret, replace) the storage objects; existing PV/PVC are kept. The user's own
+        credentials are minted first (a refusal, such as nothing configured to mint them, stops the start with what to
+        set: the pod never starts with the platform's key instead)."""
+        if self.storage_enabled and self.own_storage_credentials:
+            try:
+                await self._mint_credentials()
+            except TrainhubError as e:
+                raise spawn_refusal(e) from None
         for obj in self.storage_manifests():
             kind, name = obj["kind"], obj["metadata"]["name"]
             try:
                 if kind == "Secret":
-                    try:
-                        await self._k8s_request(f"create secret {name}", self.api.create_namespaced_secret, self.namespace, obj)
-                    except ApiException as e:
-                        if e.status != 409:
-                            raise
-                        await self._k8s_request(f"replace secret {name}", self.api.replace_namespaced_secret, name, self.namespace, obj)
+                    await self._put_secret(obj)
                 elif kind == "PersistentVolume":
                     await self._k8s_request(f"create pv {name}", self.api.create_persistent_volume, obj)
                 else:

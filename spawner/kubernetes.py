@@ -390,6 +390,13 @@ class GPUKubeSpawner(KubeStorage, KubeSpawner):
         finally:
             task.cancel()
 
+    async def poll(self):
+        """KubeSpawner's poll; while the server runs, its user's own storage credentials are minted again when due."""
+        status = await super().poll()
+        if status is None:
+            await self.refresh_storage_credentials()
+        return status
+
     async def stop(self, now=False):
         GPUKubeSpawner._reservations.pop(self._own_key(), None)
         result = await super().stop(now=now)

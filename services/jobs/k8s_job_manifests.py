@@ -233,8 +233,12 @@ def make_job(
     queue_name: str = "", ttl_after_finished: int | None = None, image_pull_secrets: Iterable[str] = (),
     shm_size: str | None = "1Gi", pod_security_context: Mapping | None = None,
     container_security_context: Mapping | None = None, runtime_class_name: str = "", priority_class_name: str = "",
+    credentials_volume: tuple[Mapping, Mapping] | None = None,
 ) -> dict:
     """An Indexed ``batch/v1`` Job running one pod per worker, all-or-nothing.
+
+    ``credentials_volume``: (volume, mount) of the attempt's Secret holding its user's own storage credentials as
+    files (``trainhub.kube.credentials``).
 
     ``podFailurePolicy``: a pod disrupted by the cluster (eviction, preemption, node drain:
     condition ``DisruptionTarget``) is replaced without counting against ``backoffLimit``; a
@@ -274,6 +278,9 @@ def make_job(
     shm_volumes, shm_mounts = shm_parts(shm_size)
     volumes = [{"name": "trainhub", "emptyDir": {}}, *shm_volumes]
     container["volumeMounts"] += shm_mounts
+    if credentials_volume is not None:
+        volumes.append(dict(credentials_volume[0]))
+        container["volumeMounts"].append(dict(credentials_volume[1]))
     pod_spec: dict = {
         "restartPolicy": "Never",
         "subdomain": name,

@@ -40,6 +40,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,8 +48,10 @@ from traitlets import Any, Dict, Enum, Float, Instance, Integer, List, Unicode, 
 
 from trainhub.backoff import Backoff, WaitTimeout, apoll, within
 from trainhub.boundary.asuser import storage_tree
+from trainhub.boundary.credentials import CredentialMinter
 from trainhub.exceptions import InvalidRequest, TrainhubError
 from trainhub.fmt import fmt_duration
+from trainhub.kube import credentials as kc
 from trainhub.kube.names import SECRET_ENV_KEYS
 from trainhub.metrics.prometheus import GPUTarget
 from trainhub.notebookjobs import notebook_info
@@ -76,6 +79,7 @@ class _Run:
     done: set = field(default_factory=set)  # pod uids whose final log was read
     next_read: dict = field(default_factory=dict)  # pod uid -> monotonic time of the next read
     unplaced_since: float | None = None  # monotonic time since which some pod of the gang has been unschedulable
+    credentials_expire: datetime | None = None  # when the Secret's own credentials end (None: unknown, mint again)
 
 
 MIN_SERVER_VERSION = (1, 26)  # the Indexed form: completionMode Indexed (1.21), podFailurePolicy (beta, on by default: 1.26)
@@ -205,15 +209,59 @@ class KubernetesLauncher(PodLogs, Launcher):
     def _storage_default(self):
         return StorageConfig(parent=self)
 
+    @property
+    def own_credentials(self) -> bool:
+        """Whether job pods get their user's own minted credentials, as files of the attempt's Secret
+        (``credentials = "managed"``, S3 storage, the platform's key not shared on purpose): trainhub.kube.credentials."""
+        return self.credentials == "managed" and kc.pods_get_own_credentials(self.storage)
+
+    def _pod_credentials(self) -> kc.PodCredentials:
+        if self._pod_creds is None:
+            self._pod_creds = kc.PodCredentials(self.storage, CredentialMinter(parent=self))
+        return self._pod_creds
+
     def _storage_credentials(self, job: JobView, env: dict) -> dict:
-        """``env`` with the AWS_* values job pods get. Pods do not get minted, refreshed credentials yet
-        (trainhub.boundary.credentials delivers them to local processes only; docs/storage.md, "On Kubernetes", says
-        what is left): until then they keep the old delivery, the admin's user_credentials_hook or else the platform's
-        key ("one S3 key for everyone"), named here on purpose, now that StorageConfig.env_for leaves it out."""
-        if any(env.get(k) for k in SECRET_ENV_KEYS) or not self.storage.url or self.storage.protocol != "s3":
+        """``env`` with the credentials job pods get. Their user's own (:attr:`own_credentials`): the variables that
+        point at the mounted Secret's config, and no AWS key at all. Otherwise ("existing" or "none", or the platform's
+        key shared on purpose) the AWS_* values of the old delivery: the admin's user_credentials_hook or else the
+        platform's key."""
+        if not self.storage.url or self.storage.protocol != "s3":
+            return env
+        if self.own_credentials:
+            own = self._pod_credentials().env(job.user)
+            return {**{k: v for k, v in env.items() if k not in SECRET_ENV_KEYS and k != "AWS_CONFIG_FILE"}, **own}
+        if any(env.get(k) for k in SECRET_ENV_KEYS):
             return env
         old = self.storage.env_for(job.user, platform_credentials=True)
         return {**env, **{k: old[k] for k in SECRET_ENV_KEYS if old.get(k)}}
+
+    async def _refresh_credentials(self, job: JobView, name: str, run: _Run) -> None:
+        """A running attempt's credentials minted again once due (after a restart: at the first poll), into its Secret.
+        A failure is logged: the pods keep what they have until the next
+        poll tries again."""
+        from kubernetes_asyncio.client.rest import ApiException
+
+        if not self.own_credentials or not self._pod_credentials().due(run.credentials_expire):
+            return
+        secret_name = jm.credentials_secret_name(name)
+        try:
+            data, expires = await asyncio.to_thread(self._pod_credentials().secret_data, job.user)
+            # a merge patch of its values: the owners stay, and the service never reads a Secret
+            await self._request(f"patch secret {secret_name}", self._core.patch_namespaced_secret, secret_name,
+                                self.namespace, {"stringData": data},
+                                _content_type="application/merge-patch+json")
+        except ApiException as e:
+            if e.status == 404:  # the attempt's Job (and with it its Secret) is gone: nothing left to refresh
+                run.credentials_expire = None
+                return
+            self.log.warning("kubernetes: refreshing the storage credentials of job %s failed: %s %s", job.key,
+                             e.status, e.reason)
+            return
+        except Exception as e:
+            self.log.warning("kubernetes: refreshing the storage credentials of job %s failed: %s", job.key, e)
+            return
+        run.credentials_expire = expires
+        self.log.info("kubernetes: storage credentials of job %s refreshed (valid until %s)", job.key, expires.isoformat())
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -222,6 +270,7 @@ class KubernetesLauncher(PodLogs, Launcher):
         self._jobs_cache: JobReflector | None = None
         self._pods_cache: PodReflector | None = None
         self._runs: dict[str, _Run] = {}
+        self._pod_creds: kc.PodCredentials | None = None
         self._devices: dict[int, tuple[str, int, int]] = {}  # ledger device -> (job name, rank, slot)
         self._lock = asyncio.Lock()
         self.form = "indexed"  # the form new attempts get, decided from the server's version at connect
@@ -422,7 +471,10 @@ class KubernetesLauncher(PodLogs, Launcher):
         if not outputs_url:
             outputs_url = self._outputs_url(job, env)
         secret_name, secret_keys = self._secret_name(job.user), SECRET_ENV_KEYS
-        if self.credentials == "managed":
+        credentials_volume = None
+        if self.own_credentials:  # the Secret's files, mounted: no key in the environment
+            secret_name, credentials_volume = None, kc.volume_parts(jm.credentials_secret_name(name))
+        elif self.credentials == "managed":
             secret_keys = sorted(k for k in SECRET_ENV_KEYS if env.get(k))
             secret_name = jm.credentials_secret_name(name) if secret_keys else None
         wenv = jm.worker_env(
@@ -446,6 +498,7 @@ class KubernetesLauncher(PodLogs, Launcher):
             shm_size=self.shm_size or None, pod_security_context=self.pod_security_context,
             container_security_context=self.container_security_context,
             runtime_class_name=self.runtime_class_name, priority_class_name=self.priority_class_name,
+            credentials_volume=credentials_volume,
         )
         service = jm.make_headless_service(name=name, namespace=self.namespace, labels=labels, port=self.master_port)
         return manifest, service
@@ -458,6 +511,9 @@ class KubernetesLauncher(PodLogs, Launcher):
         adir = jdir / f"attempt-{job.attempt}"
         await asyncio.to_thread(_prepare_dir, jdir, adir, job)
         env = self._storage_credentials(job, env)
+        minted = None
+        if self.own_credentials:  # minted before anything is created: a refusal says what to set, and no pod starts
+            minted = await asyncio.to_thread(self._pod_credentials().secret_data, job.user)
         workdir_url = None
         if job.workdir:
             workdir_url = await asyncio.to_thread(self.stage_workdir, job, self._outputs_url(job, env))
@@ -477,7 +533,8 @@ class KubernetesLauncher(PodLogs, Launcher):
                 await self._delete_job(made["metadata"]["name"], "Background", None)
             raise
         owner, owners = (created_jobs[0], []) if form == "indexed" else (None, created_jobs)
-        await self._create_credentials(name, env, service["metadata"]["labels"], owner, owners, form)
+        await self._create_credentials(name, minted[0] if minted else env, service["metadata"]["labels"], owner, owners,
+                                       form)
         service = jm.make_headless_service(name=name, namespace=self.namespace, labels=service["metadata"]["labels"],
                                            port=self.master_port, owner=owner, owners=owners)
         try:
@@ -487,7 +544,7 @@ class KubernetesLauncher(PodLogs, Launcher):
                 self.log.exception("kubernetes: creating service %s failed; deleting job %s", name, name)
                 await self._delete_jobs(name, form, job.workers, "Background", None)  # gang: all or nothing
                 raise
-        self._runs[name] = _Run()
+        self._runs[name] = _Run(credentials_expire=minted[1] if minted else None)
         self._remember_devices(name, devices)
         self.log.info("kubernetes: job %s: %s %s/%s created (%d worker(s)%s)", job.key,
                       "Job" if form == "indexed" else "one Job per worker,", self.namespace, name, job.workers,
@@ -527,7 +584,10 @@ class KubernetesLauncher(PodLogs, Launcher):
         never run without the credentials it was given)."""
         from kubernetes_asyncio.client.rest import ApiException
 
-        values = {k: env[k] for k in SECRET_ENV_KEYS if env.get(k)}
+        if self.own_credentials:
+            values = dict(env)  # the minted files (trainhub.kube.credentials)
+        else:
+            values = {k: env[k] for k in SECRET_ENV_KEYS if env.get(k)}
         if self.credentials != "managed" or not values:
             return
         secret = jm.make_credentials_secret(name=jm.credentials_secret_name(name), namespace=self.namespace,
@@ -572,6 +632,8 @@ class KubernetesLauncher(PodLogs, Launcher):
         obj = await self._current(name, state.get("form") or "indexed", job.workers)
         pods = self._job_pods(name)
         await self._collect_logs(job, state, pods, run)
+        if obj is not None and jm.job_finished(obj) is None:
+            await self._refresh_credentials(job, name, run)
         if obj is None and not pods and run.last:
             # gone after we saw it: deleted by terminate (SIGTERM), by hand or by the TTL controller
             code = -15 if run.terminating else -9

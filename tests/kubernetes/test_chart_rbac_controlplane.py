@@ -14,6 +14,7 @@ tokens from the TokenRequest API.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -83,11 +84,16 @@ def test_the_launcher_account_can_do_what_the_launcher_does_and_no_more(chart, r
     assert call("POST", f"{ns}/services", svc)[0] == 201
     assert call("GET", f"{ns}/pods")[0] == 200
     assert call("GET", f"{ns}/pods/none/log")[0] == 404  # allowed; the pod is missing
-    # each attempt's credentials Secret: created (owned by its Job), never read back, listed, changed or deleted
-    secret = {"metadata": {"name": "rbac-check-credentials"}, "stringData": {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}}
+    # each attempt's credentials Secret: created (owned by its Job), its values patched when minted again, never
+    # read back, listed or deleted
+    secret = {"metadata": {"name": "rbac-check-credentials"}, "stringData": {"credentials.json": "{}"}}
     assert call("POST", f"{ns}/secrets", secret)[0] == 201
+    patched = call("PATCH", f"{ns}/secrets/rbac-check-credentials", {"stringData": {"credentials.json": "{\"Version\": 1}"}},
+                   "application/merge-patch+json")
+    assert patched[0] == 200, patched
+    stored = real_kube.plane.request("GET", f"{ns}/secrets/rbac-check-credentials")[1]
+    assert base64.b64decode(stored["data"]["credentials.json"]).decode() == '{"Version": 1}'
     for method, path, body in (("GET", f"{ns}/secrets/rbac-check-credentials", None), ("GET", f"{ns}/secrets", None),
-                               ("PATCH", f"{ns}/secrets/rbac-check-credentials", {"stringData": {"x": "y"}}),
                                ("DELETE", f"{ns}/secrets/rbac-check-credentials", None)):
         status, answer = call(method, path, body, "application/merge-patch+json" if method == "PATCH" else "application/json")
         assert status == 403, (method, path, status, answer)
@@ -133,6 +139,8 @@ def test_the_hub_account_spawns_with_csi_storage(chart, real_kube):
         "GPUKubeSpawner__storage_mount": "csi",
         "StorageConfig__url": "s3://acme-trainhub/prod", "StorageConfig__key": "AKIAEXAMPLE",
         "StorageConfig__secret": "s3cr3t", "StorageConfig__endpoint_url": "https://rgw.example.org",
+        # what the hub's Role allows, with the Secret's AWS_* form (its own-credentials form: test_spawner.py)
+        "StorageConfig__share_platform_credentials": True,
     }
     kubeconfig = real_kube.kubeconfig_for_token(Path(real_kube.plane.workdir) / "kubeconfig-hub", chart["tokens"]["hub"],
                                                 RELEASE_NS, "hub")

@@ -167,6 +167,20 @@ def test_hub_extra_config_sets_known_traits(values, example, tmp_path, monkeypat
                    and rule["ports"][0]["port"] == merged["trainhub"]["jobs"]["port"] for rule in egress)
     assert c.GPUKubeSpawner.kernel_config_map == "trainhub-kernel-config"
     assert ("trainhub-culler" in services) == merged["trainhub"]["culler"]["enabled"]
+    storage = merged["trainhub"]["storage"]
+    if storage["url"]:
+        # the hub mints users' credentials as the jobs service does (one mapping: chart_config.storage_config)
+        from trainhub.app.chart_config import config_from_chart
+        from trainhub.boundary.credentials import CredentialMinter
+
+        services_config = config_from_chart(config_json(merged))
+        for config in (c, services_config):
+            minter, store = CredentialMinter(config=config), StorageConfig(config=config)
+            assert minter.per_user_roles == bool(storage["credentials"]["perUserRoles"])
+            assert minter.role_arn == storage["credentials"]["roleArn"]
+            assert store.share_platform_credentials == bool(storage["credentials"]["sharePlatformKey"])
+            assert minter.configured or store.share_platform_credentials or storage["secret"] != "managed", \
+                f"{example}: S3 storage with managed Secrets and nothing to mint users' credentials: every start is refused"
     if merged["trainhub"]["kueue"]["enabled"] and merged["trainhub"]["kueue"]["manageNotebooks"]:
         assert c.GPUKubeSpawner.check_gpu_availability is False
 
@@ -254,7 +268,7 @@ def test_launcher_role_is_least_privilege():
         ("", "pods"): ["get", "list", "watch"],
         ("", "pods/log"): ["get"],
         ("", "services"): ["create", "delete", "get", "list"],
-        ("", "secrets"): ["create"],  # each attempt's credentials: create only, never read
+        ("", "secrets"): ["create", "patch"],  # each attempt's credentials, minted again: never read
     }
     text = re.sub(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", "", (CHART / "templates" / "launcher-rbac.yaml").read_text(), flags=re.S)
     assert "kind: Role\n" in text and "ClusterRole" not in text
@@ -363,7 +377,7 @@ def test_rendered_launcher_role_is_least_privilege():
         ("", "pods"): ["get", "list", "watch"],
         ("", "pods/log"): ["get"],
         ("", "services"): ["create", "delete", "get", "list"],
-        ("", "secrets"): ["create"],  # each attempt's credentials: create only, never read
+        ("", "secrets"): ["create", "patch"],  # each attempt's credentials, minted again: never read
     }
     assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")
                 and "launcher" in o["metadata"]["name"]]

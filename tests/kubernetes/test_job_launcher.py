@@ -281,6 +281,94 @@ async def test_a_job_that_cannot_get_its_credentials_is_not_left_running(kube, m
     assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "trainhub-storage-alice", "key": "AWS_ACCESS_KEY_ID", "optional": False}}
 
 
+class MintingHook:
+    """The admin's per-user credentials (StorageConfig.user_credentials_hook): new ones at each call, valid ``valid`` s."""
+
+    def __init__(self, valid: float = 4 * 3600):
+        self.valid, self.calls = valid, []
+
+    def __call__(self, username: str) -> dict:
+        from datetime import datetime, timedelta, timezone
+
+        self.calls.append(username)
+        n = len(self.calls)
+        return {"key": f"ASIA{username.upper()}{n}", "secret": f"minted-{username}-{n}", "token": f"token-{n}",
+                "expiration": datetime.now(timezone.utc) + timedelta(seconds=self.valid)}
+
+
+def own_storage(hook=None):
+    from trainhub.storage import StorageConfig
+
+    return StorageConfig(url="s3://bucket", endpoint_url="http://s3.example:9000", user_credentials_hook=hook)
+
+
+def secret_files(kube, name) -> dict:
+    secret = kube.get(kmock_secrets(), NS, name)
+    return secret.get("stringData") or {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+async def test_job_pods_get_their_users_own_credentials_as_files_never_a_key(kube, make_launcher):
+    """With S3 storage the attempt's Secret holds its user's own minted credentials as files (credentials.json and a
+    config whose credential_process prints it), mounted read-only at /run/trainhub/credentials: the pods' variables
+    point there, and no AWS key (not the platform's, not one the service was handed) is in the Job or its env."""
+    hook = MintingHook()
+    launcher = make_launcher(storage=own_storage(hook))
+    view = make_view(workers=2, gpus=0, profile="cpu")
+    state = await launcher.launch(view, devices_for(view), BASE_ENV)
+    name = state["name"]
+    job = kube.get(JOBS, NS, name)
+    validate({k: v for k, v in job.items() if k != "status"})
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(env)
+    assert env["AWS_CONFIG_FILE"] == "/run/trainhub/credentials/config" and env["AWS_SDK_LOAD_CONFIG"] == "1"
+    assert env["TRAINHUB_STORAGE_URL"] == "s3://bucket/users/alice"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["trainhub-credentials"]["secret"]["secretName"] == f"{name}-credentials"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "trainhub-credentials")
+    assert (mount["mountPath"], mount["readOnly"], mount.get("subPath")) == ("/run/trainhub/credentials", True, None)
+    files = secret_files(kube, f"{name}-credentials")
+    assert set(files) == {"credentials.json", "config"}
+    assert json.loads(files["credentials.json"])["AccessKeyId"] == "ASIAALICE1" and hook.calls == ["alice"]
+    assert "credential_process = /bin/cat /run/trainhub/credentials/credentials.json" in files["config"]
+    assert "endpoint_url = http://s3.example:9000" in files["config"]
+    assert kube.get(kmock_secrets(), NS, f"{name}-credentials")["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    for secret in ("very-secret", "AKIAEXAMPLE", "minted-alice-1"):
+        assert secret not in json.dumps(job)
+    await launcher.terminate(view, state, 0)
+
+
+async def test_a_running_attempts_credentials_are_minted_again_before_they_expire(kube, make_launcher):
+    """The engine's poll of a running attempt replaces its Secret's credentials once less than refresh_margin of them
+    remains (its owner kept: the Secret still goes with the Job); fresh ones are left alone."""
+    hook = MintingHook(valid=600)  # under CredentialMinter.refresh_margin (30 min)
+    launcher = make_launcher(storage=own_storage(hook))
+    view = make_view(workers=1, gpus=0, profile="cpu")
+    state = await launcher.launch(view, devices_for(view), BASE_ENV)
+    name, secret = state["name"], f"{state['name']}-credentials"
+    await running_pods(kube, name, 1)
+    assert await launcher.poll(view, state) == [WorkerStatus(0, True)]
+    assert json.loads(secret_files(kube, secret)["credentials.json"])["AccessKeyId"] == "ASIAALICE2"
+    assert kube.get(kmock_secrets(), NS, secret)["metadata"]["ownerReferences"][0]["name"] == name
+    hook.valid = 4 * 3600
+    await launcher.poll(view, state)  # due again: minted for 4 h now
+    await launcher.poll(view, state)  # not due
+    assert len(hook.calls) == 3
+    assert json.loads(secret_files(kube, secret)["credentials.json"])["AccessKeyId"] == "ASIAALICE3"
+    await launcher.terminate(view, state, 0)
+
+
+async def test_a_job_whose_credentials_cannot_be_minted_never_starts(kube, make_launcher):
+    """S3 storage with nothing to mint users' credentials (no CredentialMinter role, no hook): the launch is refused
+    with what to set, before any Job exists; the platform's key is never the fallback."""
+    launcher = make_launcher(storage=own_storage())
+    view = make_view(workers=1, gpus=0, profile="cpu")
+    with pytest.raises(TrainhubError, match="c.CredentialMinter.role_arn"):
+        await launcher.launch(view, devices_for(view), BASE_ENV)
+    assert kube.get(JOBS, NS, jm.job_name(view.key, view.attempt)) is None
+
+
 @pytest.mark.parametrize("profile,gpus,script,queue,resource", [
     ("cpu", 0, None, "", None),
     ("mig-small", 1, "print('hi')", "", MIG),

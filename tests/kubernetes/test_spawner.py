@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from k8s_test_config import MIG, NAMESPACE, spawner_config
@@ -18,12 +19,63 @@ standin_only = pytest.mark.skipif(
     reason="needs the stand-in's fake nodes or storage mounts that a bare cluster lacks",
 )
 
-S3 = {
+PLATFORM_S3 = {  # S3 storage with the platform's key, and nothing that makes users' own credentials
     "StorageConfig__url": "s3://trainhub-bucket/prod",
     "StorageConfig__key": "AKIAEXAMPLEKEY",
     "StorageConfig__secret": "s3cr3t-do-not-leak",
     "StorageConfig__endpoint_url": "https://rgw.example.org",
 }
+
+
+class MintingHook:
+    """The admin's per-user credentials (StorageConfig.user_credentials_hook, as a Ceph RGW user per person or an STS
+    call would give them): new ones at each call, valid ``valid`` seconds."""
+
+    def __init__(self, valid: float = 4 * 3600):
+        self.valid = valid
+        self.calls: list[str] = []
+
+    def __deepcopy__(self, memo):  # traitlets copies config values: the one hook is shared, with its calls
+        return self
+
+    def __call__(self, username: str) -> dict:
+        self.calls.append(username)
+        n = len(self.calls)
+        return {"key": f"ASIA{username.upper().replace('-', '')}{n}", "secret": f"minted-{username}-{n}",
+                "token": f"token-{username}-{n}", "expiration": datetime.now(timezone.utc) + timedelta(seconds=self.valid)}
+
+
+S3 = {**PLATFORM_S3, "StorageConfig__user_credentials_hook": MintingHook()}
+
+
+def secret_text(secret: dict) -> dict:
+    """A Secret's values as text (the apiserver stores stringData as base64 data)."""
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+def assert_own_credentials(pod: dict, container: dict, secret: dict, user: str, secret_name: str) -> dict:
+    """The pod has its user's own credentials and nothing else: the Secret mounted read-only (a volume, no subPath),
+    the variables pointing at its config, no AWS key in the spec or the environment, the platform's key nowhere.
+    Returns the credentials the Secret holds."""
+    env = _env(container)
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(env)
+    assert env["AWS_CONFIG_FILE"]["value"] == "/run/trainhub/credentials/config"
+    assert env["AWS_SDK_LOAD_CONFIG"]["value"] == "1" and env["AWS_EC2_METADATA_DISABLED"]["value"] == "true"
+    assert json.loads(env["TRAINHUB_STORAGE_OPTIONS"]["value"]) == {"endpoint_url": "https://rgw.example.org"}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["trainhub-credentials"]["secret"]["secretName"] == secret_name
+    mount = next(v for v in container["volumeMounts"] if v["name"] == "trainhub-credentials")
+    assert mount["mountPath"] == "/run/trainhub/credentials" and mount["readOnly"] is True and not mount.get("subPath")
+    data = secret_text(secret)
+    assert set(data) == {"credentials.json", "config"}
+    assert "credential_process = /bin/cat /run/trainhub/credentials/credentials.json" in data["config"]
+    assert "endpoint_url = https://rgw.example.org" in data["config"]
+    creds = json.loads(data["credentials.json"])
+    assert creds["AccessKeyId"].startswith(f"ASIA{user.upper().replace('-', '')}") and creds["Version"] == 1
+    for where in (json.dumps(pod), json.dumps(secret), json.dumps(data)):
+        assert "s3cr3t-do-not-leak" not in where and "AKIAEXAMPLEKEY" not in where
+    assert creds["SecretAccessKey"] not in json.dumps(pod)
+    return creds
 
 
 def _main_container(pod: dict) -> dict:
@@ -55,23 +107,14 @@ async def test_gpu_profile_spawn_creates_pod_with_limits_selector_storage(make_s
     env = _env(container)
     assert env["TRAINHUB_STORAGE_URL"]["value"] == "s3://trainhub-bucket/prod/users/alice"
     assert env["TRAINHUB_DATASETS_URL"]["value"] == "s3://trainhub-bucket/prod/datasets"
-    assert json.loads(env["TRAINHUB_STORAGE_OPTIONS"]["value"]) == {"endpoint_url": "https://rgw.example.org"}
-    secret_name = spawner.storage_secret_name()
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        assert env[key]["valueFrom"]["secretKeyRef"] == {"name": secret_name, "key": key, "optional": False}
-        assert "value" not in env[key] or env[key]["value"] is None
-    # no credential appears anywhere in the pod spec
-    assert "s3cr3t-do-not-leak" not in json.dumps(pod) and "AKIAEXAMPLEKEY" not in json.dumps(pod)
     assert env["TRAINHUB_PROFILE"]["value"] == "gpu-1"
-
+    secret_name = spawner.storage_secret_name()
     secret = await cluster.read("secret", secret_name)
     assert secret is not None
+    assert_own_credentials(pod, container, secret, "alice", secret_name)
     if not cluster.real:
         assert pod["spec"]["nodeName"] in ("gpu-a", "gpu-b")
         assert pod["status"]["phase"] == "Running"
-        # the apiserver stores stringData as base64 data
-        assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
-            "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY", "AWS_SECRET_ACCESS_KEY": "s3cr3t-do-not-leak"}
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         home_claim = volumes["trainhub-home"]["persistentVolumeClaim"]["claimName"]
         assert volumes["trainhub-datasets"]["persistentVolumeClaim"] == {"claimName": "trainhub-datasets", "readOnly": True}
@@ -373,7 +416,10 @@ async def test_fuse_sidecar_mount_manifest(make_spawner, cluster, validate_k8s):
         assert c["restartPolicy"] == "Always"
         assert c["securityContext"]["privileged"] is True
         assert c["volumeMounts"][0]["mountPropagation"] == "Bidirectional"
-        assert c["envFrom"] == [{"secretRef": {"name": spawner.storage_secret_name()}}]
+        # rclone reads the user's own credentials through the mounted Secret's config, as the notebook does
+        assert "envFrom" not in c
+        assert {e["name"]: e["value"] for e in c["env"]}["AWS_CONFIG_FILE"] == "/run/trainhub/credentials/config"
+        assert {"name": "trainhub-credentials", "mountPath": "/run/trainhub/credentials", "readOnly": True} in c["volumeMounts"]
     assert ":s3:trainhub-bucket/prod/users/kate" in home["command"][-1]
     assert "--read-only" in datasets["command"][-1] and "--read-only" not in home["command"][-1]
     mount = next(v for v in _main_container(pod)["volumeMounts"] if v["name"] == "trainhub-storage")
@@ -405,7 +451,7 @@ async def test_fuse_sidecars_are_containers_before_native_sidecars(make_spawner,
 
 
 async def test_storage_secret_none_puts_plain_env(make_spawner, cluster):
-    config = spawner_config(**S3, GPUKubeSpawner__storage_secret="none")
+    config = spawner_config(**PLATFORM_S3, GPUKubeSpawner__storage_secret="none")
     spawner = make_spawner("liam", config=config)
     env = spawner.storage_env()
     assert env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t-do-not-leak"
@@ -425,13 +471,62 @@ async def test_concurrent_spawns_cannot_both_pass_the_quota(make_spawner, cluste
 
 
 async def test_storage_secret_existing_is_referenced_not_written(make_spawner, cluster):
-    config = spawner_config(**S3, GPUKubeSpawner__storage_secret="existing")
+    config = spawner_config(**PLATFORM_S3, GPUKubeSpawner__storage_secret="existing")
     spawner = make_spawner("nina", config=config)
     env = spawner.storage_env()
     ref = env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "trainhub-storage-nina", "key": "AWS_SECRET_ACCESS_KEY", "optional": True}
     assert "s3cr3t-do-not-leak" not in json.dumps(env)
     assert spawner.storage_manifests() == []
+
+
+async def test_the_platform_key_reaches_pods_only_when_shared_by_name(make_spawner, cluster):
+    """StorageConfig.share_platform_credentials (one-person set-ups) brings back the old delivery by name: the managed
+    Secret holds the platform's key as AWS_* keys, read by secretKeyRef (never a value in the pod spec)."""
+    config = spawner_config(**PLATFORM_S3, StorageConfig__share_platform_credentials=True)
+    spawner = make_spawner("paula", options={"profile": "cpu"}, config=config)
+    await spawner.start()
+    pod = (await cluster.pods())[spawner.pod_name]
+    env = _env(_main_container(pod))
+    secret_name = spawner.storage_secret_name()
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[key]["valueFrom"]["secretKeyRef"] == {"name": secret_name, "key": key, "optional": False}
+    assert "s3cr3t-do-not-leak" not in json.dumps(pod) and "trainhub-credentials" not in json.dumps(pod)
+    assert secret_text(await cluster.read("secret", secret_name)) == {
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY", "AWS_SECRET_ACCESS_KEY": "s3cr3t-do-not-leak"}
+    await spawner.stop()
+
+
+async def test_a_start_with_nothing_to_mint_users_credentials_is_refused_not_given_the_platform_key(make_spawner, cluster):
+    """S3 storage with only the platform's key: the start stops before any pod or Secret, with what to set (503)."""
+    spawner = make_spawner("quinn", options={"profile": "cpu"}, config=spawner_config(**PLATFORM_S3))
+    with pytest.raises(HTTPError) as err:
+        await spawner.start()
+    assert err.value.status_code == 503
+    assert "c.CredentialMinter.role_arn" in err.value.log_message or "c.CredentialMinter.role_arn" in str(err.value)
+    assert spawner.pod_name not in await cluster.pods()
+    assert await cluster.read("secret", spawner.storage_secret_name()) is None
+
+
+async def test_a_running_servers_credentials_are_minted_again_before_they_expire(make_spawner, cluster):
+    """The hub's poll of a running server replaces the Secret's credentials once less than refresh_margin of them
+    remains (kubelet then swaps the mounted files; botocore reads them again in its last 15 minutes); fresh ones stay."""
+    hook = MintingHook(valid=600)  # under CredentialMinter.refresh_margin (30 min): due at every poll
+    config = spawner_config(**{**S3, "StorageConfig__user_credentials_hook": hook})
+    spawner = make_spawner("rhea", options={"profile": "cpu"}, config=config)
+    await spawner.start()
+    name = spawner.storage_secret_name()
+    first = json.loads(secret_text(await cluster.read("secret", name))["credentials.json"])
+    assert first["AccessKeyId"] == "ASIARHEA1" and hook.calls == ["rhea"]
+    assert await spawner.poll() is None
+    second = json.loads(secret_text(await cluster.read("secret", name))["credentials.json"])
+    assert second["AccessKeyId"] == "ASIARHEA2" and second["Expiration"] >= first["Expiration"]
+    hook.valid = 4 * 3600
+    assert await spawner.poll() is None  # due again (600 s): minted for 4 h now
+    assert await spawner.poll() is None  # not due: nothing minted
+    assert len(hook.calls) == 3
+    assert json.loads(secret_text(await cluster.read("secret", name))["credentials.json"])["AccessKeyId"] == "ASIARHEA3"
+    await spawner.stop()
 
 
 async def test_no_storage_configured_adds_nothing(make_spawner, cluster):

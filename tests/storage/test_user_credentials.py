@@ -594,10 +594,10 @@ def test_nothing_to_mint_with_is_a_clear_error(iam_s3, base_dir):
         CredentialMinter(policy_template='{"Version": ${bucket}')
 
 
-def test_kubernetes_pods_keep_the_old_delivery_for_now():
-    """One S3 key for everyone is still what pods get (docs/storage.md, "On Kubernetes"): the notebook pod's Secret
-    and a job pod's Secret carry the admin's hook result or else the platform's key, asked for by name
-    (platform_credentials=True), while StorageConfig.env_for alone leaves it out."""
+def test_kubernetes_pods_never_get_the_platform_key_unless_it_is_shared_by_name():
+    """Job pods (and notebook pods: tests/kubernetes/test_spawner.py) get their user's own credentials through the
+    mounted Secret's config: no AWS key in their environment, not the platform's and not one the engine was handed.
+    Only StorageConfig.share_platform_credentials brings back the platform's key, by name."""
     pytest.importorskip("kubernetes_asyncio")
     from traitlets.config import Config
 
@@ -608,8 +608,12 @@ def test_kubernetes_pods_keep_the_old_delivery_for_now():
     launcher = KubernetesLauncher(config=c, data_dir=tempfile.gettempdir())
     job = type("Job", (), {"user": "alice"})()
     base = launcher.storage.env_for("alice")
-    assert "AWS_ACCESS_KEY_ID" not in base
-    env = launcher._storage_credentials(job, base)
-    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("PLATFORMKEY", "platform-secret")
     given = {**base, "AWS_ACCESS_KEY_ID": "k-alice", "AWS_SECRET_ACCESS_KEY": "s-alice"}
-    assert launcher._storage_credentials(job, given) == given  # per-user values given by the engine are kept
+    for env in (launcher._storage_credentials(job, base), launcher._storage_credentials(job, given)):
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(env)
+        assert env["AWS_CONFIG_FILE"] == "/run/trainhub/credentials/config"
+        assert "PLATFORMKEY" not in json.dumps(env) and "platform-secret" not in json.dumps(env)
+    c.StorageConfig.share_platform_credentials = True
+    shared = KubernetesLauncher(config=c, data_dir=tempfile.gettempdir())
+    env = shared._storage_credentials(job, shared.storage.env_for("alice"))
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("PLATFORMKEY", "platform-secret")

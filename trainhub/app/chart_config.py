@@ -11,6 +11,22 @@ from __future__ import annotations
 from traitlets.config import Config
 
 
+def storage_config(c: Config, storage: dict) -> None:
+    """The chart's ``storage:`` values on ``c`` (the hub's extraConfig and the services both use this): the area and
+    how users' pods get credentials of their own (``storage.credentials``: a role per user, or one role narrowed by a
+    session policy, minted by CredentialMinter; or, by name, the platform's key for everyone)."""
+    if not storage.get("url"):
+        return
+    c.StorageConfig.url = storage["url"]
+    c.StorageConfig.endpoint_url = storage.get("endpointUrl") or ""
+    creds = storage.get("credentials") or {}
+    c.CredentialMinter.per_user_roles = bool(creds.get("perUserRoles"))
+    c.CredentialMinter.role_arn = creds.get("roleArn") or ""
+    if creds.get("duration"):
+        c.CredentialMinter.duration = int(creds["duration"])
+    c.StorageConfig.share_platform_credentials = bool(creds.get("sharePlatformKey"))
+
+
 def config_from_chart(data: dict) -> Config:
     """Traitlets config for the jobs service (and the culler) from the Helm chart's ``trainhub.json``.
 
@@ -30,12 +46,10 @@ def config_from_chart(data: dict) -> Config:
     if "userCpuWorkerLimit" in quotas:  # absent: the policy's default (the service's cores, at least 4)
         c.QuotaPolicy.user_cpu_worker_limit = quotas["userCpuWorkerLimit"]
     c.QuotaPolicy.user_cpu_worker_limits = quotas.get("userCpuWorkerLimits") or {}
+    # where jobs' outputs, values back and checkpoints go (their area, <user storage>/jobs/<key>): the notebook reads
+    # them from there; the platform's credentials come from $AWS_* (the chart's platformCredentialsSecret)
     storage = data.get("storage") or {}
-    if storage.get("url"):
-        # where jobs' outputs, values back and checkpoints go (their area, <user storage>/jobs/<key>): the notebook
-        # reads them from there; the platform's credentials come from $AWS_* (the chart's platformCredentialsSecret)
-        c.StorageConfig.url = storage["url"]
-        c.StorageConfig.endpoint_url = storage.get("endpointUrl") or ""
+    storage_config(c, storage)
     jobs = data.get("jobs") or {}
     if jobs.get("launcher", "kubernetes") == "kubernetes":
         c.JobsService.launcher_class = "trainhub.services.jobs.kubernetes.KubernetesLauncher"

@@ -107,6 +107,7 @@ class MotoS3:
         self.port = free_gateway_port(host)
         self.endpoint = f"http://{host}:{self.port}"
         self.proc = None
+        self.key, self.secret = S3_KEY, S3_SECRET  # the platform's (the chart's platformCredentialsSecret)
 
     def start(self) -> "MotoS3":
         moto = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
@@ -269,8 +270,11 @@ def site(tmp_path_factory, request):
         site = Site(plane, node, s3, workdir)
         # S3 storage (moto), mounted in notebook pods by rclone sidecars (before 1.28: ordinary containers beside the
         # notebook); the sidecar image is the CI node's own build of rclone
+        # users' pods get credentials of their own, minted by the hub and the jobs service through moto's IAM and STS
+        # (a role per user), never the platform's key
         site.values = {"trainhub": {"storage": {"url": f"s3://{BUCKET}/platform", "endpointUrl": s3.endpoint,
-                                                "mount": "fuse-sidecar", "sidecar": {"image": images.RCLONE_REF}}}}
+                                                "mount": "fuse-sidecar", "sidecar": {"image": images.RCLONE_REF},
+                                                "credentials": {"perUserRoles": True}}}}
         plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         wait_for(lambda: (site.get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default") or {}).get("secrets"),
                  what="the namespace's default ServiceAccount token", timeout=60)

@@ -93,10 +93,17 @@ def test_a_user_spawns_a_notebook_reached_through_the_proxy(site):
         shm = subprocess.run(["df", "--output=fstype", "/dev/shm"], capture_output=True, text=True).stdout.split()[-1]
         fs, root = fsspec.core.url_to_fs(os.environ["TRAINHUB_STORAGE_URL"], **json.loads(os.environ["TRAINHUB_STORAGE_OPTIONS"]))
         fs.pipe(root + "/hello.txt", b"from alice's notebook pod")
+        creds = json.load(open("/run/trainhub/credentials/credentials.json"))
         print(json.dumps({"api": os.environ.get("TRAINHUB_API_URL"), "shm": shm,
                           "train": "train" in get_ipython().magics_manager.magics["cell"],
-                          "storage": os.environ.get("TRAINHUB_STORAGE_URL"), "listed": fs.ls(root, detail=False)}))
+                          "storage": os.environ.get("TRAINHUB_STORAGE_URL"), "listed": fs.ls(root, detail=False),
+                          "config": os.environ.get("AWS_CONFIG_FILE"), "key": creds["AccessKeyId"],
+                          "env": json.dumps(dict(os.environ)), "token": bool(creds.get("SessionToken"))}))
         """)).strip().splitlines()[-1])
+    # the pod's own credentials, minted for alice through moto's STS and read through the mounted Secret's config:
+    # the platform's key is nowhere in the notebook's environment
+    assert out["config"] == "/run/trainhub/credentials/config" and out["token"] and out["key"] != site.s3.key
+    assert site.s3.key not in out["env"] and site.s3.secret not in out["env"] and "AWS_SECRET_ACCESS_KEY" not in out["env"]
     assert out["api"] == f"http://trainhub-jobs.{NAMESPACE}.svc:8080/services/trainhub/api"
     assert out["shm"] == "tmpfs" and out["train"] is True
     assert out["storage"] == "s3://trainhub/platform/users/alice"
