@@ -93,7 +93,8 @@ class KubeStorage(LoggingConfigurable):
         False,
         help="""Reference the user's credentials Secret as csi.nodePublishSecretRef (for drivers that read
         per-volume credentials, such as csi-s3). The Mountpoint for S3 driver does not; it uses driver- or
-        pod-level IAM.""",
+        pod-level IAM. Never the users' own minted credentials (they expire, and a driver reads them once, at mount):
+        with them the driver mounts with its own identity.""",
     ).tag(config=True)
 
     storage_volume_cleanup = Enum(
