@@ -80,8 +80,10 @@ class _Run:
     next_read: dict = field(default_factory=dict)  # pod uid -> monotonic time of the next read
     unplaced_since: float | None = None  # monotonic time since which some pod of the gang has been unschedulable
     credentials_expire: datetime | None = None  # when the Secret's own credentials end (None: unknown, mint again)
+    credentials_retry_at: float = 0.0  # monotonic time before which a failed refresh is not tried again
 
 
+CREDENTIALS_RETRY = 60  # seconds between two tries at a failed refresh of an attempt's credentials
 MIN_SERVER_VERSION = (1, 26)  # the Indexed form: completionMode Indexed (1.21), podFailurePolicy (beta, on by default: 1.26)
 
 
@@ -237,11 +239,13 @@ class KubernetesLauncher(PodLogs, Launcher):
 
     async def _refresh_credentials(self, job: JobView, name: str, run: _Run) -> None:
         """A running attempt's credentials minted again once due (after a restart: at the first poll), into its Secret.
-        A failure is logged: the pods keep what they have until the next
-        poll tries again."""
+        A failure is logged and tried again a minute later at the earliest (never an STS call at every poll); the
+        pods keep what they read until then."""
         from kubernetes_asyncio.client.rest import ApiException
 
         if not self.own_credentials or not self._pod_credentials().due(run.credentials_expire):
+            return
+        if time.monotonic() < run.credentials_retry_at:
             return
         secret_name = jm.credentials_secret_name(name)
         try:
@@ -250,15 +254,11 @@ class KubernetesLauncher(PodLogs, Launcher):
             await self._request(f"patch secret {secret_name}", self._core.patch_namespaced_secret, secret_name,
                                 self.namespace, {"stringData": data},
                                 _content_type="application/merge-patch+json")
-        except ApiException as e:
-            if e.status == 404:  # the attempt's Job (and with it its Secret) is gone: nothing left to refresh
-                run.credentials_expire = None
-                return
-            self.log.warning("kubernetes: refreshing the storage credentials of job %s failed: %s %s", job.key,
-                             e.status, e.reason)
-            return
         except Exception as e:
-            self.log.warning("kubernetes: refreshing the storage credentials of job %s failed: %s", job.key, e)
+            run.credentials_retry_at = time.monotonic() + CREDENTIALS_RETRY
+            what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
+            self.log.warning("kubernetes: refreshing the storage credentials of job %s failed (%s); trying again in "
+                             "%d s", job.key, what, CREDENTIALS_RETRY)
             return
         run.credentials_expire = expires
         self.log.info("kubernetes: storage credentials of job %s refreshed (valid until %s)", job.key, expires.isoformat())
@@ -533,8 +533,8 @@ class KubernetesLauncher(PodLogs, Launcher):
                 await self._delete_job(made["metadata"]["name"], "Background", None)
             raise
         owner, owners = (created_jobs[0], []) if form == "indexed" else (None, created_jobs)
-        await self._create_credentials(name, minted[0] if minted else env, service["metadata"]["labels"], owner, owners,
-                                       form)
+        values = minted[0] if minted else {k: env[k] for k in SECRET_ENV_KEYS if env.get(k)}
+        await self._create_credentials(name, values, service["metadata"]["labels"], owner, owners, form)
         service = jm.make_headless_service(name=name, namespace=self.namespace, labels=service["metadata"]["labels"],
                                            port=self.master_port, owner=owner, owners=owners)
         try:
@@ -577,17 +577,14 @@ class KubernetesLauncher(PodLogs, Launcher):
                 raise
             return created
 
-    async def _create_credentials(self, name: str, env: dict, labels: dict, created: dict | None, owners: list,
+    async def _create_credentials(self, name: str, values: dict, labels: dict, created: dict | None, owners: list,
                                   form: str) -> None:
-        """The attempt's credentials Secret, right after its Job (owned by it, so it goes with it; pods that
-        start first wait for it, as kubelet retries a missing Secret). Refused: the Job goes too (a job must
-        never run without the credentials it was given)."""
+        """The attempt's credentials Secret with ``values`` (the user's own minted files, or the AWS_* keys of the old
+        delivery), right after its Job (owned by it, so it goes with it; pods that start first wait for it, as kubelet
+        retries a missing Secret). Refused: the Job goes too (a job must never run without the credentials it was
+        given)."""
         from kubernetes_asyncio.client.rest import ApiException
 
-        if self.own_credentials:
-            values = dict(env)  # the minted files (trainhub.kube.credentials)
-        else:
-            values = {k: env[k] for k in SECRET_ENV_KEYS if env.get(k)}
         if self.credentials != "managed" or not values:
             return
         secret = jm.make_credentials_secret(name=jm.credentials_secret_name(name), namespace=self.namespace,

@@ -359,6 +359,36 @@ async def test_a_running_attempts_credentials_are_minted_again_before_they_expir
     await launcher.terminate(view, state, 0)
 
 
+async def test_a_failed_refresh_is_tried_again_a_minute_later_not_at_every_poll(kube, make_launcher):
+    """STS (here the admin's hook) failing: one try per minute and attempt, never a call at every poll; the next
+    success puts fresh credentials in the Secret."""
+    hook = MintingHook(valid=600)
+    launcher = make_launcher(storage=own_storage(hook))
+    view = make_view(workers=1, gpus=0, profile="cpu")
+    state = await launcher.launch(view, devices_for(view), BASE_ENV)
+    name = state["name"]
+    await running_pods(kube, name, 1)
+    failing = {"on": True}
+    real = hook.__call__
+
+    def flaky(username):
+        hook.calls.append(username)
+        if failing["on"]:
+            raise RuntimeError("STS is down")
+        hook.calls.pop()
+        return real(username)
+
+    launcher._pod_credentials().storage.user_credentials_hook = flaky
+    for _ in range(3):
+        await launcher.poll(view, state)
+    assert len(hook.calls) == 2  # the launch's mint, then one failed try
+    failing["on"] = False
+    launcher._runs[name].credentials_retry_at = 0  # a minute later
+    await launcher.poll(view, state)
+    assert json.loads(secret_files(kube, f"{name}-credentials")["credentials.json"])["AccessKeyId"] == "ASIAALICE3"
+    await launcher.terminate(view, state, 0)
+
+
 async def test_a_job_whose_credentials_cannot_be_minted_never_starts(kube, make_launcher):
     """S3 storage with nothing to mint users' credentials (no CredentialMinter role, no hook): the launch is refused
     with what to set, before any Job exists; the platform's key is never the fallback."""
