@@ -15,6 +15,7 @@ from dataclasses import replace
 from trainhub.backoff import within
 from trainhub.exceptions import Conflict
 from trainhub.fmt import as_utc
+from trainhub.ledger import server_holder
 from trainhub.services.culler.policy import RELEASE, Decision, ServerInfo
 
 
@@ -93,7 +94,7 @@ class MovesMixin:
 
     def keep(self, user: str, server_name: str = "") -> dict:
         """The user pressed "keep my GPU": restart their idle clock, withdraw the warning."""
-        holder = f"server:{user}/{server_name}"
+        holder = server_holder(user, server_name)
         now = self.policy.utcnow()
         self.kept_at[holder] = now
         self._clear_warning(holder)
@@ -111,7 +112,7 @@ class MovesMixin:
         answers before that starts (the request may come through the very server being restarted).
         Raises Conflict when the server holds no GPU, is not running, or there is no CPU profile.
         """
-        holder = f"server:{user}/{server_name}"
+        holder = server_holder(user, server_name)
         if holder in self._regain_tasks:  # a grant for it may already be in the ledger: not the server's to give
             raise Conflict("this server is waiting to be moved to GPUs (get a GPU again); cancel that first")
         holdings = [h for h in await self._holdings() if h.kind == "server" and h.holder == holder]

@@ -38,6 +38,7 @@ from traitlets import Bool, Callable, Dict, Enum, Float, Integer, Unicode, valid
 from traitlets.config import LoggingConfigurable
 
 from trainhub.fmt import as_utc, fmt_duration
+from trainhub.ledger import server_holder
 from trainhub.models import utcnow
 from trainhub.profiles import Profile
 
@@ -100,7 +101,7 @@ class ServerInfo:
 
     @property
     def holder(self) -> str:
-        return f"server:{self.user}/{self.server_name}"
+        return server_holder(self.user, self.server_name)
 
     @property
     def log_name(self) -> str:

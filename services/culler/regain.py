@@ -14,6 +14,7 @@ import json
 import logging
 from trainhub.backoff import wait_event
 from trainhub.exceptions import Conflict, InvalidRequest, TrainhubError
+from trainhub.ledger import server_holder
 from trainhub.services.culler.policy import Decision, ServerInfo, iso_ts
 
 
@@ -44,7 +45,7 @@ class RegainMixin:
         gets its variables back. Answers at once (202); :meth:`regain_status` follows it.
         Raises Conflict / InvalidRequest with what is wrong.
         """
-        holder = f"server:{user}/{server_name}"
+        holder = server_holder(user, server_name)
         if holder in self._regain_tasks:
             raise Conflict("this server is already waiting for GPUs; cancel that request first to change it")
         if holder in self._giving_back:
@@ -94,12 +95,12 @@ class RegainMixin:
         return dict(state)
 
     def regain_status(self, user: str, server_name: str = "") -> dict | None:
-        state = self.regains.get(f"server:{user}/{server_name}")
+        state = self.regains.get(server_holder(user, server_name))
         return {k: v for k, v in state.items() if k != "cancel"} if state else None
 
     def cancel_regain(self, user: str, server_name: str = "") -> dict:
         """Withdraw a request still waiting in line (a move under way cannot be cancelled)."""
-        holder = f"server:{user}/{server_name}"
+        holder = server_holder(user, server_name)
         state, task = self.regains.get(holder), self._regain_tasks.get(holder)
         if task is None or state is None:
             raise Conflict("this server is not waiting for GPUs")

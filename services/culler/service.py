@@ -34,7 +34,7 @@ from traitlets.config import Application
 
 from trainhub.fmt import as_utc
 from trainhub.httpapi import MAX_SERVER_BODY_BYTES
-from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator
+from trainhub.ledger import GPUAllocator, Holding, LocalGPUAllocator, server_holder
 from trainhub.metrics import GPUMetricsSource, MetricsUnavailable, NVMLMetricsSource, ScriptedMetricsSource
 from trainhub.metrics.scripted import default_metrics_class
 from trainhub.profiles import ProfileCatalog
@@ -384,7 +384,7 @@ class GPUCuller(ObserveMixin, MovesMixin, RegainMixin, Application):
         servers = {}
         for u in users:
             for name, model in (u.get("servers") or {}).items():
-                servers[f"server:{u['name']}/{name}"] = (u, name, model)
+                servers[server_holder(u['name'], name)] = (u, name, model)
 
         tasks = []
         for holder, hs in sorted(by_holder.items()):
@@ -416,7 +416,7 @@ class GPUCuller(ObserveMixin, MovesMixin, RegainMixin, Application):
 
     async def handle_server(self, user_model, server_name, server_model, holdings, now) -> tuple:
         user = user_model["name"]
-        holder = f"server:{user}/{server_name}"
+        holder = server_holder(user, server_name)
         profile = None
         slug = holdings[0].profile
         if slug:
@@ -555,7 +555,7 @@ class GPUCuller(ObserveMixin, MovesMixin, RegainMixin, Application):
         """
         if self.status_max_age > 0:
             await self.fresh_samples()
-        holder = f"server:{user}/{server_name}"
+        holder = server_holder(user, server_name)
         known = {d.index: d for d in await asyncio.to_thread(self.allocator.devices)} if self.allocator is not None else {}
         devices = []
         for index in sorted(d for d, h in self._device_holder.items() if h == holder):
