@@ -22,9 +22,17 @@ from trainhub.spawner.errors import spawn_refusal
 from trainhub.storage import StorageConfig
 
 
+STORAGE_LABELS = {"app.kubernetes.io/managed-by": "trainhub", "app.kubernetes.io/component": "storage"}
+
+
 class KubeStorage(LoggingConfigurable):
     """The storage options and objects of :class:`~trainhub.spawner.kubernetes.GPUKubeSpawner` (needs its
     ``api``, ``namespace``, ``user``, ``_base`` and ``_k8s_request``)."""
+
+    # the user's own credentials: minted lazily, then the Secret's data and when they end (None: unknown, mint again)
+    _pod_creds: kc.PodCredentials | None = None
+    _credentials_data: dict | None = None
+    _credentials_expire = None
 
     storage = Instance(StorageConfig, help="Storage areas (configured as c.StorageConfig).")
 
@@ -208,7 +216,7 @@ class KubeStorage(LoggingConfigurable):
         return self.storage_secret == "managed" and kc.pods_get_own_credentials(self.storage)
 
     def _pod_credentials(self) -> kc.PodCredentials:
-        if getattr(self, "_pod_creds", None) is None:
+        if self._pod_creds is None:
             self._pod_creds = kc.PodCredentials(self.storage, CredentialMinter(parent=self))
         return self._pod_creds
 
@@ -222,7 +230,7 @@ class KubeStorage(LoggingConfigurable):
         server calls this); True when it did. A failure is logged: the Secret keeps what it has until the next poll."""
         if not (self.storage_enabled and self.own_storage_credentials):
             return False
-        if not self._pod_credentials().due(getattr(self, "_credentials_expire", None)):
+        if not self._pod_credentials().due(self._credentials_expire):
             return False
         try:
             await self._mint_credentials()
@@ -235,8 +243,7 @@ class KubeStorage(LoggingConfigurable):
         return True
 
     def _credentials_secret(self) -> dict:
-        labels = {"app.kubernetes.io/managed-by": "trainhub", "app.kubernetes.io/component": "storage"}
-        return m.make_storage_secret(self.storage_secret_name(), self.namespace, self._credentials_data, labels)
+        return m.make_storage_secret(self.storage_secret_name(), self.namespace, self._credentials_data, STORAGE_LABELS)
 
     def _storage_user_env(self) -> dict:
         """StorageConfig.env_for for the pod: with its own credentials, the config file in the mounted Secret and
@@ -272,9 +279,9 @@ class KubeStorage(LoggingConfigurable):
         if not self.storage_enabled:
             return []
         out = []
-        labels = {"app.kubernetes.io/managed-by": "trainhub", "app.kubernetes.io/component": "storage"}
+        labels = STORAGE_LABELS
         if self.own_storage_credentials:
-            if getattr(self, "_credentials_data", None) is None:
+            if self._credentials_data is None:
                 self._credentials_data, self._credentials_expire = self._pod_credentials().secret_data(self.user.name)
             out.append(self._credentials_secret())
         elif self.storage_secret == "managed":

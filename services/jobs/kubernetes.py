@@ -231,7 +231,7 @@ class KubernetesLauncher(PodLogs, Launcher):
             return env
         if self.own_credentials:
             own = self._pod_credentials().env(job.user)
-            return {**{k: v for k, v in env.items() if k not in SECRET_ENV_KEYS and k != "AWS_CONFIG_FILE"}, **own}
+            return {**{k: v for k, v in env.items() if k not in SECRET_ENV_KEYS}, **own}  # own: its AWS_CONFIG_FILE
         if any(env.get(k) for k in SECRET_ENV_KEYS):
             return env
         old = self.storage.env_for(job.user, platform_credentials=True)
