@@ -3,7 +3,9 @@ can import it by a name no other test folder uses)."""
 
 from __future__ import annotations
 
+import base64
 import os
+from datetime import datetime, timedelta, timezone
 
 REAL_KUBECONFIG = os.environ.get("TRAINHUB_TEST_KUBECONFIG", "")
 
@@ -85,3 +87,26 @@ def spawner_config(**overrides):
         section, name = key.split("__")
         setattr(getattr(c, section), name, value)
     return c
+
+
+class MintingHook:
+    """The admin's per-user credentials (StorageConfig.user_credentials_hook, as a Ceph RGW user per person or an STS
+    call would give them): new ones at each call, valid ``valid`` seconds, keys ``ASIA<USER><n>``."""
+
+    def __init__(self, valid: float = 4 * 3600):
+        self.valid = valid
+        self.calls: list[str] = []
+
+    def __deepcopy__(self, memo):  # traitlets copies config values: the one hook is shared, with its calls
+        return self
+
+    def __call__(self, username: str) -> dict:
+        self.calls.append(username)
+        n = len(self.calls)
+        return {"key": f"ASIA{username.upper().replace('-', '')}{n}", "secret": f"minted-{username}-{n}",
+                "token": f"token-{username}-{n}", "expiration": datetime.now(timezone.utc) + timedelta(seconds=self.valid)}
+
+
+def secret_text(secret: dict) -> dict:
+    """A Secret's values as text (the apiserver stores stringData as base64 data; the stand-in may keep stringData)."""
+    return secret.get("stringData") or {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}

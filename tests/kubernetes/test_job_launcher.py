@@ -11,7 +11,6 @@ is run for real with ``sh``. Skipped against a real cluster (the tests drive pod
 from __future__ import annotations
 
 import asyncio
-import base64
 import gzip
 import io
 import json
@@ -26,7 +25,7 @@ import pytest
 from waiting import await_for
 import pytest_asyncio
 
-from k8s_test_config import GPU_TYPE_LABEL, MIG, PROFILES, REAL_KUBECONFIG, TEST_IMAGE
+from k8s_test_config import GPU_TYPE_LABEL, MIG, PROFILES, REAL_KUBECONFIG, TEST_IMAGE, MintingHook, secret_text
 from kube_standin import JOBS, PODS, standin_server, write_kubeconfig
 from traitlets.config import Config
 
@@ -171,7 +170,7 @@ async def test_launch_creates_indexed_job_and_headless_service(kube, make_launch
     assert "AWS_SESSION_TOKEN" not in env  # only the keys it has
     secret = kube.get(kmock_secrets(), NS, f"{name}-credentials")
     assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    stored = secret.get("stringData") or {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    stored = secret_text(secret)
     assert stored == {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "very-secret"}
     assert "very-secret" not in json.dumps(job) and "AKIAEXAMPLE" not in json.dumps(job)
     assert json.loads(env["TRAINHUB_STORAGE_OPTIONS"]) == {"endpoint_url": "http://s3"}
@@ -281,21 +280,6 @@ async def test_a_job_that_cannot_get_its_credentials_is_not_left_running(kube, m
     assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "trainhub-storage-alice", "key": "AWS_ACCESS_KEY_ID", "optional": False}}
 
 
-class MintingHook:
-    """The admin's per-user credentials (StorageConfig.user_credentials_hook): new ones at each call, valid ``valid`` s."""
-
-    def __init__(self, valid: float = 4 * 3600):
-        self.valid, self.calls = valid, []
-
-    def __call__(self, username: str) -> dict:
-        from datetime import datetime, timedelta, timezone
-
-        self.calls.append(username)
-        n = len(self.calls)
-        return {"key": f"ASIA{username.upper()}{n}", "secret": f"minted-{username}-{n}", "token": f"token-{n}",
-                "expiration": datetime.now(timezone.utc) + timedelta(seconds=self.valid)}
-
-
 def own_storage(hook=None):
     from trainhub.storage import StorageConfig
 
@@ -303,8 +287,7 @@ def own_storage(hook=None):
 
 
 def secret_files(kube, name) -> dict:
-    secret = kube.get(kmock_secrets(), NS, name)
-    return secret.get("stringData") or {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    return secret_text(kube.get(kmock_secrets(), NS, name))
 
 
 async def test_job_pods_get_their_users_own_credentials_as_files_never_a_key(kube, make_launcher):

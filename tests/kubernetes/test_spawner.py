@@ -4,12 +4,10 @@ against the API stand-in (or a real cluster with TRAINHUB_TEST_KUBECONFIG)."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-from datetime import datetime, timedelta, timezone
 
 import pytest
-from k8s_test_config import MIG, NAMESPACE, spawner_config
+from k8s_test_config import MIG, NAMESPACE, MintingHook, secret_text, spawner_config
 from tornado.web import HTTPError
 
 from trainhub.spawner import k8s_manifests as m
@@ -26,31 +24,7 @@ PLATFORM_S3 = {  # S3 storage with the platform's key, and nothing that makes us
     "StorageConfig__endpoint_url": "https://rgw.example.org",
 }
 
-
-class MintingHook:
-    """The admin's per-user credentials (StorageConfig.user_credentials_hook, as a Ceph RGW user per person or an STS
-    call would give them): new ones at each call, valid ``valid`` seconds."""
-
-    def __init__(self, valid: float = 4 * 3600):
-        self.valid = valid
-        self.calls: list[str] = []
-
-    def __deepcopy__(self, memo):  # traitlets copies config values: the one hook is shared, with its calls
-        return self
-
-    def __call__(self, username: str) -> dict:
-        self.calls.append(username)
-        n = len(self.calls)
-        return {"key": f"ASIA{username.upper().replace('-', '')}{n}", "secret": f"minted-{username}-{n}",
-                "token": f"token-{username}-{n}", "expiration": datetime.now(timezone.utc) + timedelta(seconds=self.valid)}
-
-
 S3 = {**PLATFORM_S3, "StorageConfig__user_credentials_hook": MintingHook()}
-
-
-def secret_text(secret: dict) -> dict:
-    """A Secret's values as text (the apiserver stores stringData as base64 data)."""
-    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
 
 def assert_own_credentials(pod: dict, container: dict, secret: dict, user: str, secret_name: str) -> dict:
