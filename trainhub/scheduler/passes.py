@@ -308,6 +308,14 @@ def run_pass(
     cap_total = p.cap_total
     p.overtake = preemptible_backfill
 
+    def start_on_free(job: JobRequest) -> None:
+        """Backfill ``job`` onto any free GPUs; ``long_free`` (once the head is reserved) keeps only what is left."""
+        nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
+        if long_free is not None:
+            for n in nodes:
+                long_free.set(n, min(free.free[n], spare[n]))
+        p.start(job, nodes, backfill=True)
+
     queue = iter(order)
     for job in queue:
         need = job.workers * job.gpus_per_worker
@@ -375,11 +383,7 @@ def run_pass(
         limit = job.time_limit
         if limit is not None and (res_time is None or now + limit <= res_time):
             # Ends before the head's reservation (or nothing is reserved): any free GPUs will do.
-            nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
-            if long_free is not None:
-                for n in nodes:
-                    long_free.set(n, min(free.free[n], spare[n]))
-            p.start(job, nodes, backfill=True)
+            start_on_free(job)
             continue
         # May run past the reservation: only on GPUs the head will not need then.
         # ... and, placed end-aligned, only beside work that lasts as long (no node kept from draining)
@@ -388,11 +392,7 @@ def run_pass(
                 and p.policy.base_priority(job) <= head_prio):
             # It overtakes the head, which preempts it when it needs these GPUs (see Pass.overtakers);
             # not while the head is about to start (victims being preempted for it now).
-            nodes = free.place(job.workers, job.gpus_per_worker, p.end_of(job))
-            if long_free is not None:
-                for n in nodes:
-                    long_free.set(n, min(free.free[n], spare[n]))
-            p.start(job, nodes, backfill=True)
+            start_on_free(job)
             continue
         if nodes is None:
             if long_free is not None and long_free.fits(job.workers, job.gpus_per_worker):
