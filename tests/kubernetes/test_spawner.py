@@ -49,6 +49,8 @@ def assert_own_credentials(pod: dict, container: dict, secret: dict, user: str, 
     for where in (json.dumps(pod), json.dumps(secret), json.dumps(data)):
         assert "s3cr3t-do-not-leak" not in where and "AKIAEXAMPLEKEY" not in where
     assert creds["SecretAccessKey"] not in json.dumps(pod)
+    # and no way around it: the pod holds no API token with which to read another user's Secret
+    assert pod["spec"].get("automountServiceAccountToken") is False
     return creds
 
 

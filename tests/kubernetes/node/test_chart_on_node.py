@@ -98,12 +98,14 @@ def test_a_user_spawns_a_notebook_reached_through_the_proxy(site):
                           "train": "train" in get_ipython().magics_manager.magics["cell"],
                           "storage": os.environ.get("TRAINHUB_STORAGE_URL"), "listed": fs.ls(root, detail=False),
                           "config": os.environ.get("AWS_CONFIG_FILE"), "key": creds["AccessKeyId"],
-                          "env": json.dumps(dict(os.environ)), "token": bool(creds.get("SessionToken"))}))
+                          "env": json.dumps(dict(os.environ)), "token": bool(creds.get("SessionToken")),
+                          "api_token": os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token")}))
         """)).strip().splitlines()[-1])
     # the pod's own credentials, minted for alice through moto's STS and read through the mounted Secret's config:
     # the platform's key is nowhere in the notebook's environment
     assert out["config"] == "/run/trainhub/credentials/config" and out["token"] and out["key"] != site.s3.key
     assert site.s3.key not in out["env"] and site.s3.secret not in out["env"] and "AWS_SECRET_ACCESS_KEY" not in out["env"]
+    assert out["api_token"] is False  # nothing to ask the API for another user's credentials Secret with
     assert out["api"] == f"http://trainhub-jobs.{NAMESPACE}.svc:8080/services/trainhub/api"
     assert out["shm"] == "tmpfs" and out["train"] is True
     assert out["storage"] == "s3://trainhub/platform/users/alice"
